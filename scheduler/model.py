@@ -1,0 +1,134 @@
+"""The action model as the scheduler sees it: metadata only, never payloads.
+
+A rollout-side action (code run, reward scoring, API call) is reduced to a `QueuedAction`:
+who it belongs to, what it costs, how long it is expected to take at each unit count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from scheduler.duration import ElasticityCurve, Rigid
+
+
+class ResourceKind(StrEnum):
+    """The type of an action's key resource, which is also the family of queues it goes to."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    API = "api"
+
+
+@dataclass(frozen=True, slots=True)
+class Elastic:
+    """The unit counts an action accepts for its key resource, ascending (e.g. 1..8 or {1,2,4,8})."""
+
+    units: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.units:
+            raise ValueError("Elastic needs at least one unit count")
+        if any(u < 1 for u in self.units):
+            raise ValueError(f"unit counts must be >= 1, got {self.units}")
+        if list(self.units) != sorted(set(self.units)):
+            object.__setattr__(self, "units", tuple(sorted(set(self.units))))
+
+    @classmethod
+    def fixed(cls, n: int = 1) -> Elastic:
+        return cls((n,))
+
+    @classmethod
+    def range(cls, lo: int, hi: int) -> Elastic:
+        if hi < lo:
+            raise ValueError(f"empty unit range {lo}..{hi}")
+        return cls(tuple(range(lo, hi + 1)))
+
+    @property
+    def min(self) -> int:
+        return self.units[0]
+
+    @property
+    def max(self) -> int:
+        return self.units[-1]
+
+    @property
+    def is_elastic(self) -> bool:
+        return len(self.units) > 1
+
+
+@dataclass(frozen=True, slots=True)
+class CostVector:
+    """What an action needs. `units` counts the key resource (cores, GPUs or API slots).
+
+    `memory_mb` is host memory the action's sandbox needs (for CPU actions it is reserved for
+    the whole trajectory on its node); `gpu_memory_mb` is the footprint of the service on GPU;
+    `api_quota` is the number of quota tokens one call consumes.
+    """
+
+    key: ResourceKind
+    units: Elastic = field(default_factory=Elastic.fixed)
+    memory_mb: int = 0
+    gpu_memory_mb: int = 0
+    api_quota: int = 0
+
+
+@dataclass(slots=True)
+class QueuedAction:
+    """A waiting action as the policy sees it.
+
+    `target` names the pool family member: the API name for API actions, the service (reward
+    model) name for GPU actions, empty for CPU actions (any CPU node, sticky per trajectory).
+    `kind` keys the duration profile (e.g. "code", "tests", "reward:rm", "api:search").
+    `t1_s` is the expected duration at one unit; `dur(m) = t1_s / (E(m) * m)`.
+    """
+
+    action_id: str
+    trajectory_id: str
+    cost: CostVector
+    submitted_s: float
+    t1_s: float = 1.0
+    efficiency: ElasticityCurve = field(default_factory=Rigid)
+    kind: str = "code"
+    target: str = ""
+    job_id: str = "default"
+    priority: int = 0
+
+    def duration_s(self, units: int) -> float:
+        """Expected execution time in seconds at `units` units of the key resource."""
+        return self.t1_s / (self.efficiency.efficiency(units) * units)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A policy decision: start `action_id` on `pool` with `units` units (the DoP).
+
+    `unit_ids` are the concrete core ids (CPU) or GPU ids (a buddy chunk); empty for API pools.
+    """
+
+    action_id: str
+    kind: ResourceKind
+    pool: str
+    units: int
+    unit_ids: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "action_id": self.action_id,
+            "kind": str(self.kind),
+            "pool": self.pool,
+            "units": self.units,
+            "unit_ids": list(self.unit_ids),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Allocation:
+        ids = d.get("unit_ids") or []
+        assert isinstance(ids, list)
+        return cls(
+            action_id=str(d["action_id"]),
+            kind=ResourceKind(str(d["kind"])),
+            pool=str(d["pool"]),
+            units=int(str(d["units"])),
+            unit_ids=tuple(int(i) for i in ids),
+        )

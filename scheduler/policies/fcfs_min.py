@@ -1,0 +1,44 @@
+"""`fcfs-min`: start the longest FCFS prefix that fits, every action at its minimum units."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduler.model import Allocation, QueuedAction
+from scheduler.policies.base import register
+from scheduler.resources import ClusterState
+
+
+def fcfs_prefix(
+    queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+) -> tuple[list[Allocation], ClusterState]:
+    """Allocate actions at minimum units in FCFS order until one does not fit.
+
+    The prefix is taken per key-resource pool family: an action waiting for a busy API does not
+    block CPU actions behind it, but within one family order is strict (no overtaking).
+    Returns the allocations and the state with them applied.
+    """
+    work = state.copy()
+    out: list[Allocation] = []
+    blocked: set[tuple[str, str]] = set()
+    for action in queue:
+        family = (str(action.cost.key), action.target)
+        if family in blocked:
+            continue
+        alloc = work.place(action, action.cost.units.min, now_s)
+        if alloc is None:
+            blocked.add(family)
+            continue
+        work.apply(alloc, action, now_s)
+        out.append(alloc)
+    return out, work
+
+
+@register("fcfs-min")
+class FcfsMin:
+    name = "fcfs-min"
+
+    def decide(
+        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+    ) -> list[Allocation]:
+        return fcfs_prefix(queue, state, now_s)[0]

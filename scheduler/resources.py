@@ -1,0 +1,270 @@
+"""Resource state of every pool: which units are free, who holds what.
+
+This is plain in-memory state with `fits` / `apply` / `release`; the live service and the
+simulator both own one `ClusterState` and mutate it only through these methods. Policies read
+it (or a `copy()`), never mutate the caller's instance.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+
+GPU_CHUNK_SIZES = (1, 2, 4, 8)
+
+
+@dataclass
+class CpuNode:
+    """A CPU node: cores grouped by NUMA node, host memory reserved per trajectory."""
+
+    name: str
+    numa: tuple[tuple[int, ...], ...]
+    memory_mb: int
+    free: set[int] = field(default_factory=set)
+    trajectory_memory_mb: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.free:
+            self.free = {c for group in self.numa for c in group}
+
+    @classmethod
+    def uniform(cls, name: str, cores: int, memory_mb: int, numa_groups: int = 1) -> CpuNode:
+        per = cores // numa_groups
+        groups = tuple(
+            tuple(range(g * per, (g + 1) * per if g < numa_groups - 1 else cores))
+            for g in range(numa_groups)
+        )
+        return cls(name=name, numa=groups, memory_mb=memory_mb)
+
+    @property
+    def cores(self) -> int:
+        return sum(len(g) for g in self.numa)
+
+    @property
+    def memory_free_mb(self) -> int:
+        return self.memory_mb - sum(self.trajectory_memory_mb.values())
+
+    def free_in_groups(self) -> list[list[int]]:
+        """Free core ids per NUMA group, each sorted."""
+        return [sorted(c for c in g if c in self.free) for g in self.numa]
+
+    def max_block(self) -> int:
+        """Largest number of free cores inside one NUMA group."""
+        return max((len(g) for g in self.free_in_groups()), default=0)
+
+    def pick(self, units: int) -> tuple[int, ...] | None:
+        """Free core ids for `units` cores: a single core anywhere, more within one NUMA group.
+
+        Best fit: the group with the fewest free cores that still holds them, to keep large
+        blocks available for elastic actions.
+        """
+        groups = [g for g in self.free_in_groups() if len(g) >= units]
+        if not groups:
+            return None
+        best = min(groups, key=len)
+        return tuple(best[:units])
+
+
+@dataclass
+class GpuNode:
+    """A GPU node: GPUs allocated as aligned buddy chunks of 1/2/4/8 (HiveD style)."""
+
+    name: str
+    num_gpus: int
+    gpu_memory_mb: int
+    free: set[int] = field(default_factory=set)
+    # chunk (tuple of gpu ids) -> services resident there, most recently used last
+    resident: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.free:
+            self.free = set(range(self.num_gpus))
+
+    def aligned_free_chunks(self, size: int) -> list[tuple[int, ...]]:
+        out = []
+        for start in range(0, self.num_gpus - size + 1, size):
+            chunk = tuple(range(start, start + size))
+            if all(g in self.free for g in chunk):
+                out.append(chunk)
+        return out
+
+    def free_chunk_counts(self) -> dict[int, int]:
+        """Number of free buddy chunks per size, counting each GPU in its largest free chunk."""
+        counts = {s: 0 for s in GPU_CHUNK_SIZES}
+        taken: set[int] = set()
+        for size in sorted(GPU_CHUNK_SIZES, reverse=True):
+            for chunk in self.aligned_free_chunks(size):
+                if not taken.intersection(chunk):
+                    counts[size] += 1
+                    taken.update(chunk)
+        return counts
+
+    def pick(self, units: int, service: str = "") -> tuple[int, ...] | None:
+        """A free aligned chunk of `units` GPUs, preferring one where `service` is resident."""
+        chunks = self.aligned_free_chunks(units)
+        if not chunks:
+            return None
+        for chunk in chunks:
+            if service and service in self.resident.get(chunk, ()):
+                return chunk
+        return chunks[0]
+
+
+@dataclass
+class ApiPool:
+    """An external API: a concurrency cap and/or a token-bucket quota per time window."""
+
+    name: str
+    max_concurrency: int | None = None
+    quota_per_window: int | None = None
+    window_s: float = 60.0
+    in_flight: int = 0
+    tokens: float = -1.0
+    tokens_at_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 and self.quota_per_window is not None:
+            self.tokens = float(self.quota_per_window)
+
+    def refill(self, now_s: float) -> None:
+        if self.quota_per_window is None:
+            return
+        rate = self.quota_per_window / self.window_s
+        self.tokens = min(
+            float(self.quota_per_window), self.tokens + max(0.0, now_s - self.tokens_at_s) * rate
+        )
+        self.tokens_at_s = max(self.tokens_at_s, now_s)
+
+    def fits(self, quota: int, now_s: float) -> bool:
+        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+            return False
+        if self.quota_per_window is None:
+            return True
+        self.refill(now_s)
+        return self.tokens >= quota
+
+
+@dataclass
+class ClusterState:
+    """All pools plus the bookkeeping that ties allocations to them."""
+
+    cpu: dict[str, CpuNode] = field(default_factory=dict)
+    gpu: dict[str, GpuNode] = field(default_factory=dict)
+    api: dict[str, ApiPool] = field(default_factory=dict)
+    # trajectory -> CPU node it is pinned to (sticky after its first action)
+    trajectory_node: dict[str, str] = field(default_factory=dict)
+    running: dict[str, Allocation] = field(default_factory=dict)
+
+    def copy(self) -> ClusterState:
+        return _copy.deepcopy(self)
+
+    # ---- fit -------------------------------------------------------------------------------
+    def cpu_candidates(self, action: QueuedAction, units: int) -> list[CpuNode]:
+        """CPU nodes that can take `action` at `units` cores now (stickiness and memory included)."""
+        pinned = self.trajectory_node.get(action.trajectory_id)
+        if pinned is not None:
+            node = self.cpu.get(pinned)
+            return [node] if node is not None and node.max_block() >= units else []
+        need = action.cost.memory_mb
+        nodes = [n for n in self.cpu.values() if n.max_block() >= units and n.memory_free_mb >= need]
+        # Balance memory: the node with the most free memory first.
+        return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
+
+    def place(self, action: QueuedAction, units: int, now_s: float = 0.0) -> Allocation | None:
+        """A concrete allocation of `units` for `action`, or None when it does not fit now."""
+        key = action.cost.key
+        if key is ResourceKind.CPU:
+            for node in self.cpu_candidates(action, units):
+                ids = node.pick(units)
+                if ids is not None:
+                    return Allocation(action.action_id, key, node.name, units, ids)
+            return None
+        if key is ResourceKind.GPU:
+            best: Allocation | None = None
+            for node in self.gpu.values():
+                chunk = node.pick(units, action.target)
+                if chunk is None:
+                    continue
+                alloc = Allocation(action.action_id, key, node.name, units, chunk)
+                if action.target in node.resident.get(chunk, ()):
+                    return alloc
+                best = best or alloc
+            return best
+        pool = self.api.get(action.target)
+        if pool is None or not pool.fits(action.cost.api_quota, now_s):
+            return None
+        return Allocation(action.action_id, key, pool.name, 1)
+
+    # ---- mutate ----------------------------------------------------------------------------
+    def apply(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
+        """Take the units of `alloc` for `action`. Raises ValueError if they are not free."""
+        if alloc.action_id in self.running:
+            raise ValueError(f"action {alloc.action_id} is already running")
+        if alloc.kind is ResourceKind.CPU:
+            node = self.cpu[alloc.pool]
+            if not node.free.issuperset(alloc.unit_ids):
+                raise ValueError(f"cores {alloc.unit_ids} not free on {node.name}")
+            node.free.difference_update(alloc.unit_ids)
+            if action.trajectory_id not in self.trajectory_node:
+                self.trajectory_node[action.trajectory_id] = node.name
+                node.trajectory_memory_mb[action.trajectory_id] = action.cost.memory_mb
+        elif alloc.kind is ResourceKind.GPU:
+            gnode = self.gpu[alloc.pool]
+            if not gnode.free.issuperset(alloc.unit_ids):
+                raise ValueError(f"gpus {alloc.unit_ids} not free on {gnode.name}")
+            gnode.free.difference_update(alloc.unit_ids)
+        else:
+            pool = self.api[alloc.pool]
+            pool.refill(now_s)
+            pool.in_flight += 1
+            if pool.quota_per_window is not None:
+                pool.tokens -= action.cost.api_quota
+        self.running[alloc.action_id] = alloc
+
+    def release(self, action_id: str) -> Allocation | None:
+        """Give back the units held by `action_id`; unknown ids are ignored (idempotent)."""
+        alloc = self.running.pop(action_id, None)
+        if alloc is None:
+            return None
+        if alloc.kind is ResourceKind.CPU:
+            self.cpu[alloc.pool].free.update(alloc.unit_ids)
+        elif alloc.kind is ResourceKind.GPU:
+            self.gpu[alloc.pool].free.update(alloc.unit_ids)
+        else:
+            self.api[alloc.pool].in_flight -= 1
+        return alloc
+
+    def close_trajectory(self, trajectory_id: str) -> None:
+        """Forget a finished trajectory: its node pin and its reserved memory."""
+        node = self.trajectory_node.pop(trajectory_id, None)
+        if node is not None and node in self.cpu:
+            self.cpu[node].trajectory_memory_mb.pop(trajectory_id, None)
+
+    # ---- persistence -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trajectory_node": dict(self.trajectory_node),
+            "trajectory_memory_mb": {
+                n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()
+            },
+            "running": [a.to_dict() for a in self.running.values()],
+        }
+
+    def restore(self, d: dict[str, Any]) -> None:
+        """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape."""
+        self.trajectory_node = dict(d.get("trajectory_node", {}))
+        for name, mem in d.get("trajectory_memory_mb", {}).items():
+            if name in self.cpu:
+                self.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}
+        for raw in d.get("running", []):
+            alloc = Allocation.from_dict(raw)
+            if alloc.kind is ResourceKind.CPU and alloc.pool in self.cpu:
+                self.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
+            elif alloc.kind is ResourceKind.GPU and alloc.pool in self.gpu:
+                self.gpu[alloc.pool].free.difference_update(alloc.unit_ids)
+            elif alloc.kind is ResourceKind.API and alloc.pool in self.api:
+                self.api[alloc.pool].in_flight += 1
+            self.running[alloc.action_id] = alloc
