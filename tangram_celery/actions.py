@@ -1,0 +1,168 @@
+"""User-facing action and result models (pydantic), and their reduction to scheduler metadata.
+
+An action is validated when it is built; `TangramClient.submit` refuses anything that does not
+validate, so nothing invalid is ever enqueued.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_CODE_BYTES = 1 << 20
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ActionStatus(StrEnum):
+    OK = "ok"  # ran; exit 0 and every test passed
+    FAILED = "failed"  # the user's code exited non-zero or a test failed
+    TIMEOUT = "timeout"  # wall-clock limit hit; the whole process tree was killed
+    MEMORY_LIMIT = "memory_limit"
+    PIDS_LIMIT = "pids_limit"  # process-count limit hit (fork bomb)
+    OUTPUT_LIMIT = "output_limit"  # stdout/stderr exceeded the cap (output truncated)
+    DISK_LIMIT = "disk_limit"  # workdir quota exceeded
+    REJECTED = "rejected"  # refused before running (bad input, unknown model, over quota)
+    ERROR = "error"  # infrastructure failure after retries were exhausted
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=new_id, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    trajectory_id: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    priority: int = Field(0, ge=-100, le=100)
+    timeout_s: float = Field(10.0, gt=0, le=3600)
+
+
+class TestCase(BaseModel):
+    """One test: either stdin -> expected stdout, or a Python assert snippet run after the code."""
+
+    model_config = ConfigDict(extra="forbid")
+    __test__ = False  # not a pytest class
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    stdin: str | None = None
+    expected_stdout: str | None = None
+    assert_code: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TestCase:
+        if (self.expected_stdout is None) == (self.assert_code is None):
+            raise ValueError(f"test {self.name!r}: give expected_stdout or assert_code (one of them)")
+        return self
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
+
+
+class CodeAction(_Action):
+    """Run code (and optionally tests) in the trajectory's sandbox on CPU cores."""
+
+    type: Literal["code"] = "code"
+    language: Literal["python", "bash", "c"] = "python"
+    code: str | None = Field(None, max_length=MAX_CODE_BYTES)
+    files: dict[str, str] = Field(default_factory=dict)
+    test_command: str | None = Field(None, max_length=4096)
+    test_cases: list[TestCase] = Field(default_factory=list, max_length=10_000)
+    memory_mb: int = Field(512, ge=16, le=1 << 20)
+    cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
+    stdin: str | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _paths(cls, v: dict[str, str]) -> dict[str, str]:
+        for path in v:
+            parts = path.split("/")
+            if path.startswith("/") or ".." in parts or not path or len(path) > 255:
+                raise ValueError(f"file path {path!r} must be relative and stay inside the workdir")
+        if sum(len(c) for c in v.values()) > 16 * MAX_CODE_BYTES:
+            raise ValueError("files exceed 16 MiB in total")
+        return v
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, v: int | str) -> int | str:
+        lo, hi = _cpu_bounds(v)
+        if lo < 1 or hi < lo or hi > 256:
+            raise ValueError(f"cpus {v!r}: need 1 <= min <= max <= 256")
+        return v
+
+    @model_validator(mode="after")
+    def _something(self) -> CodeAction:
+        if self.code is None and not self.files and not self.test_command:
+            raise ValueError("a code action needs code, files or a test_command")
+        return self
+
+    @property
+    def cpu_range(self) -> tuple[int, int]:
+        return _cpu_bounds(self.cpus)
+
+
+def _cpu_bounds(v: int | str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return v, v
+    m = _RANGE.match(v)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    if v.strip().isdigit():
+        return int(v), int(v)
+    raise ValueError(f"cpus {v!r} is neither an int nor a 'min..max' range")
+
+
+class RewardAction(_Action):
+    """Score with a reward/teacher model; `inputs` are the model's named inputs (e.g. prompt,
+    response, reference)."""
+
+    type: Literal["reward"] = "reward"
+    model: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    inputs: dict[str, Any]
+
+
+class ApiAction(_Action):
+    """Call a rate-limited external API through its shared pool."""
+
+    type: Literal["api"] = "api"
+    api: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    request: dict[str, Any] = Field(default_factory=dict)
+
+
+Action = Annotated[CodeAction | RewardAction | ApiAction, Field(discriminator="type")]
+
+
+class TestOutcome(BaseModel):
+    __test__ = False
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class ActionResult(BaseModel):
+    """What comes back for every action, whatever happened to it."""
+
+    action_id: str
+    trajectory_id: str = ""
+    status: ActionStatus
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    tests: list[TestOutcome] = Field(default_factory=list)
+    output: Any = None  # reward scores / API response
+    error: str = ""  # infrastructure or rejection reason
+    queue_s: float = 0.0
+    exec_s: float = 0.0
+    act_s: float = 0.0
+    units: int = 0  # DoP granted
+    node: str = ""
+    attempts: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ActionStatus.OK

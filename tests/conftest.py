@@ -1,0 +1,5 @@
+pytest_plugins = [
+    "tests.fixtures.redis",
+    "tests.fixtures.docker",
+    "tests.fixtures.triton",
+]
