@@ -1,0 +1,26 @@
+"""Tangram: action-level orchestration of external resources for agentic RL, on Celery."""
+
+from tangram_celery.actions import (
+    ActionResult,
+    ActionStatus,
+    ApiAction,
+    CodeAction,
+    RewardAction,
+    TestCase,
+)
+from tangram_celery.client import ActionHandle, TangramClient
+from tangram_celery.errors import ActionRejected, AdmissionError, TangramError
+
+__all__ = [
+    "ActionHandle",
+    "ActionRejected",
+    "ActionResult",
+    "ActionStatus",
+    "AdmissionError",
+    "ApiAction",
+    "CodeAction",
+    "RewardAction",
+    "TangramClient",
+    "TangramError",
+    "TestCase",
+]

@@ -1,0 +1,267 @@
+"""SchedulerService: the control loop around a pure policy.
+
+Each step: read intake + completion events (one blocking XREADGROUP over both streams) ->
+release finished units -> admit new actions into the FCFS waiting queue -> `policy.decide` ->
+persist the allocations -> send the Celery messages -> acknowledge the intake entries.
+
+Crash safety: an intake entry is acknowledged only after its allocation is persisted in
+`tangram:running` and its message is sent. On restart the service rebuilds its resource state
+from `running`, re-reads its unacknowledged entries, and re-sends any whose allocation was
+persisted; workers claim actions with a compare-and-set, so a re-sent message never runs an
+action twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.estimator import DurationEstimator
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies import Policy, get_policy
+from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
+from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, make_app, queue_name
+from tangram_celery.config import TangramConfig
+from tangram_celery.store import EVENTS, INTAKE, ActionState, IntakeEntry, Store
+
+log = logging.getLogger("tangram.scheduler")
+
+_TASKS = {ResourceKind.CPU: TASK_CPU, ResourceKind.GPU: TASK_GPU, ResourceKind.API: TASK_API}
+
+
+class SchedulerService:
+    """The central scheduler process. `run()` loops until `stop()`; `step()` does one round."""
+
+    def __init__(
+        self,
+        cfg: TangramConfig,
+        broker_url: str,
+        *,
+        policy: Policy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.store = Store(broker_url)
+        self.app = make_app(broker_url)
+        self.policy = policy or get_policy(cfg.scheduler.policy)
+        self.state = build_cluster(cfg)
+        self.view = pool_view(cfg)
+        self.estimator = DurationEstimator.from_config(
+            {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
+        )
+        self.waiting: list[QueuedAction] = []
+        self.entry_of: dict[str, str] = {}  # action id -> intake stream id (unacked)
+        self.kind_of: dict[str, str] = {}  # running action id -> duration-profile kind
+        self.active: Counter[str] = Counter()  # trajectory -> queued + running actions
+        self.closing: dict[str, str] = {}  # trajectory -> stream id of its close request
+        self.dispatched_total = 0
+        self._stop = threading.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect, publish the pool view, and recover state left by a previous run."""
+        self.store.ping()
+        self.store.ensure_groups()
+        self.store.publish_config(self.view)
+        self._recover()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, idle_block_ms: int = 200) -> None:
+        self.start()
+        log.info("scheduler up: policy=%s, %d waiting, %d running after recovery",
+                 self.policy.name, len(self.waiting), len(self.state.running))
+        while not self._stop.is_set():
+            # API pools refill over time: wake up often while API actions wait for quota.
+            wait_api = any(a.cost.key is ResourceKind.API for a in self.waiting[:64])
+            self.step(block_ms=20 if wait_api else idle_block_ms)
+        self.store.close()
+
+    # ---- one round -------------------------------------------------------------------------
+    def step(self, block_ms: int | None = 0) -> int:
+        """Process what is readable (blocking up to block_ms) and dispatch; returns #dispatched."""
+        intake, events = self.store.read(self.cfg.scheduler.batch_size, block_ms)
+        self._on_events(events)
+        self._on_intake(intake)
+        return self._schedule()
+
+    def _on_events(self, events: list[IntakeEntry]) -> None:
+        if not events:
+            return
+        done: list[str] = []
+        for e in events:
+            action_id = e.fields["id"]
+            ev = json.loads(e.fields.get("event", "{}"))
+            alloc = self.state.release(action_id)
+            if alloc is not None:
+                done.append(action_id)
+                kind = self.kind_of.pop(action_id, ev.get("kind", ""))
+                if ev.get("status") in (ActionStatus.OK, ActionStatus.FAILED) and ev.get("exec_s"):
+                    self.estimator.observe(kind, alloc.units, float(ev["exec_s"]))
+                tid = ev.get("trajectory_id")
+                if tid:
+                    self._trajectory_done(tid)
+        self.store.forget_running(done)
+        self.store.ack(EVENTS, [e.stream_id for e in events])
+        self._close_ready()
+
+    def _on_intake(self, intake: list[IntakeEntry]) -> None:
+        rejected: list[str] = []
+        for e in intake:
+            f = e.fields
+            if f.get("control") == "close":
+                self.closing[f["trajectory_id"]] = e.stream_id
+                continue
+            meta = json.loads(f["meta"])
+            why = check_meta(meta, self.view)
+            if why is not None:
+                self._reject(meta, why)
+                rejected.append(e.stream_id)
+                continue
+            qa = to_queued(meta, self.cfg)
+            self.estimator.annotate(qa)
+            self.waiting.append(qa)
+            self.entry_of[qa.action_id] = e.stream_id
+            self.active[qa.trajectory_id] += 1
+        self.store.ack(INTAKE, rejected)
+        self._close_ready()
+
+    def _schedule(self) -> int:
+        if not self.waiting:
+            return 0
+        now = self.clock()
+        allocs = self.policy.decide(self.waiting, self.state, now)
+        if not allocs:
+            return 0
+        by_id = {a.action_id: a for a in self.waiting}
+        pins: dict[str, dict[str, Any]] = {}
+        records: list[tuple[str, dict[str, Any]]] = []
+        for alloc in allocs:
+            qa = by_id[alloc.action_id]
+            fresh = qa.trajectory_id not in self.state.trajectory_node
+            self.state.apply(alloc, qa, now)
+            if fresh and alloc.kind is ResourceKind.CPU:
+                pins[qa.trajectory_id] = {"node": alloc.pool, "memory_mb": qa.cost.memory_mb}
+            records.append((alloc.action_id, _record(alloc, qa)))
+            self.kind_of[alloc.action_id] = qa.kind
+        self.store.mark_dispatched(records, pins, now)
+        self._send(allocs)
+        started = {a.action_id for a in allocs}
+        self.waiting = [a for a in self.waiting if a.action_id not in started]
+        self.store.ack(INTAKE, [self.entry_of.pop(i) for i in started])
+        self.dispatched_total += len(allocs)
+        return len(allocs)
+
+    def _send(self, allocs: list[Allocation]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for alloc in allocs:
+                self.app.send_task(
+                    _TASKS[alloc.kind],
+                    args=[alloc.action_id, alloc.to_dict()],
+                    task_id=alloc.action_id,
+                    queue=queue_name(str(alloc.kind), alloc.pool),
+                    producer=producer,
+                )
+
+    # ---- trajectories ----------------------------------------------------------------------
+    def _trajectory_done(self, tid: str) -> None:
+        self.active[tid] -= 1
+        if self.active[tid] <= 0:
+            del self.active[tid]
+
+    def _close_ready(self) -> None:
+        """Close trajectories whose close was requested and that have nothing queued or running."""
+        for tid in [t for t in self.closing if self.active.get(t, 0) == 0]:
+            stream_id = self.closing.pop(tid)
+            node = self.state.trajectory_node.get(tid)
+            self.state.close_trajectory(tid)
+            self.store.forget_pin(tid)
+            if node is not None:
+                self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
+            self.store.ack(INTAKE, [stream_id])
+
+    def _reject(self, meta: dict[str, Any], why: str) -> None:
+        log.warning("rejected action %s: %s", meta.get("id"), why)
+        res = ActionResult(
+            action_id=meta["id"],
+            trajectory_id=meta.get("trajectory_id", ""),
+            status=ActionStatus.REJECTED,
+            error=why,
+            attempts=0,
+        )
+        self.store.set_queued_result(meta["id"], res.model_dump_json(), None)
+
+    # ---- recovery --------------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Rebuild state from Redis after a restart: running allocations, pins, pending entries."""
+        running = self.store.load_running()
+        for action_id, rec in running.items():
+            alloc = Allocation.from_dict(rec["alloc"])
+            qa = to_queued(rec["meta"], self.cfg)
+            if alloc.kind is ResourceKind.CPU and alloc.pool not in self.state.cpu:
+                continue
+            self.state.apply(alloc, qa, self.clock())
+            self.kind_of[action_id] = qa.kind
+            self.active[qa.trajectory_id] += 1
+        for tid, pin in self.store.load_pins().items():
+            if pin["node"] in self.state.cpu:
+                self.state.trajectory_node[tid] = pin["node"]
+                self.state.cpu[pin["node"]].trajectory_memory_mb[tid] = int(pin["memory_mb"])
+        # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
+        while True:
+            intake, events = self.store.read(10_000, None, pending=True)
+            if not intake and not events:
+                break
+            self._on_events(events)
+            self._recover_intake(intake, running)
+            if len(intake) < 10_000 and len(events) < 10_000:
+                break
+
+    def _recover_intake(self, intake: list[IntakeEntry], running: dict[str, Any]) -> None:
+        ids = [e.fields.get("id", "") for e in intake]
+        states = self.store.states(ids) if ids else []
+        fresh: list[IntakeEntry] = []
+        resend: list[Allocation] = []
+        acked: list[str] = []
+        for e, action_id, st in zip(intake, ids, states, strict=True):
+            if e.fields.get("control"):
+                fresh.append(e)
+            elif st == ActionState.QUEUED:
+                fresh.append(e)
+            elif st == ActionState.DISPATCHED and action_id in running:
+                # Persisted but maybe never sent: send again (the worker's claim dedupes).
+                resend.append(Allocation.from_dict(running[action_id]["alloc"]))
+                acked.append(e.stream_id)
+            else:
+                acked.append(e.stream_id)
+        if resend:
+            log.info("re-sending %d dispatched action(s) after restart", len(resend))
+            self._send(resend)
+        self.store.ack(INTAKE, acked)
+        self._on_intake(fresh)
+
+
+def _record(alloc: Allocation, qa: QueuedAction) -> dict[str, Any]:
+    lo, hi = qa.cost.units.min, qa.cost.units.max
+    meta: dict[str, Any] = {
+        "id": qa.action_id,
+        "trajectory_id": qa.trajectory_id,
+        "submitted_s": qa.submitted_s,
+        "job_id": qa.job_id,
+        "priority": qa.priority,
+    }
+    if qa.cost.key is ResourceKind.CPU:
+        meta.update(type="code", cpus=[lo, hi], memory_mb=qa.cost.memory_mb, has_tests=qa.kind == "tests")
+    elif qa.cost.key is ResourceKind.GPU:
+        meta.update(type="reward", model=qa.target)
+    else:
+        meta.update(type="api", api=qa.target)
+    return {"alloc": alloc.to_dict(), "meta": meta}

@@ -1,0 +1,1 @@
+"""Built-in API handlers used by the embedded default and the demo."""

@@ -1,0 +1,47 @@
+"""The Celery application: JSON only, late acks, prefetch 1, reject on worker lost.
+
+Queue names: `tangram.cpu.<node>`, `tangram.gpu.<node>`, `tangram.api.<name>`. Task names are
+constants here so that the scheduler can `send_task` without importing worker code.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+TASK_CPU = "tangram.run_cpu"
+TASK_GPU = "tangram.run_gpu"
+TASK_API = "tangram.run_api"
+TASK_CLOSE = "tangram.close_trajectory"
+TASK_NOOP = "tangram.noop"  # plain-Celery baseline for benchmarks
+
+
+def queue_name(kind: str, pool: str) -> str:
+    """The Celery queue for a pool: kind is 'cpu', 'gpu' or 'api'."""
+    return f"tangram.{kind}.{pool}"
+
+
+def make_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
+    """A Celery app bound to `broker_url` (Redis), used as broker and result backend."""
+    app = Celery("tangram", broker=broker_url, backend=broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue="tangram.default",
+        task_track_started=False,
+        result_expires=24 * 3600,
+        result_extended=False,
+        worker_send_task_events=True,
+        task_send_sent_event=False,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": visibility_timeout_s},
+        result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
+        broker_pool_limit=16,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app

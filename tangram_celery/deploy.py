@@ -1,0 +1,172 @@
+"""Start and stop a whole local deployment: embedded Redis, scheduler, one worker per pool, Flower.
+
+Used by `tangram up`, `tangram demo` and the integration tests. Every child is a real process
+started here and stopped here by its pid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
+from tangram_celery.config import TangramConfig
+from tangram_celery.errors import TangramError
+from tangram_celery.store import Store, redact
+
+log = logging.getLogger("tangram.deploy")
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class Deployment:
+    """A running local deployment of `cfg` (written to `config_path` for the children)."""
+
+    cfg: TangramConfig
+    config_path: Path
+    with_flower: bool = True
+    redis: EmbeddedRedis | None = None
+    url: str = ""
+    children: dict[str, Child] = field(default_factory=dict)
+    flower_url: str = ""
+    flower_auth: tuple[str, str] = ("", "")
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.cfg.state_dir)
+
+    def start(self, progress: bool = True) -> Deployment:
+        say = print if progress else log.info
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.broker.url == "embedded":
+            say("starting embedded redis ...")
+            self.redis = EmbeddedRedis(self.state_dir / "redis").start()
+            self.url = self.redis.url
+        else:
+            self.url = self.cfg.broker.url
+            Store(self.url).ping()
+        write_url(self.state_dir, self.url)
+        say(f"broker: {redact(self.url)}")
+        self.spawn("scheduler", ["scheduler"])
+        for n in self.cfg.nodes.cpu:
+            self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name])
+        for a in self.cfg.apis:
+            self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
+        for g in self.cfg.nodes.gpu:
+            if self.cfg.reward_models:
+                self.spawn(f"worker-gpu-{g.name}", ["worker", "gpu", "--node", g.name])
+        if self.with_flower:
+            self._start_flower()
+        self.wait_ready(progress=progress)
+        return self
+
+    def spawn(self, name: str, args: list[str]) -> Child:
+        """Start `tangram <args>` as a child process logging to <state_dir>/logs/<name>.log."""
+        logs = self.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        env = dict(os.environ, TANGRAM_BROKER_URL=self.url, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "tangram_celery.cli", *args, "--config", str(self.config_path)]
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.children[name] = Child(name, proc, log_path)
+        return self.children[name]
+
+    def _start_flower(self) -> None:
+        from tangram_celery.broker import _free_port
+
+        port = self.cfg.flower.port or _free_port()
+        password = self.cfg.flower.password or secrets.token_urlsafe(12)
+        self.flower_auth = (self.cfg.flower.user, password)
+        self.flower_url = f"http://127.0.0.1:{port}"
+        logs = self.state_dir / "logs"
+        env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="")
+        cmd = [
+            sys.executable, "-m", "celery", "-b", self.url, "flower",
+            f"--port={port}", "--address=127.0.0.1",
+            f"--basic-auth={self.flower_auth[0]}:{password}",
+        ]  # fmt: skip
+        with open(logs / "flower.log", "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.children["flower"] = Child("flower", proc, logs / "flower.log")
+
+    def wait_ready(self, timeout_s: float = 60.0, progress: bool = True) -> None:
+        """Wait until the scheduler published its pools and every worker answers a ping."""
+        store = Store(self.url)
+        expected = {n.split("worker-", 1)[1] for n in self.children if n.startswith("worker-")}
+        deadline = time.monotonic() + timeout_s
+        from tangram_celery.app import make_app
+
+        app = make_app(self.url)
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if store.published_config() is not None:
+                replies = app.control.ping(timeout=0.5) or []
+                seen = {name.split("@")[0] for r in replies for name in r}
+                if expected <= seen:
+                    if progress:
+                        print(f"ready: scheduler + {len(seen)} worker(s)")
+                    store.close()
+                    return
+            time.sleep(0.2)
+        store.close()
+        raise TangramError(f"deployment not ready in {timeout_s}s; workers seen: {sorted(seen)}, "
+                           f"expected {sorted(expected)}; logs in {self.state_dir / 'logs'}")
+
+    def check_alive(self) -> None:
+        for c in self.children.values():
+            if c.proc.poll() is not None:
+                tail = c.log_path.read_text(errors="replace")[-2000:] if c.log_path.exists() else ""
+                raise TangramError(f"{c.name} exited with {c.proc.returncode}; last log lines:\n{tail}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal one child (fault injection) and reap it."""
+        c = self.children[name]
+        if c.proc.poll() is None:
+            os.killpg(c.proc.pid, sig)
+            c.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for c in reversed(list(self.children.values())):
+            if c.proc.poll() is None:
+                try:
+                    os.killpg(c.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for c in self.children.values():
+            try:
+                c.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+                c.proc.wait()
+        self.children.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            (self.state_dir / URL_FILE).unlink(missing_ok=True)
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def write_config(cfg: TangramConfig, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path

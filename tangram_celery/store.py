@@ -1,0 +1,263 @@
+"""Tangram's state in Redis: one interface for everything the client, scheduler and workers share.
+
+Keys (all under `tangram:`):
+  intake            stream of submitted action metadata and control messages (group `sched`);
+                    its length is the number of actions not yet dispatched (entries are deleted
+                    on dispatch), which bounds the intake
+  events            stream of completion events from workers (group `sched`)
+  a:<id>            hash per action: meta, payload, state, timings, result
+  n:<id>            list the client blocks on; one element pushed when the result is written
+  running           hash action id -> allocation + metadata of every dispatched, unfinished action
+  traj              hash trajectory id -> pinned CPU node and reserved memory
+  config            the scheduler's published view of pools and models (for client validation)
+
+Action states: queued -> dispatched -> running -> done. Transitions happen only in the Lua
+scripts below, so a duplicate Celery message can never run an action twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import redis
+
+from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
+
+P = "tangram:"
+INTAKE = P + "intake"
+EVENTS = P + "events"
+RUNNING = P + "running"
+TRAJ = P + "traj"
+CONFIG = P + "config"
+GROUP = "sched"
+CONSUMER = "scheduler"
+RESULT_TTL_S = 24 * 3600
+
+
+class ActionState(StrEnum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    DONE = "done"
+
+
+def akey(action_id: str) -> str:
+    return f"{P}a:{action_id}"
+
+
+def nkey(action_id: str) -> str:
+    return f"{P}n:{action_id}"
+
+
+_SUBMIT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return redis.error_reply('TANGRAM_DUPLICATE') end
+local cap = tonumber(ARGV[4])
+if cap > 0 and redis.call('XLEN', KEYS[1]) >= cap then return redis.error_reply('TANGRAM_FULL') end
+redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queued')
+return redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
+"""
+
+# dispatched -> running, returning meta and payload; any other state is returned as a string.
+_CLAIM = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if s == 'dispatched' then
+  redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2])
+  return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
+end
+if not s then return 'missing' end
+return s
+"""
+
+# running -> done: store the result, notify the client, tell the scheduler. Exactly once.
+_COMPLETE = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if s == 'done' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('RPUSH', KEYS[2], '1')
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('XADD', KEYS[3], '*', 'id', ARGV[1], 'event', ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class IntakeEntry:
+    stream_id: str
+    fields: dict[str, str]
+
+
+class Store:
+    """Thin typed wrapper over one Redis connection pool."""
+
+    def __init__(self, url: str, *, socket_timeout_s: float | None = 30.0):
+        self.url = url
+        self.r = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=socket_timeout_s, health_check_interval=30
+        )
+        self._submit = self.r.register_script(_SUBMIT)
+        self._claim = self.r.register_script(_CLAIM)
+        self._complete = self.r.register_script(_COMPLETE)
+
+    def ping(self) -> None:
+        try:
+            self.r.ping()
+        except redis.RedisError as e:
+            raise BrokerError(f"cannot reach Redis at {redact(self.url)}: {e}") from e
+
+    def close(self) -> None:
+        self.r.close()
+
+    # ---- client side ----------------------------------------------------------------------
+    def submit(self, items: Sequence[tuple[str, str, str]], max_queued: int) -> None:
+        """Enqueue (id, meta_json, payload_json) items atomically each; raise on the first refusal.
+
+        Items before a refused one stay enqueued (they are valid and were accepted).
+        """
+        pipe = self.r.pipeline(transaction=False)
+        for action_id, meta, payload in items:
+            self._submit(keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        for (action_id, _, _), rep in zip(items, replies, strict=True):
+            if isinstance(rep, redis.ResponseError):
+                msg = str(rep)
+                if "TANGRAM_FULL" in msg:
+                    raise AdmissionError(
+                        f"intake is full ({max_queued} actions waiting); action {action_id} was "
+                        "not enqueued: retry later or raise scheduler.max_queued"
+                    )
+                if "TANGRAM_DUPLICATE" in msg:
+                    raise ActionRejected(f"action id {action_id!r} was already submitted")
+                raise BrokerError(f"submit of {action_id} failed: {msg}")
+            if isinstance(rep, Exception):
+                raise BrokerError(f"submit of {action_id} failed: {rep}")
+
+    def control(self, fields: dict[str, str]) -> None:
+        self.r.xadd(INTAKE, fields)
+
+    def wait_result(self, action_id: str, timeout_s: float | None) -> str | None:
+        """Block until the action's result exists; return its JSON, or None on timeout."""
+        res = self.r.hget(akey(action_id), "result")
+        if res is not None:
+            return str(res)
+        t = 0 if timeout_s is None else max(timeout_s, 0.001)
+        got = self.r.blpop([nkey(action_id)], timeout=t)
+        if got is None:
+            return None
+        # Put the token back so another waiter (or a second .result() call) also wakes.
+        self.r.rpush(nkey(action_id), "1")
+        res = self.r.hget(akey(action_id), "result")
+        return None if res is None else str(res)
+
+    def action_state(self, action_id: str) -> str | None:
+        s = self.r.hget(akey(action_id), "state")
+        return None if s is None else str(s)
+
+    def published_config(self) -> dict[str, Any] | None:
+        raw = self.r.get(CONFIG)
+        return None if raw is None else json.loads(str(raw))
+
+    def queued_count(self) -> int:
+        return int(self.r.xlen(INTAKE))
+
+    # ---- scheduler side --------------------------------------------------------------------
+    def ensure_groups(self) -> None:
+        for stream in (INTAKE, EVENTS):
+            try:
+                self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    def publish_config(self, view: dict[str, Any]) -> None:
+        self.r.set(CONFIG, json.dumps(view))
+
+    def read(
+        self, count: int, block_ms: int | None, pending: bool = False
+    ) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
+        """Read new (or, with pending=True, this consumer's unacknowledged) intake and events."""
+        ident = "0" if pending else ">"
+        resp = self.r.xreadgroup(
+            GROUP, CONSUMER, {EVENTS: ident, INTAKE: ident}, count=count, block=None if pending else block_ms
+        )
+        intake: list[IntakeEntry] = []
+        events: list[IntakeEntry] = []
+        for stream, entries in resp or []:
+            target = intake if stream == INTAKE else events
+            target.extend(IntakeEntry(sid, fields) for sid, fields in entries)
+        return intake, events
+
+    def ack(self, stream: str, ids: Iterable[str]) -> None:
+        ids = list(ids)
+        if ids:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
+            pipe.execute()
+
+    def load_running(self) -> dict[str, dict[str, Any]]:
+        return {k: json.loads(v) for k, v in self.r.hgetall(RUNNING).items()}
+
+    def load_pins(self) -> dict[str, dict[str, Any]]:
+        return {k: json.loads(v) for k, v in self.r.hgetall(TRAJ).items()}
+
+    def states(self, action_ids: Sequence[str]) -> list[str | None]:
+        pipe = self.r.pipeline(transaction=False)
+        for a in action_ids:
+            pipe.hget(akey(a), "state")
+        return list(pipe.execute())
+
+    def mark_dispatched(
+        self,
+        records: Sequence[tuple[str, dict[str, Any]]],
+        pins: dict[str, dict[str, Any]],
+        now_s: float,
+    ) -> None:
+        """Persist allocations before their Celery messages are sent (one transaction)."""
+        pipe = self.r.pipeline(transaction=True)
+        for action_id, rec in records:
+            pipe.hset(RUNNING, action_id, json.dumps(rec))
+            pipe.hset(akey(action_id), mapping={"state": "dispatched", "dispatched_s": repr(now_s)})
+        for tid, pin in pins.items():
+            pipe.hset(TRAJ, tid, json.dumps(pin))
+        pipe.execute()
+
+    def forget_running(self, action_ids: Sequence[str]) -> None:
+        if action_ids:
+            self.r.hdel(RUNNING, *action_ids)
+
+    def forget_pin(self, trajectory_id: str) -> None:
+        self.r.hdel(TRAJ, trajectory_id)
+
+    # ---- worker side -----------------------------------------------------------------------
+    def claim(self, action_id: str, worker: str, now_s: float) -> tuple[str, str, float] | str:
+        """dispatched -> running. Returns (meta, payload, dispatched_s) or the state that blocked it."""
+        rep = self._claim(keys=[akey(action_id)], args=[worker, repr(now_s)])
+        if isinstance(rep, list):
+            return str(rep[0]), str(rep[1]), float(rep[2] or 0.0)
+        return str(rep)
+
+    def complete(self, action_id: str, result_json: str, event: dict[str, Any]) -> bool:
+        """Store the result, wake the client, emit the release event. False if already done."""
+        rep = self._complete(
+            keys=[akey(action_id), nkey(action_id), EVENTS],
+            args=[action_id, result_json, json.dumps(event), RESULT_TTL_S],
+        )
+        return bool(rep)
+
+    def set_queued_result(self, action_id: str, result_json: str, event: dict[str, Any] | None) -> None:
+        """Result for an action the scheduler refused (never dispatched)."""
+        self.r.hset(akey(action_id), "state", "dispatched")
+        self.complete(action_id, result_json, event or {"release": False})
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for logs and errors."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

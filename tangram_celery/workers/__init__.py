@@ -1,0 +1,1 @@
+"""Celery workers: one process per pool (`tangram worker cpu|api|gpu`)."""

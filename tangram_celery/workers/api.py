@@ -1,0 +1,59 @@
+"""API worker: calls a rate-limited external API; the scheduler enforces the pool's limits."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import importlib
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.config import ApiConfig
+
+_pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api-call")
+
+
+def load_callable(spec: str) -> Callable[[dict[str, Any]], Any]:
+    """'package.module:function' -> the function."""
+    mod, _, fn = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), fn)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"API handler {spec!r} cannot be loaded: {e}") from e
+
+
+class ApiHandler:
+    """Serves one configured API: a Python callable or an HTTP POST of the request as JSON."""
+
+    def __init__(self, cfg: ApiConfig) -> None:
+        self.cfg = cfg
+        self.fn = None if cfg.handler == "http" else load_callable(cfg.handler)
+
+    def _http(self, request: dict[str, Any]) -> Any:
+        assert self.cfg.base_url
+        path = str(request.get("path", ""))
+        body = json.dumps(request.get("json", request)).encode()
+        req = urllib.request.Request(
+            self.cfg.base_url.rstrip("/") + "/" + path.lstrip("/"),
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
+            return json.loads(resp.read().decode() or "null")
+
+    def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+        request = payload.get("request", {})
+        call = self._http if self.fn is None else self.fn
+        timeout_s = min(float(payload.get("timeout_s", self.cfg.timeout_s)), self.cfg.timeout_s)
+        fut = _pool.submit(call, request)
+        try:
+            out = fut.result(timeout=timeout_s)
+        except cf.TimeoutError:
+            return ActionResult(action_id=action_id, status=ActionStatus.TIMEOUT, error=f"no answer in {timeout_s}s")
+        except (urllib.error.URLError, ValueError, TypeError, KeyError, ArithmeticError) as e:
+            return ActionResult(action_id=action_id, status=ActionStatus.FAILED, error=f"{type(e).__name__}: {e}")
+        return ActionResult(action_id=action_id, status=ActionStatus.OK, output=out)

@@ -1,0 +1,45 @@
+"""CPU worker: runs code actions in the trajectory's sandbox on the cores the scheduler granted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tangram_celery.actions import ActionResult, CodeAction
+from tangram_celery.config import SandboxConfig
+from tangram_celery.sandbox import ExecRequest, Sandbox
+
+
+class CpuHandler:
+    """Turns a CodeAction + allocation into a sandbox exec and its result into an ActionResult."""
+
+    def __init__(self, sandbox: Sandbox, cfg: SandboxConfig) -> None:
+        self.sandbox = sandbox
+        self.cfg = cfg
+
+    def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+        action = CodeAction.model_validate(payload)
+        cores = tuple(int(c) for c in alloc.get("unit_ids") or ()) or (0,)
+        req = ExecRequest(
+            language=action.language,
+            code=action.code,
+            files=dict(action.files),
+            test_command=action.test_command,
+            test_cases=list(action.test_cases),
+            stdin=action.stdin,
+            timeout_s=action.timeout_s,
+            memory_mb=action.memory_mb,
+            cores=cores,
+        )
+        res = self.sandbox.run(action.trajectory_id, req)
+        return ActionResult(
+            action_id=action_id,
+            status=res.status,
+            exit_code=res.exit_code,
+            stdout=res.stdout,
+            stderr=res.stderr,
+            tests=res.tests,
+            exec_s=res.exec_s,
+        )
+
+    def close_trajectory(self, trajectory_id: str) -> None:
+        self.sandbox.close_trajectory(trajectory_id)

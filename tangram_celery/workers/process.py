@@ -1,0 +1,75 @@
+"""Start a worker process for one pool: `tangram worker cpu --node N` / `api --name A` / `gpu`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from tangram_celery.app import make_app, queue_name
+from tangram_celery.broker import resolve_url
+from tangram_celery.config import TangramConfig
+from tangram_celery.errors import ConfigError
+from tangram_celery.workers import tasks
+from tangram_celery.workers.base import WorkerRuntime
+
+log = logging.getLogger("tangram.worker")
+
+
+def run_worker(
+    cfg: TangramConfig,
+    kind: Literal["cpu", "api", "gpu"],
+    name: str,
+    *,
+    loglevel: str = "INFO",
+    concurrency: int | None = None,
+) -> None:
+    """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C)."""
+    url = resolve_url(cfg)
+    app = make_app(url)
+    runtime = WorkerRuntime(url, f"{kind}-{name}")
+    if kind == "cpu":
+        node = next((n for n in cfg.nodes.cpu if n.name == name), None)
+        if node is None:
+            raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
+        from tangram_celery.sandbox import open_sandbox
+        from tangram_celery.workers.cpu import CpuHandler
+
+        handler = CpuHandler(open_sandbox(cfg.sandbox), cfg.sandbox)
+        tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
+        slots = concurrency or node.cores
+    elif kind == "api":
+        api = cfg.api(name)
+        if api is None:
+            raise ConfigError(f"no API named {name!r} in apis ({[a.name for a in cfg.apis]})")
+        from tangram_celery.workers.api import ApiHandler
+
+        tasks.register(app, runtime, api=ApiHandler(api))
+        slots = concurrency or min(64, api.max_concurrency or 16)
+    else:
+        gnode = next((n for n in cfg.nodes.gpu if n.name == name), None)
+        if gnode is None:
+            raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
+        from tangram_celery.workers.gpu import GpuHandler
+
+        handler_gpu = GpuHandler(cfg, gnode)
+        tasks.register(app, runtime, gpu=handler_gpu)
+        slots = concurrency or 8
+    log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
+    app.worker_main(
+        [
+            "worker",
+            "-Q",
+            queue_name(kind, name),
+            "-n",
+            f"{kind}-{name}@%h",
+            "-P",
+            "threads",
+            "-c",
+            str(slots),
+            "--prefetch-multiplier=1",
+            "--without-mingle",
+            "--without-gossip",
+            "-E",
+            f"--loglevel={loglevel}",
+        ]
+    )

@@ -1,0 +1,41 @@
+"""Celery task registration: binds the task names of `tangram_celery.app` to handlers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, TASK_NOOP
+from tangram_celery.workers.base import Handler, WorkerRuntime
+
+
+def register(
+    app: Celery,
+    runtime: WorkerRuntime,
+    *,
+    cpu: Handler | None = None,
+    api: Handler | None = None,
+    gpu: Handler | None = None,
+    close: Any = None,
+) -> None:
+    """Register the tasks this worker serves; results go through the Tangram store, not Celery's."""
+
+    @app.task(name=TASK_NOOP)
+    def noop(x: Any = None) -> Any:
+        return x
+
+    for name, handler in ((TASK_CPU, cpu), (TASK_API, api), (TASK_GPU, gpu)):
+        if handler is None:
+            continue
+
+        def run(action_id: str, alloc: dict[str, Any], _h: Handler = handler) -> str:
+            return runtime.execute(action_id, alloc, _h)
+
+        app.task(name=name, ignore_result=True, acks_late=True)(run)
+
+    if close is not None:
+
+        @app.task(name=TASK_CLOSE, ignore_result=True)
+        def close_trajectory(trajectory_id: str) -> None:
+            close(trajectory_id)
