@@ -1,0 +1,46 @@
+"""Fixtures for end-to-end tests: a full local deployment with real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.redis import deployment_config
+
+RECORD_API = {
+    "name": "rec",
+    "handler": "tests.integration.support:record",
+    "max_concurrency": 4,
+    "quota_per_window": 100000,
+    "window_s": 1.0,
+}
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A running deployment (Redis, scheduler, workers); overrides via @pytest.mark.deploy(...)."""
+    from tangram_celery.config import load_config
+    from tangram_celery.deploy import Deployment
+
+    marker = request.node.get_closest_marker("deploy")
+    overrides = dict(marker.kwargs) if marker else {}
+    path = deployment_config(tmp_path, **overrides)
+    dep = Deployment(load_config(path), path, with_flower=False)
+    try:
+        dep.start(progress=False)
+    except Exception:
+        dep.stop()
+        raise
+    yield dep
+    dep.stop()
+
+
+@pytest.fixture
+def client(deployment: object) -> Iterator[object]:
+    from tangram_celery import TangramClient
+
+    c = TangramClient(deployment.url)  # type: ignore[attr-defined]
+    yield c
+    c.close()

@@ -1,0 +1,78 @@
+"""Action validation and cost derivation."""
+
+import pytest
+from pydantic import ValidationError
+
+from scheduler.model import ResourceKind
+from scheduler.service.cluster import check_meta, pool_view, to_queued
+from tangram_celery.actions import ApiAction, CodeAction, RewardAction, TestCase
+from tangram_celery.client import action_meta
+from tangram_celery.config import parse_config
+
+pytestmark = pytest.mark.unit
+
+CFG = parse_config(
+    {
+        "nodes": {
+            "cpu": [{"name": "n0", "cores": 8, "numa_groups": 2, "memory_mb": 4096}],
+            "gpu": [{"name": "g0", "num_gpus": 4, "gpu_memory_mb": 16000}],
+        },
+        "apis": [{"name": "calc", "handler": "m:f", "max_concurrency": 2}],
+        "reward_models": [
+            {"name": "rm", "backend": "hf-seq-cls", "path": "/m", "dop_options": [1, 2], "memory_mb": 900}
+        ],
+    }
+)
+
+
+def test_code_action_elastic_cpus_become_a_range() -> None:
+    """Given cpus '1..8' on a node with 4-core NUMA groups, the cost range is capped at 4."""
+    a = CodeAction(trajectory_id="t", code="print(1)", cpus="1..8", test_command="pytest")
+    qa = to_queued(action_meta(a, 0.0), CFG)
+    assert qa.cost.key is ResourceKind.CPU
+    assert qa.cost.units.units == (1, 2, 3, 4)
+    assert qa.kind == "tests"
+
+
+def test_reward_cost_uses_model_dop_and_memory() -> None:
+    """A reward action costs the model's DoP options and GPU memory."""
+    qa = to_queued(action_meta(RewardAction(trajectory_id="t", model="rm", inputs={"x": 1}), 0.0), CFG)
+    assert qa.cost.key is ResourceKind.GPU and qa.cost.units.units == (1, 2)
+    assert qa.cost.gpu_memory_mb == 900 and qa.target == "rm"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cpus": "4..2", "code": "x"},
+        {"cpus": 0, "code": "x"},
+        {"language": "cobol", "code": "x"},
+        {},  # nothing to run
+        {"code": "x", "files": {"../escape.py": ""}},
+        {"code": "x", "timeout_s": -1},
+        {"code": "x", "bogus": 1},
+    ],
+)
+def test_invalid_code_actions_are_refused(kwargs: dict[str, object]) -> None:
+    """Malformed code actions fail validation when built."""
+    with pytest.raises(ValidationError):
+        CodeAction(trajectory_id="t", **kwargs)
+
+
+def test_test_case_needs_exactly_one_check() -> None:
+    """A test case is either stdin->stdout or an assert snippet."""
+    with pytest.raises(ValidationError):
+        TestCase(name="t")
+    with pytest.raises(ValidationError):
+        TestCase(name="t", expected_stdout="1", assert_code="assert 1")
+
+
+def test_check_meta_rejects_what_can_never_run() -> None:
+    """Unknown model/API and cpus beyond every NUMA group are rejected with a reason."""
+    view = pool_view(CFG)
+    assert "unknown reward model" in str(
+        check_meta(action_meta(RewardAction(trajectory_id="t", model="zz", inputs={}), 0), view)
+    )
+    assert "unknown API" in str(check_meta(action_meta(ApiAction(trajectory_id="t", api="zz"), 0), view))
+    assert "NUMA" in str(check_meta(action_meta(CodeAction(trajectory_id="t", code="x", cpus=5), 0), view))
+    assert check_meta(action_meta(CodeAction(trajectory_id="t", code="x", cpus="1..64"), 0), view) is None
