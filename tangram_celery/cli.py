@@ -9,9 +9,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tangram_celery.config import TangramConfig, default_config_path, load_config
 from tangram_celery.errors import TangramError
+
+if TYPE_CHECKING:
+    from tangram_celery.deploy import Deployment
 
 
 def _config(args: argparse.Namespace) -> TangramConfig:
@@ -50,7 +54,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deployment(args: argparse.Namespace, with_flower: bool = True):  # type: ignore[no-untyped-def]
+def _deployment(args: argparse.Namespace, with_flower: bool = True) -> Deployment:
     from tangram_celery.deploy import Deployment
 
     path = Path(args.config or default_config_path())

@@ -42,7 +42,9 @@ class ActionHandle:
         if self._result is None:
             raw = self.client.store.wait_result(self.id, timeout)
             if raw is None:
-                raise ResultTimeout(f"action {self.id} has no result after {timeout}s (it may still complete)")
+                raise ResultTimeout(
+                    f"action {self.id} has no result after {timeout}s (it may still complete)"
+                )
             self._result = ActionResult.model_validate_json(raw)
         return self._result
 

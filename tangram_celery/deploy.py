@@ -83,7 +83,9 @@ class Deployment:
         env = dict(os.environ, TANGRAM_BROKER_URL=self.url, PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", "tangram_celery.cli", *args, "--config", str(self.config_path)]
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.children[name] = Child(name, proc, log_path)
         return self.children[name]
 
@@ -102,7 +104,9 @@ class Deployment:
             f"--basic-auth={self.flower_auth[0]}:{password}",
         ]  # fmt: skip
         with open(logs / "flower.log", "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.children["flower"] = Child("flower", proc, logs / "flower.log")
 
     def wait_ready(self, timeout_s: float = 60.0, progress: bool = True) -> None:
@@ -126,8 +130,10 @@ class Deployment:
                     return
             time.sleep(0.2)
         store.close()
-        raise TangramError(f"deployment not ready in {timeout_s}s; workers seen: {sorted(seen)}, "
-                           f"expected {sorted(expected)}; logs in {self.state_dir / 'logs'}")
+        raise TangramError(
+            f"deployment not ready in {timeout_s}s; workers seen: {sorted(seen)}, "
+            f"expected {sorted(expected)}; logs in {self.state_dir / 'logs'}"
+        )
 
     def check_alive(self) -> None:
         for c in self.children.values():

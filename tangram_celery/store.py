@@ -120,7 +120,9 @@ class Store:
         """
         pipe = self.r.pipeline(transaction=False)
         for action_id, meta, payload in items:
-            self._submit(keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe)
+            self._submit(
+                keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe
+            )
         replies = pipe.execute(raise_on_error=False)
         for (action_id, _, _), rep in zip(items, replies, strict=True):
             if isinstance(rep, redis.ResponseError):
@@ -137,7 +139,7 @@ class Store:
                 raise BrokerError(f"submit of {action_id} failed: {rep}")
 
     def control(self, fields: dict[str, str]) -> None:
-        self.r.xadd(INTAKE, fields)
+        self.r.xadd(INTAKE, dict(fields.items()))
 
     def wait_result(self, action_id: str, timeout_s: float | None) -> str | None:
         """Block until the action's result exists; return its JSON, or None on timeout."""
@@ -181,7 +183,7 @@ class Store:
     ) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
         """Read new (or, with pending=True, this consumer's unacknowledged) intake and events."""
         ident = "0" if pending else ">"
-        resp = self.r.xreadgroup(
+        resp: Any = self.r.xreadgroup(
             GROUP, CONSUMER, {EVENTS: ident, INTAKE: ident}, count=count, block=None if pending else block_ms
         )
         intake: list[IntakeEntry] = []
@@ -200,10 +202,10 @@ class Store:
             pipe.execute()
 
     def load_running(self) -> dict[str, dict[str, Any]]:
-        return {k: json.loads(v) for k, v in self.r.hgetall(RUNNING).items()}
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(RUNNING).items()}
 
     def load_pins(self) -> dict[str, dict[str, Any]]:
-        return {k: json.loads(v) for k, v in self.r.hgetall(TRAJ).items()}
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(TRAJ).items()}
 
     def states(self, action_ids: Sequence[str]) -> list[str | None]:
         pipe = self.r.pipeline(transaction=False)

@@ -54,7 +54,7 @@ def check_meta(meta: dict[str, Any], view: dict[str, Any]) -> str | None:
     """Why an action can never run on this deployment, or None if it can."""
     t = meta.get("type")
     if t == "code":
-        lo, hi = meta["cpus"]
+        lo = meta["cpus"][0]
         if view["max_cpus"] == 0:
             return "no CPU node is configured (nodes.cpu is empty)"
         if lo > view["max_cpus"]:

@@ -77,8 +77,12 @@ class SchedulerService:
 
     def run(self, idle_block_ms: int = 200) -> None:
         self.start()
-        log.info("scheduler up: policy=%s, %d waiting, %d running after recovery",
-                 self.policy.name, len(self.waiting), len(self.state.running))
+        log.info(
+            "scheduler up: policy=%s, %d waiting, %d running after recovery",
+            self.policy.name,
+            len(self.waiting),
+            len(self.state.running),
+        )
         while not self._stop.is_set():
             # API pools refill over time: wake up often while API actions wait for quota.
             wait_api = any(a.cost.key is ResourceKind.API for a in self.waiting[:64])
@@ -232,9 +236,7 @@ class SchedulerService:
         resend: list[Allocation] = []
         acked: list[str] = []
         for e, action_id, st in zip(intake, ids, states, strict=True):
-            if e.fields.get("control"):
-                fresh.append(e)
-            elif st == ActionState.QUEUED:
+            if e.fields.get("control") or st == ActionState.QUEUED:
                 fresh.append(e)
             elif st == ActionState.DISPATCHED and action_id in running:
                 # Persisted but maybe never sent: send again (the worker's claim dedupes).

@@ -20,7 +20,8 @@ def load_callable(spec: str) -> Callable[[dict[str, Any]], Any]:
     """'package.module:function' -> the function."""
     mod, _, fn = spec.partition(":")
     try:
-        return getattr(importlib.import_module(mod), fn)  # type: ignore[no-any-return]
+        fn_obj: Callable[[dict[str, Any]], Any] = getattr(importlib.import_module(mod), fn)
+        return fn_obj
     except (ImportError, AttributeError) as e:
         raise ValueError(f"API handler {spec!r} cannot be loaded: {e}") from e
 
@@ -53,7 +54,11 @@ class ApiHandler:
         try:
             out = fut.result(timeout=timeout_s)
         except cf.TimeoutError:
-            return ActionResult(action_id=action_id, status=ActionStatus.TIMEOUT, error=f"no answer in {timeout_s}s")
+            return ActionResult(
+                action_id=action_id, status=ActionStatus.TIMEOUT, error=f"no answer in {timeout_s}s"
+            )
         except (urllib.error.URLError, ValueError, TypeError, KeyError, ArithmeticError) as e:
-            return ActionResult(action_id=action_id, status=ActionStatus.FAILED, error=f"{type(e).__name__}: {e}")
+            return ActionResult(
+                action_id=action_id, status=ActionStatus.FAILED, error=f"{type(e).__name__}: {e}"
+            )
         return ActionResult(action_id=action_id, status=ActionStatus.OK, output=out)

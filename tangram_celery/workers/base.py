@@ -45,7 +45,9 @@ class WorkerRuntime:
             result = handler(action_id, payload, alloc)
         except Exception as e:  # an infrastructure failure: the user's code never raises here
             log.exception("action %s failed in the worker", action_id)
-            result = ActionResult(action_id=action_id, status=ActionStatus.ERROR, error=f"{type(e).__name__}: {e}")
+            result = ActionResult(
+                action_id=action_id, status=ActionStatus.ERROR, error=f"{type(e).__name__}: {e}"
+            )
         finished = time.time()
         result.trajectory_id = meta["trajectory_id"]
         submitted = float(meta["submitted_s"])

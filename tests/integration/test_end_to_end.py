@@ -79,9 +79,7 @@ def test_scheduler_killed_mid_run_loses_nothing(deployment, client, tmp_path: Pa
     log = tmp_path / "executions.log"
     n = 300
     actions = [
-        ApiAction(
-            trajectory_id=f"t{i % 10}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.01}
-        )
+        ApiAction(trajectory_id=f"t{i % 10}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.01})
         for i in range(n)
     ]
     handles = client.submit_many(actions)
