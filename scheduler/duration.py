@@ -6,6 +6,7 @@ their inner loops.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,7 +53,7 @@ class Table:
         pts = self.points
         if units <= pts[0][0]:
             return min(1.0, pts[0][1] * pts[0][0] / units)
-        for (m0, e0), (m1, e1) in zip(pts, pts[1:], strict=False):
+        for (m0, e0), (m1, e1) in itertools.pairwise(pts):
             if m0 <= units <= m1:
                 s0, s1 = e0 * m0, e1 * m1
                 speedup = s0 + (s1 - s0) * (units - m0) / (m1 - m0)

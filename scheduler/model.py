@@ -22,7 +22,7 @@ class ResourceKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Elastic:
-    """The unit counts an action accepts for its key resource, ascending (e.g. 1..8 or {1,2,4,8})."""
+    """Unit counts an action accepts for its key resource, ascending (e.g. 1..8 or {1,2,4,8})."""
 
     units: tuple[int, ...]
 

@@ -138,6 +138,23 @@ class ApiPool:
         )
         self.tokens_at_s = max(self.tokens_at_s, now_s)
 
+    def next_fit_s(self, quota: int, now_s: float) -> float | None:
+        """Earliest time (s) at which `quota` tokens will be available, ignoring concurrency.
+
+        None when the bucket can never hold `quota` tokens. Does not mutate the pool.
+        """
+        if self.quota_per_window is None:
+            return now_s
+        if quota > self.quota_per_window:
+            return None
+        rate = self.quota_per_window / self.window_s
+        tokens = min(
+            float(self.quota_per_window), self.tokens + max(0.0, now_s - self.tokens_at_s) * rate
+        )
+        if tokens >= quota:
+            return now_s
+        return now_s + (quota - tokens) / rate
+
     def fits(self, quota: int, now_s: float) -> bool:
         if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
             return False
@@ -157,19 +174,32 @@ class ClusterState:
     # trajectory -> CPU node it is pinned to (sticky after its first action)
     trajectory_node: dict[str, str] = field(default_factory=dict)
     running: dict[str, Allocation] = field(default_factory=dict)
+    # action -> expected end time (s), recorded by `apply` from the action's duration estimate;
+    # policies use it to estimate when units come back (the completion heap of Algorithm 2).
+    expected_end_s: dict[str, float] = field(default_factory=dict)
 
     def copy(self) -> ClusterState:
-        return _copy.deepcopy(self)
+        """An independent copy, much cheaper than deepcopy (allocations are immutable)."""
+        return ClusterState(
+            cpu={k: _copy_cpu(n) for k, n in self.cpu.items()},
+            gpu={k: _copy_gpu(g) for k, g in self.gpu.items()},
+            api={k: _copy.copy(a) for k, a in self.api.items()},
+            trajectory_node=dict(self.trajectory_node),
+            running=dict(self.running),
+            expected_end_s=dict(self.expected_end_s),
+        )
 
     # ---- fit -------------------------------------------------------------------------------
     def cpu_candidates(self, action: QueuedAction, units: int) -> list[CpuNode]:
-        """CPU nodes that can take `action` at `units` cores now (stickiness and memory included)."""
+        """CPU nodes that can take `action` at `units` cores now (stickiness, memory included)."""
         pinned = self.trajectory_node.get(action.trajectory_id)
         if pinned is not None:
             node = self.cpu.get(pinned)
             return [node] if node is not None and node.max_block() >= units else []
         need = action.cost.memory_mb
-        nodes = [n for n in self.cpu.values() if n.max_block() >= units and n.memory_free_mb >= need]
+        nodes = [
+            n for n in self.cpu.values() if n.max_block() >= units and n.memory_free_mb >= need
+        ]
         # Balance memory: the node with the most free memory first.
         return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
 
@@ -184,12 +214,12 @@ class ClusterState:
             return None
         if key is ResourceKind.GPU:
             best: Allocation | None = None
-            for node in self.gpu.values():
-                chunk = node.pick(units, action.target)
+            for gnode in self.gpu.values():
+                chunk = gnode.pick(units, action.target)
                 if chunk is None:
                     continue
-                alloc = Allocation(action.action_id, key, node.name, units, chunk)
-                if action.target in node.resident.get(chunk, ()):
+                alloc = Allocation(action.action_id, key, gnode.name, units, chunk)
+                if action.target in gnode.resident.get(chunk, ()):
                     return alloc
                 best = best or alloc
             return best
@@ -223,10 +253,12 @@ class ClusterState:
             if pool.quota_per_window is not None:
                 pool.tokens -= action.cost.api_quota
         self.running[alloc.action_id] = alloc
+        self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
     def release(self, action_id: str) -> Allocation | None:
         """Give back the units held by `action_id`; unknown ids are ignored (idempotent)."""
         alloc = self.running.pop(action_id, None)
+        self.expected_end_s.pop(action_id, None)
         if alloc is None:
             return None
         if alloc.kind is ResourceKind.CPU:
@@ -251,6 +283,7 @@ class ClusterState:
                 n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()
             },
             "running": [a.to_dict() for a in self.running.values()],
+            "expected_end_s": dict(self.expected_end_s),
         }
 
     def restore(self, d: dict[str, Any]) -> None:
@@ -268,3 +301,21 @@ class ClusterState:
             elif alloc.kind is ResourceKind.API and alloc.pool in self.api:
                 self.api[alloc.pool].in_flight += 1
             self.running[alloc.action_id] = alloc
+        self.expected_end_s = {
+            k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in self.running
+        }
+
+
+def _copy_cpu(n: CpuNode) -> CpuNode:
+    # Built then overwritten: __post_init__ treats an empty `free` as "all free".
+    out = CpuNode(name=n.name, numa=n.numa, memory_mb=n.memory_mb)
+    out.free = set(n.free)
+    out.trajectory_memory_mb = dict(n.trajectory_memory_mb)
+    return out
+
+
+def _copy_gpu(g: GpuNode) -> GpuNode:
+    out = GpuNode(name=g.name, num_gpus=g.num_gpus, gpu_memory_mb=g.gpu_memory_mb)
+    out.free = set(g.free)
+    out.resident = {c: list(v) for c, v in g.resident.items()}
+    return out

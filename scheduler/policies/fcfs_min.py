@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from scheduler.model import Allocation, QueuedAction
 from scheduler.policies.base import register
@@ -10,9 +10,12 @@ from scheduler.resources import ClusterState
 
 
 def fcfs_prefix(
-    queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+    queue: Sequence[QueuedAction],
+    state: ClusterState,
+    now_s: float,
+    units_of: Callable[[QueuedAction], int] | None = None,
 ) -> tuple[list[Allocation], ClusterState]:
-    """Allocate actions at minimum units in FCFS order until one does not fit.
+    """Allocate actions at minimum units (or `units_of`) in FCFS order until one does not fit.
 
     The prefix is taken per key-resource pool family: an action waiting for a busy API does not
     block CPU actions behind it, but within one family order is strict (no overtaking).
@@ -25,7 +28,8 @@ def fcfs_prefix(
         family = (str(action.cost.key), action.target)
         if family in blocked:
             continue
-        alloc = work.place(action, action.cost.units.min, now_s)
+        units = action.cost.units.min if units_of is None else units_of(action)
+        alloc = work.place(action, units, now_s)
         if alloc is None:
             blocked.add(family)
             continue

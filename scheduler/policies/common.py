@@ -1,0 +1,199 @@
+"""Pieces shared by the elastic policies: pools, the completion-heap estimate, GPU chunk picks.
+
+A *pool* is the unit of elastic allocation: one NUMA group of one CPU node
+(`("cpu", node, group)`), or one GPU node (`("gpu", node, 0)`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode
+
+PoolKey = tuple[str, str, int]
+Busy = tuple[float, int]  # (expected end in s, units)
+Waiting = tuple[int, float, QueuedAction]  # (min units, duration at min units in s, action)
+
+
+def waiting(actions: Iterable[QueuedAction]) -> list[Waiting]:
+    """Precompute what the completion-heap estimate needs per waiting action."""
+    out = []
+    for a in actions:
+        units = a.cost.units.units[0]
+        out.append((units, a.duration_s(units), a))
+    return out
+
+
+@lru_cache(maxsize=64)
+def core_group_index(numa: tuple[tuple[int, ...], ...]) -> dict[int, int]:
+    """core id -> NUMA group index (cached per node shape)."""
+    return {c: g for g, cores in enumerate(numa) for c in cores}
+
+
+def pool_of(alloc: Allocation, state: ClusterState) -> PoolKey:
+    """The pool an allocation draws from."""
+    if alloc.kind is ResourceKind.CPU:
+        node = state.cpu[alloc.pool]
+        gidx = core_group_index(node.numa)
+        return ("cpu", alloc.pool, gidx[alloc.unit_ids[0]] if alloc.unit_ids else 0)
+    return (str(alloc.kind), alloc.pool, 0)
+
+
+def busy_by_pool(state: ClusterState, now_s: float) -> dict[PoolKey, list[Busy]]:
+    """Running allocations per pool as (expected end, units); unknown ends count as `now_s`."""
+    out: dict[PoolKey, list[Busy]] = {}
+    for aid, alloc in state.running.items():
+        if alloc.kind is ResourceKind.API or not alloc.unit_ids:
+            continue
+        end_s = max(now_s, state.expected_end_s.get(aid, now_s))
+        out.setdefault(pool_of(alloc, state), []).append((end_s, alloc.units))
+    return out
+
+
+def pool_capacity(key: PoolKey, state: ClusterState) -> int:
+    """Total units of a pool (busy or not)."""
+    if key[0] == "cpu":
+        return len(state.cpu[key[1]].numa[key[2]])
+    return state.gpu[key[1]].num_gpus
+
+
+def distribute_rest(
+    rest: Iterable[QueuedAction], state: ClusterState, pools: Sequence[PoolKey]
+) -> dict[PoolKey, list[QueuedAction]]:
+    """Assign still-queued actions to the pools they will probably use, for the estimate.
+
+    CPU actions of a pinned trajectory go to its node's pools; others, and GPU actions of a
+    service, are spread round-robin over the candidate pools of their kind. API actions are
+    left out (they do not compete for elastic units).
+    """
+    out: dict[PoolKey, list[QueuedAction]] = {p: [] for p in pools}
+    by_node: dict[str, list[PoolKey]] = {}
+    for p in pools:
+        if p[0] == "cpu":
+            by_node.setdefault(p[1], []).append(p)
+    cpu_pools = [p for p in pools if p[0] == "cpu"]
+    gpu_pools = [p for p in pools if p[0] == "gpu"]
+    pins = state.trajectory_node
+    rr: dict[str, int] = {}
+    cpu, gpu = ResourceKind.CPU, ResourceKind.GPU
+    for action in rest:
+        kind = action.cost.key
+        if kind is cpu:
+            pinned = pins.get(action.trajectory_id)
+            if pinned is None:
+                choices, key = cpu_pools, "cpu"
+            else:
+                choices, key = by_node.get(pinned, []), pinned
+        elif kind is gpu:
+            choices, key = gpu_pools, "gpu"
+        else:
+            continue
+        if len(choices) == 1:
+            out[choices[0]].append(action)
+        elif choices:
+            i = rr.get(key, 0)
+            out[choices[i % len(choices)]].append(action)
+            rr[key] = i + 1
+    return out
+
+
+def rest_estimate_s(
+    now_s: float,
+    capacity: int,
+    busy: Sequence[Busy],
+    rest: Sequence[Waiting],
+    depth: int,
+) -> float:
+    """Sum over `rest` of (start - now + duration), simulated FCFS on a completion heap.
+
+    Algorithm 2's estimate: every still-queued action takes its minimum units as soon as enough
+    units are back; the first one may try its first `depth` unit counts and keeps the one that
+    finishes earliest. `busy` holds the running and just-started allocations of the pool.
+    """
+    heap = list(busy)
+    heapq.heapify(heap)
+    free = capacity - sum(u for _, u in busy)
+    t_s = now_s
+    total_s = 0.0
+    pop, push = heapq.heappop, heapq.heappush
+    for i, (units, dur_s, action) in enumerate(rest):
+        if units > capacity:
+            continue
+        if i == 0 and depth > 1 and len(action.cost.units.units) > 1:
+            best: tuple[float, int, list[Busy], int, float] | None = None
+            for units in [u for u in action.cost.units.units if u <= capacity][:depth]:
+                h = list(heap)
+                got = _wait_for(h, free, t_s, units)
+                if got is None:
+                    continue
+                end_s = got[1] + action.duration_s(units)
+                if best is None or end_s < best[0]:
+                    best = (end_s, units, h, got[0], got[1])
+            if best is None:
+                continue
+            end_s, units, heap, free, t_s = best
+        else:
+            # Hot loop: inlined `_wait_for`.
+            while free < units and heap:
+                end_s, u = pop(heap)
+                if end_s > t_s:
+                    t_s = end_s
+                free += u
+            if free < units:
+                continue
+            end_s = t_s + dur_s
+        push(heap, (end_s, units))
+        free -= units
+        total_s += end_s - now_s
+    return total_s
+
+
+def _wait_for(heap: list[Busy], free: int, t_s: float, units: int) -> tuple[int, float] | None:
+    """Pop completions until `units` are free: (free units, time) or None if they never are."""
+    while free < units and heap:
+        end_s, u = heapq.heappop(heap)
+        t_s = max(t_s, end_s)
+        free += u
+    return (free, t_s) if free >= units else None
+
+
+def pick_gpu_chunks(
+    node: GpuNode, wanted: Sequence[tuple[QueuedAction, int]]
+) -> list[tuple[int, ...]] | None:
+    """Concrete aligned chunks for (action, units) pairs on `node`, or None if they do not fit.
+
+    Largest first; a chunk where the action's service is resident wins, otherwise the chunk in
+    the fullest buddy block (best fit keeps big chunks whole).
+    """
+    free = set(node.free)
+    order = sorted(range(len(wanted)), key=lambda i: -wanted[i][1])
+    out: list[tuple[int, ...]] = [() for _ in wanted]
+    for i in order:
+        action, units = wanted[i]
+        chunks = []
+        for start in range(0, node.num_gpus - units + 1, units):
+            chunk = tuple(range(start, start + units))
+            if free.issuperset(chunk):
+                chunks.append(chunk)
+        if not chunks:
+            return None
+
+        def score(chunk: tuple[int, ...], service: str = action.target) -> tuple[int, int, int]:
+            resident = service in node.resident.get(chunk, ())
+            block = min(8, node.num_gpus)
+            base = chunk[0] - chunk[0] % block
+            block_free = sum(1 for g in range(base, base + block) if g in free)
+            return (0 if resident else 1, block_free, chunk[0])
+
+        best = min(chunks, key=score)
+        free.difference_update(best)
+        out[i] = best
+    return out
+
+
+def gpu_unit_options(action: QueuedAction, num_gpus: int) -> list[int]:
+    """The buddy chunk sizes an action accepts on a node with `num_gpus` GPUs."""
+    return [u for u in action.cost.units.units if u in GPU_CHUNK_SIZES and u <= num_gpus]

@@ -1,0 +1,181 @@
+"""The elastic round shared by `tangram-dp` and `tangram-fast` (the paper's Algorithm 1).
+
+Given the FCFS candidates already placed at their minimum units, each pool (NUMA group or GPU
+node) with an elastic candidate is handed to a *pool solver*, which returns, per candidate, a
+new allocation (more units) or None (dropped from the tail: it waits for the next round).
+Pools without elastic candidates keep everyone at the minimum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scheduler.dp import GpuBuddy, arrange, cpu_arrange
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies.common import (
+    Busy,
+    PoolKey,
+    Waiting,
+    busy_by_pool,
+    distribute_rest,
+    gpu_unit_options,
+    pick_gpu_chunks,
+    pool_capacity,
+    pool_of,
+    rest_estimate_s,
+    waiting,
+)
+from scheduler.resources import ClusterState
+
+Member = tuple[QueuedAction, Allocation]
+Decision = dict[str, Allocation | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolProblem:
+    """Everything a pool solver needs: the pool, its candidates (FCFS), busy units, the rest."""
+
+    key: PoolKey
+    members: list[Member]
+    state: ClusterState
+    now_s: float
+    busy: list[Busy]
+    rest: list[Waiting]
+    depth: int
+
+    @property
+    def capacity(self) -> int:
+        return pool_capacity(self.key, self.state)
+
+
+PoolSolver = Callable[[PoolProblem], Decision]
+
+
+def elastic_round(
+    queue: Sequence[QueuedAction],
+    state: ClusterState,
+    now_s: float,
+    cands: list[Allocation],
+    cpu_solver: PoolSolver,
+    gpu_solver: PoolSolver,
+    depth: int,
+) -> list[Allocation]:
+    """Re-decide the units of `cands` pool by pool; returns the allocations in FCFS order."""
+    by_id = {a.action_id: a for a in queue}
+    members: dict[PoolKey, list[Member]] = {}
+    for alloc in cands:
+        if alloc.kind is ResourceKind.API:
+            continue
+        members.setdefault(pool_of(alloc, state), []).append((by_id[alloc.action_id], alloc))
+    elastic = {k: m for k, m in members.items() if any(a.cost.units.is_elastic for a, _ in m)}
+    if not elastic:
+        return cands
+    cand_ids = {a.action_id for a in cands}
+    rest = (a for a in queue if a.action_id not in cand_ids)
+    rest_by_pool = distribute_rest(rest, state, list(members))
+    busy = busy_by_pool(state, now_s)
+    decided: Decision = {}
+    for key, mem in elastic.items():
+        rest_w = waiting(rest_by_pool[key])
+        problem = PoolProblem(key, mem, state, now_s, busy.get(key, []), rest_w, depth)
+        solver = cpu_solver if key[0] == "cpu" else gpu_solver
+        decided.update(solver(problem))
+    out = []
+    for alloc in cands:
+        new = decided.get(alloc.action_id, alloc) if alloc.action_id in decided else alloc
+        if new is not None:
+            out.append(new)
+    return out
+
+
+def cpu_free_ids(problem: PoolProblem) -> list[int]:
+    node = problem.state.cpu[problem.key[1]]
+    return sorted(c for c in node.numa[problem.key[2]] if c in node.free)
+
+
+def cpu_decision(problem: PoolProblem, keep: int, units: Sequence[int]) -> Decision:
+    """Allocations for the first `keep` members with `units` cores each; the rest dropped."""
+    ids = cpu_free_ids(problem)
+    out: Decision = {}
+    pos = 0
+    for i, (action, alloc) in enumerate(problem.members):
+        if i >= keep:
+            out[action.action_id] = None
+            continue
+        u = units[i]
+        out[action.action_id] = Allocation(
+            action.action_id, ResourceKind.CPU, alloc.pool, u, tuple(ids[pos : pos + u])
+        )
+        pos += u
+    return out
+
+
+def dp_cpu_solver(problem: PoolProblem) -> Decision:
+    """Algorithm 1's drop-tail search with the exact DP (Algorithm 3) per CPU pool."""
+    free = len(cpu_free_ids(problem))
+    return _drop_tail(problem, lambda opts: cpu_arrange(free, opts), free)
+
+
+def dp_gpu_solver(problem: PoolProblem) -> Decision:
+    """Drop-tail with the buddy-chunk DP (Algorithm 4) on one GPU node."""
+    node = problem.state.gpu[problem.key[1]]
+    op = GpuBuddy.from_counts(node.free_chunk_counts())
+    return _drop_tail(problem, lambda opts: arrange(op, opts), len(node.free))
+
+
+def _drop_tail(
+    problem: PoolProblem,
+    solve: Callable[[list[list[tuple[int, float]]]], tuple[float, list[int]] | None],
+    free_units: int,
+) -> Decision:
+    members, now_s = problem.members, problem.now_s
+    is_gpu = problem.key[0] == "gpu"
+    num_gpus = problem.capacity
+    best: tuple[float, int, list[int]] | None = None
+    for keep in range(len(members), 0, -1):
+        kept = members[:keep]
+        opts = []
+        for action, _ in kept:
+            allowed = (
+                gpu_unit_options(action, num_gpus)
+                if is_gpu
+                else [u for u in action.cost.units.units if u <= free_units]
+            )
+            opts.append([(u, action.duration_s(u)) for u in allowed])
+        res = solve(opts)
+        if res is None:
+            continue
+        total_s, units = res
+        ends = [(now_s + a.duration_s(u), u) for (a, _), u in zip(kept, units, strict=True)]
+        wait = waiting(a for a, _ in members[keep:]) + problem.rest
+        obj = total_s + rest_estimate_s(
+            now_s, problem.capacity, problem.busy + ends, wait, problem.depth
+        )
+        if best is not None and obj >= best[0]:
+            break
+        best = (obj, keep, units)
+    if best is None:
+        return {}
+    _, keep, units = best
+    if not is_gpu:
+        return cpu_decision(problem, keep, units)
+    return gpu_decision(problem, keep, units)
+
+
+def gpu_decision(problem: PoolProblem, keep: int, units: Sequence[int]) -> Decision:
+    """Concrete chunks for the kept members; {} (keep the minimum placement) if they clash."""
+    node = problem.state.gpu[problem.key[1]]
+    wanted = [(a, units[i]) for i, (a, _) in enumerate(problem.members[:keep])]
+    chunks = pick_gpu_chunks(node, wanted)
+    if chunks is None:
+        return {}
+    out: Decision = {}
+    for i, (action, _) in enumerate(problem.members):
+        if i >= keep:
+            out[action.action_id] = None
+        else:
+            out[action.action_id] = Allocation(
+                action.action_id, ResourceKind.GPU, node.name, units[i], chunks[i]
+            )
+    return out

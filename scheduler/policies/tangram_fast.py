@@ -1,0 +1,182 @@
+"""`tangram-fast`: the paper's objective at a fraction of the decision cost.
+
+Same decision problem as `tangram-dp` (FCFS candidates, drop-tail, completion-heap estimate),
+solved differently where the cost is:
+
+- Candidates: one pass over the queue with per-NUMA-group free lists instead of placing each
+  action on a copied `ClusterState` (which scans every core per action).
+- Units: greedy marginal gain instead of the O(n * R * m) DP. For durations that are convex
+  and decreasing in the units (Amdahl, and any concave speed-up), giving the next core to the
+  candidate whose duration drops most is exactly optimal for the sum of durations
+  (separable convex resource allocation), so it matches the DP's choice.
+- Drop-tail: incremental. Dropping the tail candidate returns its cores to the greedy heap,
+  which continues where it stopped (still exact), instead of a new DP per step.
+GPU pools use the buddy DP of `tangram-dp`: their state space is tiny.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies.base import register
+from scheduler.policies.common import rest_estimate_s, waiting
+from scheduler.policies.elastic import (
+    Decision,
+    PoolProblem,
+    cpu_decision,
+    cpu_free_ids,
+    dp_gpu_solver,
+    elastic_round,
+)
+from scheduler.policies.fcfs_min import fcfs_prefix
+from scheduler.resources import ClusterState
+
+
+def fast_candidates(
+    queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+) -> list[Allocation]:
+    """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions."""
+    groups = {
+        n: [sorted(c for c in g if c in node.free) for g in node.numa]
+        for n, node in state.cpu.items()
+    }
+    mem_free = {n: node.memory_free_mb for n, node in state.cpu.items()}
+    pins: dict[str, str] = {}
+    picked: list[tuple[int, Allocation]] = []
+    others: list[QueuedAction] = []
+    order: dict[str, int] = {}
+    cpu_blocked = False
+    for idx, action in enumerate(queue):
+        if action.cost.key is not ResourceKind.CPU:
+            others.append(action)
+            order[action.action_id] = idx
+            continue
+        if cpu_blocked:
+            continue
+        units = action.cost.units.min
+        tid = action.trajectory_id
+        node = state.trajectory_node.get(tid) or pins.get(tid)
+        gi = -1
+        if node is not None:
+            gi = _best_group(groups.get(node, []), units)
+        else:
+            need = action.cost.memory_mb
+            for name in sorted(mem_free, key=lambda n: (-mem_free[n], n)):
+                if mem_free[name] < need:
+                    break
+                gi = _best_group(groups[name], units)
+                if gi >= 0:
+                    node = name
+                    pins[tid] = name
+                    mem_free[name] -= need
+                    break
+        if gi < 0 or node is None:
+            cpu_blocked = True
+            continue
+        free = groups[node][gi]
+        ids = tuple(free[:units])
+        del free[:units]
+        picked.append((idx, Allocation(action.action_id, ResourceKind.CPU, node, units, ids)))
+    if others:
+        for alloc in fcfs_prefix(others, state, now_s)[0]:
+            picked.append((order[alloc.action_id], alloc))
+        picked.sort(key=lambda p: p[0])
+    return [a for _, a in picked]
+
+
+def _best_group(groups: list[list[int]], units: int) -> int:
+    """Index of the group with the fewest free cores that still holds `units`; -1 if none."""
+    best, best_len = -1, 1 << 30
+    for i, g in enumerate(groups):
+        if units <= len(g) < best_len:
+            best, best_len = i, len(g)
+    return best
+
+
+def greedy_cpu_solver(problem: PoolProblem) -> Decision:
+    """Drop-tail over greedy marginal-gain allocations of one NUMA group's free cores."""
+    members, now_s = problem.members, problem.now_s
+    free = len(cpu_free_ids(problem))
+    actions = [a for a, _ in members]
+    units = [a.cost.units.min for a in actions]
+    left = free - sum(units)
+    keep = len(actions)
+    heap: list[tuple[float, int, int]] = []
+
+    def rebuild() -> None:
+        heap.clear()
+        for i in range(keep):
+            _push(heap, actions[i], i, units[i], free)
+
+    def fill() -> None:
+        nonlocal left
+        while left > 0 and heap:
+            _, i, nxt = heapq.heappop(heap)
+            if i >= keep or nxt <= units[i]:
+                continue
+            step = nxt - units[i]
+            if step > left:
+                continue
+            units[i] = nxt
+            left -= step
+            _push(heap, actions[i], i, nxt, free)
+
+    def objective() -> float:
+        total_s = 0.0
+        ends = []
+        for i in range(keep):
+            d = actions[i].duration_s(units[i])
+            total_s += d
+            ends.append((now_s + d, units[i]))
+        wait = waiting(actions[keep:]) + problem.rest
+        return total_s + rest_estimate_s(
+            now_s, problem.capacity, problem.busy + ends, wait, problem.depth
+        )
+
+    rebuild()
+    fill()
+    best = (objective(), keep, list(units))
+    while keep > 1:
+        keep -= 1
+        left += units[keep]
+        rebuild()
+        fill()
+        obj = objective()
+        if obj >= best[0]:
+            break
+        best = (obj, keep, list(units))
+    return cpu_decision(problem, best[1], best[2])
+
+
+def _push(
+    heap: list[tuple[float, int, int]], action: QueuedAction, i: int, cur: int, cap: int
+) -> None:
+    """Push the candidate's next unit step keyed by its duration gain per extra unit."""
+    for nxt in action.cost.units.units:
+        if nxt > cur:
+            if nxt > cap:
+                return
+            gain = (action.duration_s(cur) - action.duration_s(nxt)) / (nxt - cur)
+            if gain > 0:
+                heapq.heappush(heap, (-gain, i, nxt))
+            return
+
+
+@register("tangram-fast")
+class TangramFast:
+    """Our policy: `tangram-dp`'s decisions by greedy marginal gain. `depth` as in Algorithm 2."""
+
+    name = "tangram-fast"
+
+    def __init__(self, depth: int = 2) -> None:
+        self.depth = depth
+
+    def decide(
+        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+    ) -> list[Allocation]:
+        cands = fast_candidates(queue, state, now_s)
+        return elastic_round(
+            queue, state, now_s, cands, greedy_cpu_solver, dp_gpu_solver, self.depth
+        )
