@@ -18,7 +18,7 @@ scripts below, so a duplicate Celery message can never run an action twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -78,7 +78,7 @@ local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'done' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('RPUSH', KEYS[2], '1')
+redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('XADD', KEYS[3], '*', 'id', ARGV[1], 'event', ARGV[3])
 return 1
@@ -142,18 +142,17 @@ class Store:
         self.r.xadd(INTAKE, dict(fields.items()))
 
     def wait_result(self, action_id: str, timeout_s: float | None) -> str | None:
-        """Block until the action's result exists; return its JSON, or None on timeout."""
-        res = self.r.hget(akey(action_id), "result")
-        if res is not None:
-            return str(res)
+        """Block until the action's result exists; return its JSON, or None on timeout.
+
+        The completion script pushes the result onto `n:<id>`; it is pushed back after being
+        read so that every waiter (and every later call) sees it.
+        """
         t = 0 if timeout_s is None else max(timeout_s, 0.001)
         got = self.r.blpop([nkey(action_id)], timeout=t)
         if got is None:
             return None
-        # Put the token back so another waiter (or a second .result() call) also wakes.
-        self.r.rpush(nkey(action_id), "1")
-        res = self.r.hget(akey(action_id), "result")
-        return None if res is None else str(res)
+        self.r.rpush(nkey(action_id), got[1])
+        return str(got[1])
 
     def action_state(self, action_id: str) -> str | None:
         s = self.r.hget(akey(action_id), "state")
@@ -178,13 +177,10 @@ class Store:
     def publish_config(self, view: dict[str, Any]) -> None:
         self.r.set(CONFIG, json.dumps(view))
 
-    def read(
-        self, count: int, block_ms: int | None, pending: bool = False
-    ) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
-        """Read new (or, with pending=True, this consumer's unacknowledged) intake and events."""
-        ident = "0" if pending else ">"
+    def read(self, count: int, block_ms: int | None) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
+        """Read new intake and events (one blocking call over both streams)."""
         resp: Any = self.r.xreadgroup(
-            GROUP, CONSUMER, {EVENTS: ident, INTAKE: ident}, count=count, block=None if pending else block_ms
+            GROUP, CONSUMER, {EVENTS: ">", INTAKE: ">"}, count=count, block=block_ms
         )
         intake: list[IntakeEntry] = []
         events: list[IntakeEntry] = []
@@ -192,6 +188,17 @@ class Store:
             target = intake if stream == INTAKE else events
             target.extend(IntakeEntry(sid, fields) for sid, fields in entries)
         return intake, events
+
+    def read_pending(self, stream: str, count: int = 10_000) -> Iterator[list[IntakeEntry]]:
+        """This consumer's delivered but unacknowledged entries of `stream`, in order, in pages."""
+        after = "0"
+        while True:
+            resp: Any = self.r.xreadgroup(GROUP, CONSUMER, {stream: after}, count=count)
+            entries = [IntakeEntry(sid, fields) for _, page in resp or [] for sid, fields in page]
+            if not entries:
+                return
+            yield entries
+            after = entries[-1].stream_id
 
     def ack(self, stream: str, ids: Iterable[str]) -> None:
         ids = list(ids)
@@ -217,15 +224,24 @@ class Store:
         self,
         records: Sequence[tuple[str, dict[str, Any]]],
         pins: dict[str, dict[str, Any]],
+        intake_ids: Sequence[str],
         now_s: float,
     ) -> None:
-        """Persist allocations before their Celery messages are sent (one transaction)."""
+        """Persist allocations and take their entries off the intake, in one transaction.
+
+        This happens before the Celery messages are sent; a scheduler that dies in between
+        re-sends every action still in state `dispatched` when it restarts (the worker's claim
+        makes a duplicate message harmless).
+        """
         pipe = self.r.pipeline(transaction=True)
         for action_id, rec in records:
             pipe.hset(RUNNING, action_id, json.dumps(rec))
             pipe.hset(akey(action_id), mapping={"state": "dispatched", "dispatched_s": repr(now_s)})
         for tid, pin in pins.items():
             pipe.hset(TRAJ, tid, json.dumps(pin))
+        if intake_ids:
+            pipe.xack(INTAKE, GROUP, *intake_ids)
+            pipe.xdel(INTAKE, *intake_ids)
         pipe.execute()
 
     def forget_running(self, action_ids: Sequence[str]) -> None:

@@ -156,16 +156,20 @@ class SchedulerService:
                 pins[qa.trajectory_id] = {"node": alloc.pool, "memory_mb": qa.cost.memory_mb}
             records.append((alloc.action_id, _record(alloc, qa)))
             self.kind_of[alloc.action_id] = qa.kind
-        self.store.mark_dispatched(records, pins, now)
-        self._send(allocs)
         started = {a.action_id for a in allocs}
+        self.store.mark_dispatched(records, pins, [self.entry_of.pop(i) for i in started], now)
+        self._send(allocs)
         self.waiting = [a for a in self.waiting if a.action_id not in started]
-        self.store.ack(INTAKE, [self.entry_of.pop(i) for i in started])
         self.dispatched_total += len(allocs)
         return len(allocs)
 
     def _send(self, allocs: list[Allocation]) -> None:
-        with self.app.producer_or_acquire() as producer:
+        """Publish one Celery message per allocation, pipelined into one Redis round trip.
+
+        Results flow through the Tangram store, so Celery's result backend is not involved
+        (ignore_result) and the arguments' repr is precomputed (it is tiny).
+        """
+        with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
             for alloc in allocs:
                 self.app.send_task(
                     _TASKS[alloc.kind],
@@ -173,6 +177,9 @@ class SchedulerService:
                     task_id=alloc.action_id,
                     queue=queue_name(str(alloc.kind), alloc.pool),
                     producer=producer,
+                    ignore_result=True,
+                    argsrepr=f"[{alloc.action_id!r}, units={alloc.units}]",
+                    kwargsrepr="{}",
                 )
 
     # ---- trajectories ----------------------------------------------------------------------
@@ -207,48 +214,33 @@ class SchedulerService:
     def _recover(self) -> None:
         """Rebuild state from Redis after a restart: running allocations, pins, pending entries."""
         running = self.store.load_running()
+        now = self.clock()
         for action_id, rec in running.items():
             alloc = Allocation.from_dict(rec["alloc"])
             qa = to_queued(rec["meta"], self.cfg)
-            if alloc.kind is ResourceKind.CPU and alloc.pool not in self.state.cpu:
-                continue
-            self.state.apply(alloc, qa, self.clock())
+            self.state.apply(alloc, qa, now)
             self.kind_of[action_id] = qa.kind
             self.active[qa.trajectory_id] += 1
         for tid, pin in self.store.load_pins().items():
             if pin["node"] in self.state.cpu:
                 self.state.trajectory_node[tid] = pin["node"]
                 self.state.cpu[pin["node"]].trajectory_memory_mb[tid] = int(pin["memory_mb"])
-        # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
-        while True:
-            intake, events = self.store.read(10_000, None, pending=True)
-            if not intake and not events:
-                break
-            self._on_events(events)
-            self._recover_intake(intake, running)
-            if len(intake) < 10_000 and len(events) < 10_000:
-                break
-
-    def _recover_intake(self, intake: list[IntakeEntry], running: dict[str, Any]) -> None:
-        ids = [e.fields.get("id", "") for e in intake]
-        states = self.store.states(ids) if ids else []
-        fresh: list[IntakeEntry] = []
-        resend: list[Allocation] = []
-        acked: list[str] = []
-        for e, action_id, st in zip(intake, ids, states, strict=True):
-            if e.fields.get("control") or st == ActionState.QUEUED:
-                fresh.append(e)
-            elif st == ActionState.DISPATCHED and action_id in running:
-                # Persisted but maybe never sent: send again (the worker's claim dedupes).
-                resend.append(Allocation.from_dict(running[action_id]["alloc"]))
-                acked.append(e.stream_id)
-            else:
-                acked.append(e.stream_id)
+        # Allocated but maybe never sent (the previous run died between persist and send):
+        # send again; the worker's claim turns a duplicate into a no-op.
+        ids = list(running)
+        resend = [
+            Allocation.from_dict(running[i]["alloc"])
+            for i, st in zip(ids, self.store.states(ids), strict=True)
+            if st == ActionState.DISPATCHED
+        ]
         if resend:
             log.info("re-sending %d dispatched action(s) after restart", len(resend))
             self._send(resend)
-        self.store.ack(INTAKE, acked)
-        self._on_intake(fresh)
+        # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
+        for events in self.store.read_pending(EVENTS):
+            self._on_events(events)
+        for intake in self.store.read_pending(INTAKE):
+            self._on_intake(intake)
 
 
 def _record(alloc: Allocation, qa: QueuedAction) -> dict[str, Any]:

@@ -83,3 +83,8 @@ def docsearch(request: dict[str, Any]) -> dict[str, Any]:
             scored.append((score, mod, doc.splitlines()[0][:200]))
     scored.sort(key=lambda t: (-t[0], t[1]))
     return {"hits": [{"module": m, "summary": s, "score": sc} for sc, m, s in scored[:k]]}
+
+
+def echo(request: dict[str, Any]) -> dict[str, Any]:
+    """Returns the request unchanged: a no-op API for overhead measurements."""
+    return request
