@@ -33,6 +33,8 @@ EVENTS = P + "events"
 RUNNING = P + "running"
 TRAJ = P + "traj"
 CONFIG = P + "config"
+WORKERS = P + "workers"  # worker name -> last heartbeat (Redis server time, s)
+WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:calc" / "gpu:g0"
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600
@@ -61,10 +63,12 @@ redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queue
 return redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
 """
 
-# dispatched -> running, returning meta and payload; any other state is returned as a string.
+# dispatched -> running for the current attempt only, returning meta and payload; otherwise the
+# state (or 'stale' for a message of an earlier attempt) is returned as a string.
 _CLAIM = """
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'dispatched' then
+  if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[3] then return 'stale' end
   redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2])
   return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
 end
@@ -73,6 +77,22 @@ return s
 """
 
 # running -> done: store the result, notify the client, tell the scheduler. Exactly once.
+# running (by the worker presumed dead) -> dispatched (retry) or queued (re-route), next attempt.
+_REQUEUE = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if s == 'done' or s == false then return 0 end
+if s == 'running' and redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'attempt', ARGV[3])
+return 1
+"""
+
+_HEARTBEAT = """
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], ARGV[1], t[1] + t[2] / 1e6)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
 _COMPLETE = """
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'done' then return 0 end
@@ -102,6 +122,8 @@ class Store:
         self._submit = self.r.register_script(_SUBMIT)
         self._claim = self.r.register_script(_CLAIM)
         self._complete = self.r.register_script(_COMPLETE)
+        self._requeue = self.r.register_script(_REQUEUE)
+        self._heartbeat = self.r.register_script(_HEARTBEAT)
 
     def ping(self) -> None:
         try:
@@ -227,6 +249,7 @@ class Store:
         intake_ids: Sequence[str],
         now_s: float,
     ) -> None:
+        """`records` are (action id, {"alloc", "meta", "attempt"})."""
         """Persist allocations and take their entries off the intake, in one transaction.
 
         This happens before the Celery messages are sent; a scheduler that dies in between
@@ -236,7 +259,10 @@ class Store:
         pipe = self.r.pipeline(transaction=True)
         for action_id, rec in records:
             pipe.hset(RUNNING, action_id, json.dumps(rec))
-            pipe.hset(akey(action_id), mapping={"state": "dispatched", "dispatched_s": repr(now_s)})
+            pipe.hset(
+                akey(action_id),
+                mapping={"state": "dispatched", "dispatched_s": repr(now_s), "attempt": rec["attempt"]},
+            )
         for tid, pin in pins.items():
             pipe.hset(TRAJ, tid, json.dumps(pin))
         if intake_ids:
@@ -252,9 +278,9 @@ class Store:
         self.r.hdel(TRAJ, trajectory_id)
 
     # ---- worker side -----------------------------------------------------------------------
-    def claim(self, action_id: str, worker: str, now_s: float) -> tuple[str, str, float] | str:
-        """dispatched -> running. Returns (meta, payload, dispatched_s) or the state that blocked it."""
-        rep = self._claim(keys=[akey(action_id)], args=[worker, repr(now_s)])
+    def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> tuple[str, str, float] | str:
+        """dispatched -> running for `attempt`. Returns (meta, payload, dispatched_s) or why not."""
+        rep = self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)])
         if isinstance(rep, list):
             return str(rep[0]), str(rep[1]), float(rep[2] or 0.0)
         return str(rep)
@@ -267,10 +293,37 @@ class Store:
         )
         return bool(rep)
 
-    def set_queued_result(self, action_id: str, result_json: str, event: dict[str, Any] | None) -> None:
-        """Result for an action the scheduler refused (never dispatched)."""
-        self.r.hset(akey(action_id), "state", "dispatched")
-        self.complete(action_id, result_json, event or {"release": False})
+    def heartbeat(self, worker: str, pool_key: str) -> None:
+        self._heartbeat(keys=[WORKERS, WORKER_POOLS], args=[worker, pool_key])
+
+    def workers(self) -> tuple[float, dict[str, tuple[float, str]]]:
+        """(Redis server time, {worker: (last heartbeat, pool key)})."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
+        pipe.hgetall(WORKERS)
+        pipe.hgetall(WORKER_POOLS)
+        (sec, usec), beats, pools = pipe.execute()
+        now = float(sec) + float(usec) / 1e6
+        return now, {str(w): (float(t), str(pools.get(w, ""))) for w, t in beats.items()}
+
+    def forget_worker(self, worker: str) -> None:
+        self.r.hdel(WORKERS, worker)
+        self.r.hdel(WORKER_POOLS, worker)
+
+    def owners(self, action_ids: Sequence[str]) -> list[tuple[str | None, str | None, int]]:
+        """(state, worker, attempt) of each action."""
+        pipe = self.r.pipeline(transaction=False)
+        for a in action_ids:
+            pipe.hmget(akey(a), "state", "worker", "attempt")
+        return [(s, w, int(n or 0)) for s, w, n in pipe.execute()]
+
+    def requeue(self, action_id: str, worker: str, to_state: str, attempt: int) -> bool:
+        """Take an action back from a worker presumed dead (or a pool that is gone)."""
+        return bool(self._requeue(keys=[akey(action_id)], args=[worker, to_state, str(attempt)]))
+
+    def finish_unrun(self, action_id: str, result_json: str, trajectory_id: str) -> None:
+        """Final result for an action the scheduler refused or gave up on (no worker ran it)."""
+        self.complete(action_id, result_json, {"status": "unrun", "trajectory_id": trajectory_id})
 
 
 def redact(url: str) -> str:

@@ -25,6 +25,8 @@ from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import Policy, get_policy
 from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
+from scheduler.service.liveness import LivenessPolicy
+from scheduler.service.liveness import check as liveness_check
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, make_app, queue_name
 from tangram_celery.config import TangramConfig
@@ -61,6 +63,10 @@ class SchedulerService:
         self.kind_of: dict[str, str] = {}  # running action id -> duration-profile kind
         self.active: Counter[str] = Counter()  # trajectory -> queued + running actions
         self.closing: dict[str, str] = {}  # trajectory -> stream id of its close request
+        self.attempt: dict[str, int] = {}  # dispatched action -> attempt number
+        self.running_qa: dict[str, QueuedAction] = {}  # dispatched action -> its queue entry
+        self.offline: set[str] = set()  # pool keys with no live worker
+        self.liveness = LivenessPolicy()
         self.dispatched_total = 0
         self._stop = threading.Event()
 
@@ -83,10 +89,14 @@ class SchedulerService:
             len(self.waiting),
             len(self.state.running),
         )
+        next_check = 0.0
         while not self._stop.is_set():
             # API pools refill over time: wake up often while API actions wait for quota.
             wait_api = any(a.cost.key is ResourceKind.API for a in self.waiting[:64])
             self.step(block_ms=20 if wait_api else idle_block_ms)
+            if time.monotonic() >= next_check:
+                liveness_check(self, self.liveness)
+                next_check = time.monotonic() + self.liveness.check_every_s
         self.store.close()
 
     # ---- one round -------------------------------------------------------------------------
@@ -107,6 +117,8 @@ class SchedulerService:
             alloc = self.state.release(action_id)
             if alloc is not None:
                 done.append(action_id)
+                self.attempt.pop(action_id, None)
+                self.running_qa.pop(action_id, None)
                 kind = self.kind_of.pop(action_id, ev.get("kind", ""))
                 if ev.get("status") in (ActionStatus.OK, ActionStatus.FAILED) and ev.get("exec_s"):
                     self.estimator.observe(kind, alloc.units, float(ev["exec_s"]))
@@ -154,10 +166,14 @@ class SchedulerService:
             self.state.apply(alloc, qa, now)
             if fresh and alloc.kind is ResourceKind.CPU:
                 pins[qa.trajectory_id] = {"node": alloc.pool, "memory_mb": qa.cost.memory_mb}
-            records.append((alloc.action_id, _record(alloc, qa)))
+            attempt = self.attempt.get(alloc.action_id, 0) + 1
+            self.attempt[alloc.action_id] = attempt
+            records.append((alloc.action_id, _record(alloc, qa, attempt)))
             self.kind_of[alloc.action_id] = qa.kind
+            self.running_qa[alloc.action_id] = qa
         started = {a.action_id for a in allocs}
-        self.store.mark_dispatched(records, pins, [self.entry_of.pop(i) for i in started], now)
+        entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
+        self.store.mark_dispatched(records, pins, entries, now)
         self._send(allocs)
         self.waiting = [a for a in self.waiting if a.action_id not in started]
         self.dispatched_total += len(allocs)
@@ -173,7 +189,7 @@ class SchedulerService:
             for alloc in allocs:
                 self.app.send_task(
                     _TASKS[alloc.kind],
-                    args=[alloc.action_id, alloc.to_dict()],
+                    args=[alloc.action_id, {**alloc.to_dict(), "attempt": self.attempt[alloc.action_id]}],
                     task_id=alloc.action_id,
                     queue=queue_name(str(alloc.kind), alloc.pool),
                     producer=producer,
@@ -199,6 +215,72 @@ class SchedulerService:
                 self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
             self.store.ack(INTAKE, [stream_id])
 
+    # ---- faults (driven by scheduler.service.liveness) ----------------------------------------
+    def set_offline(self, pools: set[str]) -> None:
+        """Take CPU/GPU pools without live workers out of placement; bring returning ones back."""
+        for key in pools - self.offline:
+            log.warning("pool %s has no live worker: offline", key)
+        for key in self.offline - pools:
+            log.info("pool %s is back", key)
+        self.offline = set(pools)
+        for name, node in self.state.cpu.items():
+            held = {
+                c
+                for a in self.state.running.values()
+                if a.pool == name and a.kind is ResourceKind.CPU
+                for c in a.unit_ids
+            }
+            node.free = set() if f"cpu:{name}" in self.offline else {c for g in node.numa for c in g} - held
+        for name, gnode in self.state.gpu.items():
+            held = {
+                c
+                for a in self.state.running.values()
+                if a.pool == name and a.kind is ResourceKind.GPU
+                for c in a.unit_ids
+            }
+            gnode.free = set() if f"gpu:{name}" in self.offline else set(range(gnode.num_gpus)) - held
+
+    def retry(self, action_id: str, worker: str, attempt: int, max_attempts: int) -> None:
+        """The worker running `action_id` died: run it again on the same pool, within a bound."""
+        alloc = self.state.running[action_id]
+        if attempt >= max_attempts:
+            self._give_up(action_id, f"its worker was lost {attempt} time(s)")
+            return
+        if self.store.requeue(action_id, worker, "dispatched", attempt + 1):
+            log.warning("worker %s lost action %s; retrying (attempt %d)", worker, action_id, attempt + 1)
+            self.attempt[action_id] = attempt + 1
+            self._send([alloc])
+
+    def reroute(self, action_id: str, worker: str, attempt: int, max_attempts: int) -> None:
+        """The pool of `action_id` is gone: put it back at the front of the waiting queue."""
+        if attempt >= max_attempts:
+            self._give_up(action_id, f"its pool was lost {attempt} time(s)")
+            return
+        qa = self.running_qa.get(action_id)
+        if qa is None or not self.store.requeue(action_id, worker, "queued", attempt):
+            return
+        alloc = self.state.release(action_id)
+        log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
+        self.running_qa.pop(action_id, None)
+        self.kind_of.pop(action_id, None)
+        if alloc is not None and alloc.kind is ResourceKind.CPU:
+            self.state.close_trajectory(qa.trajectory_id)  # its sandbox is gone with the node
+            self.store.forget_pin(qa.trajectory_id)
+        self.waiting.append(qa)
+        self.waiting.sort(key=lambda a: a.submitted_s)
+
+    def _give_up(self, action_id: str, why: str) -> None:
+        qa = self.running_qa.get(action_id)
+        tid = qa.trajectory_id if qa else ""
+        res = ActionResult(
+            action_id=action_id,
+            trajectory_id=tid,
+            status=ActionStatus.ERROR,
+            error=f"infrastructure failure: {why}",
+            attempts=self.attempt.get(action_id, 0),
+        )
+        self.store.finish_unrun(action_id, res.model_dump_json(), tid)
+
     def _reject(self, meta: dict[str, Any], why: str) -> None:
         log.warning("rejected action %s: %s", meta.get("id"), why)
         res = ActionResult(
@@ -208,29 +290,36 @@ class SchedulerService:
             error=why,
             attempts=0,
         )
-        self.store.set_queued_result(meta["id"], res.model_dump_json(), None)
+        self.store.finish_unrun(meta["id"], res.model_dump_json(), "")
 
     # ---- recovery --------------------------------------------------------------------------
     def _recover(self) -> None:
         """Rebuild state from Redis after a restart: running allocations, pins, pending entries."""
         running = self.store.load_running()
         now = self.clock()
-        for action_id, rec in running.items():
-            alloc = Allocation.from_dict(rec["alloc"])
+        ids = list(running)
+        states = self.store.states(ids)
+        for (action_id, rec), st in zip(running.items(), states, strict=True):
             qa = to_queued(rec["meta"], self.cfg)
-            self.state.apply(alloc, qa, now)
-            self.kind_of[action_id] = qa.kind
+            self.estimator.annotate(qa)
             self.active[qa.trajectory_id] += 1
+            self.attempt[action_id] = int(rec.get("attempt", 1))
+            if st == ActionState.QUEUED:  # re-routed, not yet placed again
+                self.waiting.append(qa)
+                continue
+            self.state.apply(Allocation.from_dict(rec["alloc"]), qa, now)
+            self.kind_of[action_id] = qa.kind
+            self.running_qa[action_id] = qa
+        self.waiting.sort(key=lambda a: a.submitted_s)
         for tid, pin in self.store.load_pins().items():
             if pin["node"] in self.state.cpu:
                 self.state.trajectory_node[tid] = pin["node"]
                 self.state.cpu[pin["node"]].trajectory_memory_mb[tid] = int(pin["memory_mb"])
         # Allocated but maybe never sent (the previous run died between persist and send):
         # send again; the worker's claim turns a duplicate into a no-op.
-        ids = list(running)
         resend = [
             Allocation.from_dict(running[i]["alloc"])
-            for i, st in zip(ids, self.store.states(ids), strict=True)
+            for i, st in zip(ids, states, strict=True)
             if st == ActionState.DISPATCHED
         ]
         if resend:
@@ -243,7 +332,7 @@ class SchedulerService:
             self._on_intake(intake)
 
 
-def _record(alloc: Allocation, qa: QueuedAction) -> dict[str, Any]:
+def _record(alloc: Allocation, qa: QueuedAction, attempt: int) -> dict[str, Any]:
     lo, hi = qa.cost.units.min, qa.cost.units.max
     meta: dict[str, Any] = {
         "id": qa.action_id,
@@ -258,4 +347,4 @@ def _record(alloc: Allocation, qa: QueuedAction) -> dict[str, Any]:
         meta.update(type="reward", model=qa.target)
     else:
         meta.update(type="api", api=qa.target)
-    return {"alloc": alloc.to_dict(), "meta": meta}
+    return {"alloc": alloc.to_dict(), "meta": meta, "attempt": attempt}

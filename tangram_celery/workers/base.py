@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,16 +29,36 @@ Handler = Callable[[str, dict[str, Any], dict[str, Any]], ActionResult]
 class WorkerRuntime:
     """Per-process worker state: the store connection and the worker's name."""
 
-    def __init__(self, broker_url: str, name: str) -> None:
+    def __init__(self, broker_url: str, kind: str, pool: str, heartbeat_s: float = 1.0) -> None:
         self.store = Store(broker_url)
-        self.name = f"{name}@{socket.gethostname()}"
+        # Unique per process: a restarted worker must not inherit its predecessor's actions.
+        self.name = f"{kind}-{pool}@{socket.gethostname()}-{os.getpid()}"
+        self.pool_key = f"{kind}:{pool}"
+        self.heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeats, name="tangram-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        """Start heart-beating: the scheduler retries this worker's actions if beats stop."""
+        self.store.heartbeat(self.name, self.pool_key)
+        self._beat.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.store.heartbeat(self.name, self.pool_key)
+            except Exception:  # Redis away: keep trying, the scheduler decides what it means
+                log.warning("heartbeat failed", exc_info=True)
 
     def execute(self, action_id: str, alloc: dict[str, Any], handler: Handler) -> str:
         """Run one dispatched action exactly once; returns its final status (or why it was skipped)."""
         started = time.time()
-        claimed = self.store.claim(action_id, self.name, started)
+        claimed = self.store.claim(action_id, int(alloc.get("attempt", 1)), self.name, started)
         if isinstance(claimed, str):
-            log.info("skip %s: state is %s (duplicate delivery)", action_id, claimed)
+            log.info("skip %s: %s (duplicate or superseded delivery)", action_id, claimed)
             return f"skipped:{claimed}"
         meta_raw, payload_raw, _ = claimed
         meta = json.loads(meta_raw)
@@ -57,6 +79,7 @@ class WorkerRuntime:
         result.act_s = max(0.0, finished - submitted)
         result.units = int(alloc.get("units", 0))
         result.node = str(alloc.get("pool", ""))
+        result.attempts = int(alloc.get("attempt", 1))
         event = {
             "status": str(result.status),
             "exec_s": result.exec_s,

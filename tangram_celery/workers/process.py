@@ -26,7 +26,7 @@ def run_worker(
     """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C)."""
     url = resolve_url(cfg)
     app = make_app(url)
-    runtime = WorkerRuntime(url, f"{kind}-{name}")
+    runtime = WorkerRuntime(url, kind, name)
     if kind == "cpu":
         node = next((n for n in cfg.nodes.cpu if n.name == name), None)
         if node is None:
@@ -54,6 +54,7 @@ def run_worker(
         handler_gpu = GpuHandler(cfg, gnode)
         tasks.register(app, runtime, gpu=handler_gpu)
         slots = concurrency or 8
+    runtime.start()
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     app.worker_main(
         [
@@ -61,7 +62,7 @@ def run_worker(
             "-Q",
             queue_name(kind, name),
             "-n",
-            f"{kind}-{name}@%h",
+            runtime.name,
             "-P",
             "threads",
             "-c",

@@ -93,3 +93,25 @@ def test_scheduler_killed_mid_run_loses_nothing(deployment, client, tmp_path: Pa
     assert all(r.status is ActionStatus.OK for r in results)
     assert sorted(executed) == list(range(n)), "an action was lost"
     assert max(executed.values()) == 1, "an action ran twice"
+
+
+@pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
+def test_worker_killed_mid_action_is_retried(deployment, client, tmp_path: Path) -> None:
+    """Given actions running on a worker, when it is SIGKILLed and a new one starts, every action
+    completes exactly once from the client's view, with attempt 2 for the interrupted ones."""
+    log = tmp_path / "executions.log"
+    n = 12
+    handles = client.submit_many(
+        ApiAction(trajectory_id=f"t{i}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 1.0})
+        for i in range(n)
+    )
+    time.sleep(0.5)  # the first four are mid-sleep on the worker
+    deployment.kill("worker-api-rec")
+    deployment.spawn("worker-api-rec", ["worker", "api", "--name", "rec"])
+    results = [h.result(timeout=180) for h in handles]
+    executed = Counter(int(x) for x in log.read_text().split())
+    retried = [r for r in results if r.attempts > 1]
+    print(f"submitted={n} completed={len(results)} retried={len(retried)} executions={sum(executed.values())}")
+    assert all(r.status is ActionStatus.OK for r in results)
+    assert sorted(executed) == list(range(n))
+    assert retried, "the interrupted actions should have been retried"
