@@ -1,5 +1,48 @@
 """Sandboxes for untrusted code: one interface, a Docker backend and a Linux-namespace backend."""
 
+from __future__ import annotations
+
+import logging
+import os
+
+from tangram_celery.config import SandboxConfig
+from tangram_celery.errors import SandboxError
 from tangram_celery.sandbox.base import ExecRequest, ExecResult, Sandbox
 
-__all__ = ["ExecRequest", "ExecResult", "Sandbox"]
+__all__ = ["ExecRequest", "ExecResult", "Sandbox", "SandboxError", "open_sandbox"]
+
+log = logging.getLogger(__name__)
+
+
+def docker_reachable(base_url: str | None) -> bool:
+    """True when a Docker engine answers at `base_url` (None: DOCKER_HOST / default socket)."""
+    from tangram_celery.sandbox.docker import connect
+
+    try:
+        connect(base_url, timeout_s=3.0).close()
+    except SandboxError:
+        return False
+    return True
+
+
+def open_sandbox(cfg: SandboxConfig) -> Sandbox:
+    """The configured backend; 'auto' = Docker when an engine is reachable, else namespaces."""
+    backend = cfg.backend
+    if backend == "auto":
+        url = cfg.docker_host or os.environ.get("DOCKER_HOST")
+        backend = "docker" if docker_reachable(url) else "namespace"
+        log.info(
+            "sandbox backend 'auto' chose %r (docker engine %s)",
+            backend,
+            "reachable" if backend == "docker" else f"not reachable at {url or 'default'}",
+        )
+    if backend == "docker":
+        from tangram_celery.sandbox.docker import DockerSandbox
+
+        box: Sandbox = DockerSandbox(cfg)
+    else:
+        from tangram_celery.sandbox.namespace import NamespaceSandbox
+
+        box = NamespaceSandbox(cfg)
+    log.info("sandbox backend: %s", box.name)
+    return box

@@ -26,6 +26,8 @@ class ExecRequest:
     timeout_s: float = 10.0
     memory_mb: int = 512
     cores: tuple[int, ...] = (0,)
+    env: dict[str, str] = field(default_factory=dict)  # extra env for user code (allowlist)
+    max_output_bytes: int | None = None  # cap per stream; None = the sandbox config's
 
 
 @dataclass
@@ -35,7 +37,8 @@ class ExecResult:
     stdout: str = ""
     stderr: str = ""
     tests: list[TestOutcome] = field(default_factory=list)
-    exec_s: float = 0.0
+    exec_s: float = 0.0  # wall-clock seconds inside the sandbox (what the scheduler learns from)
+    detail: str = ""  # why the backend chose the status, when it is not obvious
 
 
 class Sandbox(Protocol):

@@ -1,0 +1,178 @@
+"""Host-side cgroup control for sandboxes, on cgroup v1 or v2.
+
+Both backends use it: the namespace backend creates one cgroup set per trajectory; the Docker
+backend opens the container's own cgroups (found from its init pid) to bind cores without a
+`docker update` round trip and to read the OOM and pids-limit counters that decide statuses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
+CPU_PERIOD_US = 100_000
+
+
+def version(root: Path = ROOT) -> int | None:
+    """2 for a writable unified hierarchy with our controllers, 1 for writable v1, else None."""
+    ctl = root / "cgroup.controllers"
+    if ctl.exists():
+        have = set(ctl.read_text().split())
+        return 2 if {"cpu", "cpuset", "memory", "pids"} <= have and os.access(root, os.W_OK) else None
+    if all((root / c).is_dir() and os.access(root / c, os.W_OK) for c in V1_CONTROLLERS):
+        return 1
+    return None
+
+
+@dataclass
+class CgroupSet:
+    """The cgroup directories of one sandbox: one per controller on v1, one shared on v2."""
+
+    version: int
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+    def _file(self, controller: str, name: str) -> Path:
+        return self.dirs[controller] / name
+
+    def _write(self, controller: str, name: str, value: str) -> None:
+        self._file(controller, name).write_text(value)
+
+    def _read(self, controller: str, name: str) -> str:
+        try:
+            return self._file(controller, name).read_text()
+        except (OSError, KeyError):
+            return ""
+
+    # -- creation ------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, name: str, root: Path = ROOT) -> CgroupSet:
+        """Create `tangram/<name>` under every needed controller (parents set up as needed)."""
+        ver = version(root)
+        if ver is None:
+            raise OSError("no writable cgroup hierarchy with cpu, cpuset, memory and pids")
+        cg = cls(ver)
+        if ver == 2:
+            parent = root / "tangram"
+            parent.mkdir(exist_ok=True)
+            _enable_v2(root, parent)
+            d = parent / name
+            d.mkdir(exist_ok=True)
+            cg.dirs = {c: d for c in V1_CONTROLLERS}
+            return cg
+        for c in V1_CONTROLLERS:
+            parent = root / c / "tangram"
+            parent.mkdir(exist_ok=True)
+            d = parent / name
+            d.mkdir(exist_ok=True)
+            cg.dirs[c] = d
+        for d in (cg.dirs["cpuset"].parent, cg.dirs["cpuset"]):
+            for f in ("cpuset.cpus", "cpuset.mems"):  # v1 cpusets start empty
+                if not (d / f).read_text().strip():
+                    (d / f).write_text((d.parent / f).read_text().strip())
+        return cg
+
+    @classmethod
+    def of_pid(cls, pid: int, root: Path = ROOT) -> CgroupSet | None:
+        """The cgroups process `pid` lives in (e.g. a container's init), or None if unreadable."""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        v1: dict[str, Path] = {}
+        unified: Path | None = None
+        for line in lines:
+            _, ctrls, rel = line.split(":", 2)
+            if ctrls == "":
+                unified = root / rel.lstrip("/")
+            for c in ctrls.split(","):
+                if c in V1_CONTROLLERS:
+                    v1[c] = root / c / rel.lstrip("/")
+        if all(c in v1 and v1[c].is_dir() for c in V1_CONTROLLERS):
+            return cls(1, v1)
+        if unified is not None and (unified / "memory.events").exists():
+            return cls(2, {c: unified for c in V1_CONTROLLERS})
+        return None
+
+    # -- limits ----------------------------------------------------------------------------------
+    def add_self(self) -> None:
+        """Move the calling process into this set (used in a child before exec)."""
+        for d in set(self.dirs.values()):
+            (d / "cgroup.procs").write_text(str(os.getpid()))
+
+    def set_memory(self, memory_mb: int) -> None:
+        """Hard memory limit in MiB (swap off where the kernel lets us)."""
+        limit_b = str(memory_mb * 1024 * 1024)
+        if self.version == 2:
+            self._write("memory", "memory.max", limit_b)
+            if self._file("memory", "memory.swap.max").exists():
+                self._write("memory", "memory.swap.max", "0")
+        else:
+            self._write("memory", "memory.limit_in_bytes", limit_b)
+
+    def set_pids(self, pids_limit: int) -> None:
+        self._write("pids", "pids.max", str(pids_limit))
+
+    def bind_cores(self, cores: tuple[int, ...]) -> None:
+        """cpuset = `cores`, CFS quota = len(cores) full cores."""
+        cpus = ",".join(str(c) for c in sorted(set(cores)))
+        quota_us = len(set(cores)) * CPU_PERIOD_US
+        self._write("cpuset", "cpuset.cpus", cpus)
+        if self.version == 2:
+            self._write("cpu", "cpu.max", f"{quota_us} {CPU_PERIOD_US}")
+        else:
+            self._write("cpu", "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            self._write("cpu", "cpu.cfs_quota_us", str(quota_us))
+
+    def counters(self) -> dict[str, int]:
+        """Monotonic counters: `oom_kill` (OOM kills) and `pids_max` (forks refused at the limit)."""
+        mem = self._read("memory", "memory.events" if self.version == 2 else "memory.oom_control")
+        pids = self._read("pids", "pids.events")
+        return {"oom_kill": _field(mem, "oom_kill"), "pids_max": _field(pids, "max")}
+
+    def procs(self) -> list[int]:
+        return [int(p) for p in self._read("pids", "cgroup.procs").split()]
+
+    def destroy(self, timeout_s: float = 5.0) -> None:
+        """Kill whatever is left inside and remove the directories."""
+        deadline = time.monotonic() + timeout_s
+        kill_file = self._file("pids", "cgroup.kill")
+        while self.procs() and time.monotonic() < deadline:
+            if self.version == 2 and kill_file.exists():
+                kill_file.write_text("1")
+            else:
+                for pid in self.procs():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(0.01)
+        for d in set(self.dirs.values()):
+            try:
+                d.rmdir()
+            except OSError as e:
+                log.warning("cannot remove cgroup %s: %s", d, e)
+
+
+def _field(text: str, key: str) -> int:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            return int(parts[1])
+    return 0
+
+
+def _enable_v2(root: Path, parent: Path) -> None:
+    """Turn on the controllers we need for `parent`'s children (v2 needs them delegated)."""
+    for d in (root, parent):
+        try:
+            (d / "cgroup.subtree_control").write_text("+cpu +cpuset +memory +pids")
+        except OSError as e:
+            log.debug("subtree_control on %s: %s", d, e)

@@ -1,0 +1,101 @@
+"""Hard limits and the one place where facts become a status, shared by every backend.
+
+The runner reports facts (exit code, timed out, output capped, disk full, error strings seen);
+the host adds the cgroup counters it read before and after the exec (OOM kills, forks refused at
+the pids limit). `classify` maps both to exactly one `ActionStatus`, the same way on every backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tangram_celery.actions import ActionStatus, TestOutcome
+from tangram_celery.config import SandboxConfig
+from tangram_celery.sandbox.base import ExecRequest, ExecResult
+
+SANDBOX_UID = 10001  # the uid user code runs as; owns nothing outside the workdir and /tmp
+WORKDIR = "/work"
+RUNNER_SOCKET = "/run/tangram/runner.sock"
+RUNNER_PATH = "/opt/tangram/runner.py"
+TOOLS_PATH = "/opt/tangram/site"  # read-only site-packages with pytest + pytest-xdist
+SANDBOX_PYTHON = "/usr/bin/python3"
+HOST_RO_PATHS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
+RUNNER_GRACE_S = 5.0  # the host gives up on a runner this long after the action's timeout
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-sandbox hard limits (from SandboxConfig); memory comes from each request."""
+
+    pids_limit: int = 128
+    max_output_bytes: int = 65536
+    disk_quota_mb: int = 64
+    network: bool = False
+    use_rlimits: bool = False  # no cgroups: fall back to RLIMIT_AS / RLIMIT_NPROC
+
+    @classmethod
+    def from_config(cls, cfg: SandboxConfig) -> Limits:
+        return cls(cfg.pids_limit, cfg.max_output_bytes, cfg.disk_quota_mb, cfg.network)
+
+
+def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> dict[str, Any]:
+    """The JSON request the resident runner executes."""
+    payload: dict[str, Any] = {
+        "language": req.language,
+        "code": req.code,
+        "files": req.files,
+        "test_command": req.test_command,
+        "test_cases": [t.model_dump() for t in req.test_cases],
+        "stdin": req.stdin,
+        "timeout_s": req.timeout_s,
+        "cores": list(req.cores),
+        "max_output_bytes": req.max_output_bytes or limits.max_output_bytes,
+        "env": dict(req.env),
+        "pythonpath": pythonpath,
+    }
+    if limits.use_rlimits:
+        payload["rlimits"] = {"AS": req.memory_mb * 1024 * 1024, "NPROC": limits.pids_limit}
+    return payload
+
+
+def classify(facts: dict[str, Any], delta: dict[str, int], has_tests: bool) -> ActionStatus:
+    """One status per action. A limit outranks the failure it caused (a fork bomb usually also
+    times out; a memory bomb also exits non-zero)."""
+    if delta.get("pids_max", 0) > 0 or (facts.get("fork_failed") and not delta):
+        return ActionStatus.PIDS_LIMIT
+    if delta.get("oom_kill", 0) > 0 or (facts.get("memory_error") and not facts.get("timed_out")):
+        return ActionStatus.MEMORY_LIMIT
+    if facts.get("disk_full"):
+        return ActionStatus.DISK_LIMIT
+    if facts.get("output_capped"):
+        return ActionStatus.OUTPUT_LIMIT
+    if facts.get("timed_out"):
+        return ActionStatus.TIMEOUT
+    if facts.get("killed") and not delta:
+        return ActionStatus.MEMORY_LIMIT  # no counters to ask: an unexplained SIGKILL is the OOM
+    if facts.get("compile_failed") or facts.get("exit_code") not in (0, None):
+        return ActionStatus.FAILED
+    if has_tests and not all(t["passed"] for t in facts.get("tests", [])):
+        return ActionStatus.FAILED
+    return ActionStatus.OK
+
+
+def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) -> ExecResult:
+    has_tests = bool(req.test_cases)
+    status = classify(facts, delta, has_tests)
+    return ExecResult(
+        status=status,
+        exit_code=facts.get("exit_code"),
+        stdout=facts.get("stdout", ""),
+        stderr=facts.get("stderr", ""),
+        tests=[TestOutcome(**t) for t in facts.get("tests", [])],
+        exec_s=float(facts.get("exec_s", 0.0)),
+    )
+
+
+def counter_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int]:
+    """after - before per counter; {} when the backend could not read counters."""
+    if before is None or after is None:
+        return {}
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after}
