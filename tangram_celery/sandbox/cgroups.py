@@ -115,7 +115,14 @@ class CgroupSet:
             if self._file("memory", "memory.swap.max").exists():
                 self._write("memory", "memory.swap.max", "0")
         else:
-            self._write("memory", "memory.limit_in_bytes", limit_b)
+            # v1 insists on limit <= memsw.limit: raise memsw first, lower it last
+            names = ["memory.limit_in_bytes"]
+            if self._file("memory", "memory.memsw.limit_in_bytes").exists():
+                cur = int(self._read("memory", "memory.limit_in_bytes") or 0)
+                memsw = "memory.memsw.limit_in_bytes"
+                names = [memsw, *names] if int(limit_b) > cur else [*names, memsw]
+            for name in names:
+                self._write("memory", name, limit_b)
 
     def set_pids(self, pids_limit: int) -> None:
         self._write("pids", "pids.max", str(pids_limit))

@@ -120,6 +120,7 @@ class DockerSandbox(WarmPool):
                 cap_add=RUNNER_CAPS,
                 security_opt=["no-new-privileges"],
                 mem_limit=f"{h.memory_mb}m",
+                memswap_limit=f"{h.memory_mb}m",
                 pids_limit=self.limits.pids_limit,
                 cpuset_cpus=",".join(map(str, h.cores)),
                 cpu_period=CPU_PERIOD_US,
@@ -150,7 +151,7 @@ class DockerSandbox(WarmPool):
                 cpu_period=CPU_PERIOD_US,
                 cpu_quota=CPU_PERIOD_US * len(cores),
                 mem_limit=f"{memory_mb}m",
-                memswap_limit=-1,
+                memswap_limit=f"{memory_mb}m",
             )
 
     def _alive(self, h: Handle) -> bool:

@@ -1,0 +1,254 @@
+"""Hostile code, on both backends: every hard limit has its own status, nothing leaks, and the
+sandbox (and the worker) serves the next action afterwards."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tangram_celery.actions import ActionStatus
+from tangram_celery.sandbox import ExecRequest
+from tests.fixtures.docker import SMALL_LIMITS
+
+pytestmark = pytest.mark.integration
+
+
+def tid() -> str:
+    return "h-" + uuid.uuid4().hex[:10]
+
+
+def run(box: Any, traj: str, **kw: Any) -> Any:
+    return box.run(traj, ExecRequest(**kw))
+
+
+def healthy(box: Any, traj: str) -> None:
+    """The same trajectory still runs code, and nothing of the last action is left running."""
+    code = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    res = run(box, traj, language="python", code=code)
+    assert res.status is ActionStatus.OK, res
+    pids = eval(res.stdout)
+    assert len(pids) == 2 and 1 in pids, f"leftover processes: {pids}"  # runner + this one
+
+
+def test_fork_bomb_hits_pids_limit(sandbox_backend: Any) -> None:
+    """Given a bash fork bomb, when run, then PIDS_LIMIT and the sandbox serves the next action."""
+    traj = tid()
+    res = run(sandbox_backend, traj, language="bash", code=":(){ :|:& };:", timeout_s=5)
+    assert res.status is ActionStatus.PIDS_LIMIT, res
+    healthy(sandbox_backend, traj)
+
+
+def test_python_fork_bomb_hits_pids_limit(sandbox_backend: Any) -> None:
+    """Given os.fork() in a loop, when run, then PIDS_LIMIT and healthy afterwards."""
+    traj = tid()
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    res = run(sandbox_backend, traj, language="python", code=code, timeout_s=3)
+    assert res.status is ActionStatus.PIDS_LIMIT, res
+    healthy(sandbox_backend, traj)
+
+
+def test_memory_bomb_hits_memory_limit(sandbox_backend: Any) -> None:
+    """Given code growing memory without end under 128 MiB, then MEMORY_LIMIT, then healthy."""
+    traj = tid()
+    code = "a = []\nwhile True:\n    a.append(bytearray(1 << 20))\n"
+    res = run(sandbox_backend, traj, language="python", code=code, memory_mb=128, timeout_s=20)
+    assert res.status is ActionStatus.MEMORY_LIMIT, res
+    healthy(sandbox_backend, traj)
+
+
+def test_c_memory_bomb_hits_memory_limit(sandbox_backend: Any) -> None:
+    """Given C touching 1 GiB under 128 MiB, when run, then MEMORY_LIMIT."""
+    code = (
+        "#include <stdlib.h>\n#include <string.h>\nint main(void){for(;;){char*p=malloc(1<<20);"
+        "if(!p)return 1;memset(p,1,1<<20);}}\n"
+    )
+    res = run(sandbox_backend, tid(), language="c", code=code, memory_mb=128, timeout_s=20)
+    assert res.status is ActionStatus.MEMORY_LIMIT, res
+
+
+def test_infinite_loop_times_out(sandbox_backend: Any) -> None:
+    """Given `while True: pass` with a 1 s limit, then TIMEOUT within a few seconds."""
+    traj = tid()
+    t0 = time.monotonic()
+    res = run(sandbox_backend, traj, language="python", code="while True:\n    pass\n", timeout_s=1)
+    assert res.status is ActionStatus.TIMEOUT
+    assert time.monotonic() - t0 < 6
+    healthy(sandbox_backend, traj)
+
+
+def test_sleep_past_timeout_kills_process_tree(sandbox_backend: Any) -> None:
+    """Given a shell whose children sleep 100 s, when the 1 s limit hits, then TIMEOUT, all gone."""
+    traj = tid()
+    res = run(
+        sandbox_backend,
+        traj,
+        language="bash",
+        code="sleep 100 & sleep 100 & (sleep 100; echo late) ; wait",
+        timeout_s=1,
+    )
+    assert res.status is ActionStatus.TIMEOUT
+    healthy(sandbox_backend, traj)
+
+
+def test_huge_stdout_hits_output_limit(sandbox_backend: Any) -> None:
+    """Given endless stdout, when run, then OUTPUT_LIMIT with output cut at the cap, quickly."""
+    traj = tid()
+    t0 = time.monotonic()
+    res = run(
+        sandbox_backend, traj, language="python", code="while True:\n    print('y' * 1000)\n", timeout_s=20
+    )
+    assert res.status is ActionStatus.OUTPUT_LIMIT
+    assert len(res.stdout.encode()) == SMALL_LIMITS["max_output_bytes"]
+    assert time.monotonic() - t0 < 10
+    healthy(sandbox_backend, traj)
+
+
+def test_filling_the_disk_hits_disk_limit(sandbox_backend: Any) -> None:
+    """Given code writing past the 16 MiB quota, then DISK_LIMIT, and the next action can write."""
+    traj = tid()
+    run(sandbox_backend, traj, language="bash", code="echo keep > old.txt")
+    code = "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"
+    res = run(sandbox_backend, traj, language="python", code=code, timeout_s=20)
+    assert res.status is ActionStatus.DISK_LIMIT, res
+    after = run(
+        sandbox_backend,
+        traj,
+        language="bash",
+        code="cat old.txt; test ! -e big && head -c 1000000 /dev/zero > new && echo ok",
+    )
+    assert (after.status, after.stdout) == (ActionStatus.OK, "keep\nok\n")
+
+
+def test_filling_tmp_hits_disk_limit(sandbox_backend: Any) -> None:
+    """Given dd filling /tmp, when run, then DISK_LIMIT."""
+    res = run(
+        sandbox_backend,
+        tid(),
+        language="bash",
+        code="dd if=/dev/zero of=/tmp/fill bs=1M count=100",
+        timeout_s=20,
+    )
+    assert res.status is ActionStatus.DISK_LIMIT, res
+
+
+def test_network_is_off(sandbox_backend: Any) -> None:
+    """Given a host server on 127.0.0.1 and a public address, when sandboxed code connects, then
+    both fail."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    accepted: list[object] = []
+    t = threading.Thread(target=lambda: accepted.append(srv.accept()), daemon=True)
+    t.start()
+    code = (
+        f"import socket\nfor addr in [('127.0.0.1', {port}), ('1.1.1.1', 80)]:\n"
+        "    try:\n        socket.create_connection(addr, timeout=2)\n        print('OPEN')\n"
+        "    except OSError as e:\n        print('blocked', e.errno)\n"
+    )
+    res = run(sandbox_backend, tid(), language="python", code=code)
+    srv.close()
+    assert res.stdout.count("blocked") == 2 and "OPEN" not in res.stdout, res
+    assert not accepted
+
+
+def test_no_secrets_from_host_or_worker(sandbox_backend: Any) -> None:
+    """Given a secret in the worker's env, when code reads /etc/shadow, /proc/*/environ and its
+    env, then nothing of it is visible."""
+    os.environ["TANGRAM_TEST_SECRET"] = "s3cr3t-value"
+    try:
+        code = (
+            "import os, glob\n"
+            "try:\n    print(open('/etc/shadow').read())\nexcept OSError as e:\n"
+            "    print('shadow', e.errno)\n"
+            "for p in glob.glob('/proc/[0-9]*/environ'):\n"
+            "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass\n"
+            "print(dict(os.environ))\n"
+            "print(os.path.exists('/root'), os.path.exists('/home'), os.path.exists('/work/main'))\n"
+        )
+        res = run(sandbox_backend, tid(), language="python", code=code)
+    finally:
+        del os.environ["TANGRAM_TEST_SECRET"]
+    assert res.status is ActionStatus.OK, res
+    assert "s3cr3t" not in res.stdout + res.stderr
+    assert "shadow 2" in res.stdout or "shadow 13" in res.stdout
+    assert "False False False" in res.stdout
+
+
+def test_host_paths_are_read_only(sandbox_backend: Any) -> None:
+    """Given writes to /usr, /bin and /, when run, then every one is refused."""
+    code = (
+        "for p in ['/usr/evil', '/bin/evil', '/evil', '/opt/tangram/evil']:\n"
+        "    try:\n        open(p, 'w').write('x')\n        print('WROTE', p)\n"
+        "    except OSError as e:\n        print('refused', e.errno)\n"
+    )
+    res = run(sandbox_backend, tid(), language="python", code=code)
+    assert res.stdout.count("refused") == 4, res
+    assert not os.path.exists("/usr/evil")
+
+
+def test_killing_pid1_and_everything_fails_harmlessly(sandbox_backend: Any) -> None:
+    """Given code that signals PID 1 and kill -9 -1, when run, then the runner survives."""
+    traj = tid()
+    res = run(
+        sandbox_backend, traj, language="bash", code="kill -9 1; kill -TERM 1; kill -9 -1; echo still-here"
+    )
+    assert res.status in (ActionStatus.OK, ActionStatus.FAILED, ActionStatus.TIMEOUT)
+    healthy(sandbox_backend, traj)
+    res = run(
+        sandbox_backend,
+        traj,
+        language="python",
+        code="import os\ntry:\n    os.kill(1, 9)\nexcept OSError as e:\n    print(e.errno)",
+    )
+    assert res.stdout.strip() == "1"  # EPERM
+    healthy(sandbox_backend, traj)
+
+
+def test_runner_socket_is_unreachable(sandbox_backend: Any) -> None:
+    """Given user code, when it looks for the runner's socket, then access is denied."""
+    res = run(sandbox_backend, tid(), language="bash", code="ls /run/tangram 2>&1; echo rc=$?")
+    assert "runner.sock" not in res.stdout and "rc=2" in res.stdout
+
+
+def test_daemon_does_not_outlive_its_action(sandbox_backend: Any) -> None:
+    """Given a double-forked daemon that writes a file after 1 s, when the next action runs 2 s
+    later, then the daemon is gone and never wrote."""
+    traj = tid()
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(1)\n        open('/work/daemon_was_here', 'w').write('x')\n"
+        "    os._exit(0)\nprint('parent done')\n"
+    )
+    res = run(sandbox_backend, traj, language="python", code=code)
+    assert res.status is ActionStatus.OK and res.exec_s < 1
+    time.sleep(2)
+    res = run(sandbox_backend, traj, language="bash", code="ls /work")
+    assert "daemon_was_here" not in res.stdout
+    healthy(sandbox_backend, traj)
+
+
+def test_no_files_left_for_the_next_trajectory(sandbox_backend: Any) -> None:
+    """Given a trajectory leaving files in /work and /tmp, when another trajectory looks, then it
+    sees none of them, now or after the first is closed."""
+    a, b = tid(), tid()
+    run(sandbox_backend, a, language="bash", code="echo a > /work/left; echo a > /tmp/left")
+    look = "ls -A /work /tmp"
+    res_b = run(sandbox_backend, b, language="bash", code=look)
+    assert "left" not in res_b.stdout
+    sandbox_backend.close_trajectory(a)
+    res_b = run(sandbox_backend, b, language="bash", code=look)
+    assert "left" not in res_b.stdout
+
+
+def test_setuid_binaries_do_not_escalate(sandbox_backend: Any) -> None:
+    """Given setuid binaries from the host's /usr, when user code runs them, then it stays 10001."""
+    code = "for b in /usr/bin/su /usr/bin/sudo /usr/bin/passwd; do [ -x $b ] && $b -h >/dev/null 2>&1; done; id -u"
+    res = run(sandbox_backend, tid(), language="bash", code=code)
+    assert res.stdout.strip().splitlines()[-1] == "10001"

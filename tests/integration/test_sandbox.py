@@ -1,0 +1,214 @@
+"""Sandbox backends, for real (private dockerd / bubblewrap): languages, tests, warm state, cores."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tangram_celery.actions import ActionStatus, TestCase
+from tangram_celery.sandbox import ExecRequest
+
+pytestmark = pytest.mark.integration
+
+C_SUM = '#include <stdio.h>\nint main(void){long a,b; scanf("%ld %ld",&a,&b); printf("%ld\\n",a+b);}\n'
+
+
+def tid() -> str:
+    return "t-" + uuid.uuid4().hex[:10]
+
+
+def run(box: Any, traj: str, **kw: Any) -> Any:
+    return box.run(traj, ExecRequest(**kw))
+
+
+def test_python_snippet_runs_as_unprivileged_user(sandbox_backend: Any) -> None:
+    """Given a sandbox, when a Python snippet runs, then it prints as uid 10001 in /work."""
+    res = run(sandbox_backend, tid(), language="python", code="import os; print(os.getuid(), os.getcwd())")
+    assert res.status is ActionStatus.OK, res
+    assert res.stdout.split() == ["10001", "/work"]
+    assert res.exec_s > 0
+
+
+def test_python_stdin_exit_code_and_stderr(sandbox_backend: Any) -> None:
+    """Given a snippet reading stdin and exiting 3, when run, then FAILED with exit 3 and stderr."""
+    code = "import sys; d=sys.stdin.read(); print(d.upper()); print('oops', file=sys.stderr); sys.exit(3)"
+    res = run(sandbox_backend, tid(), language="python", code=code, stdin="abc")
+    assert res.status is ActionStatus.FAILED
+    assert (res.exit_code, res.stdout.strip(), res.stderr.strip()) == (3, "ABC", "oops")
+
+
+def test_python_exception_reports_traceback(sandbox_backend: Any) -> None:
+    """Given code raising ValueError, when run, then FAILED, exit 1, traceback names main.py."""
+    res = run(sandbox_backend, tid(), language="python", code="raise ValueError('bad')")
+    assert res.status is ActionStatus.FAILED and res.exit_code == 1
+    assert 'File "main.py"' in res.stderr and "ValueError: bad" in res.stderr
+    assert "runner.py" not in res.stderr
+
+
+def test_bash_and_c(sandbox_backend: Any) -> None:
+    """Given bash and C programs, when run, then both work (gcc from the host)."""
+    traj = tid()
+    res = run(sandbox_backend, traj, language="bash", code="echo $((6*7)); echo err >&2")
+    assert (res.status, res.stdout, res.stderr) == (ActionStatus.OK, "42\n", "err\n")
+    res = run(sandbox_backend, traj, language="c", code=C_SUM, stdin="40 2")
+    assert (res.status, res.stdout) == (ActionStatus.OK, "42\n")
+
+
+def test_c_compile_error_is_failed(sandbox_backend: Any) -> None:
+    """Given C that does not compile, when run, then FAILED with gcc's message."""
+    res = run(sandbox_backend, tid(), language="c", code="int main( { return 0; }")
+    assert res.status is ActionStatus.FAILED
+    assert "error" in res.stderr
+
+
+def test_stdin_test_cases_in_parallel(sandbox_backend: Any) -> None:
+    """Given C with 3 stdin tests (one wrong), when run on 2 cores, then 2 pass and FAILED."""
+    cases = [
+        TestCase(name="a", stdin="1 2", expected_stdout="3"),
+        TestCase(name="b", stdin="-5 5", expected_stdout="0\n"),
+        TestCase(name="c", stdin="1 1", expected_stdout="3"),
+    ]
+    res = run(sandbox_backend, tid(), language="c", code=C_SUM, test_cases=cases, cores=(0, 1))
+    assert res.status is ActionStatus.FAILED
+    assert [t.passed for t in res.tests] == [True, True, False]
+    assert "expected" in res.tests[2].detail
+
+
+def test_assert_test_cases(sandbox_backend: Any) -> None:
+    """Given a function and assert tests, when all pass, then OK with every test passed."""
+    cases = [TestCase(name=f"t{i}", assert_code=f"assert sq({i}) == {i * i}") for i in range(6)]
+    res = run(
+        sandbox_backend,
+        tid(),
+        language="python",
+        code="def sq(x):\n    return x * x\n",
+        test_cases=cases,
+        cores=(0, 1),
+    )
+    assert res.status is ActionStatus.OK, res
+    assert all(t.passed for t in res.tests) and len(res.tests) == 6
+
+
+def test_parallel_test_cases_use_granted_cores(sandbox_backend: Any) -> None:
+    """Given 4 tests sleeping 0.5 s, when run on 2 cores, then about 1 s, not 2 s."""
+    cases = [TestCase(name=f"s{i}", assert_code="import time; time.sleep(0.5)") for i in range(4)]
+    res = run(sandbox_backend, tid(), language="python", code="", test_cases=cases, cores=(0, 1))
+    assert res.status is ActionStatus.OK
+    assert 0.9 < res.exec_s < 1.9
+
+
+def test_pytest_command_gets_n_workers(sandbox_backend: Any) -> None:
+    """Given a pytest test_command on 2 cores, when run, then pytest-xdist runs 2 workers."""
+    files = {"test_m.py": "def test_a():\n    assert 1\n\ndef test_b():\n    assert 2\n"}
+    res = run(
+        sandbox_backend,
+        tid(),
+        language="python",
+        code=None,
+        files=files,
+        test_command="pytest -q -p no:cacheprovider",
+        cores=(0, 1),
+        timeout_s=60,
+    )
+    assert res.status is ActionStatus.OK, res.stdout + res.stderr
+    assert "2 passed" in res.stdout
+    assert "2 workers" in res.stdout or "bringing up nodes" in res.stdout
+
+
+def test_failing_pytest_command_is_failed(sandbox_backend: Any) -> None:
+    """Given a failing pytest on 1 core, when run, then FAILED with exit 1 (no xdist)."""
+    files = {"test_m.py": "def test_a():\n    assert 0\n"}
+    res = run(
+        sandbox_backend,
+        tid(),
+        language="python",
+        code=None,
+        files=files,
+        test_command="python3 -m pytest -q -p no:cacheprovider",
+        timeout_s=60,
+    )
+    assert (res.status, res.exit_code) == (ActionStatus.FAILED, 1)
+    assert "1 failed" in res.stdout
+
+
+def test_files_and_packages_persist_within_trajectory(sandbox_backend: Any) -> None:
+    """Given a trajectory that writes a file and a module, when a later action reads, then found."""
+    traj = tid()
+    run(
+        sandbox_backend,
+        traj,
+        language="bash",
+        code="mkdir -p .local/lib/python3.11/site-packages && "
+        "echo 'X = 7' > .local/lib/python3.11/site-packages/mymod.py && echo hi > note",
+    )
+    res = run(
+        sandbox_backend,
+        traj,
+        language="python",
+        code="import mymod; print(mymod.X, open('note').read().strip())",
+    )
+    assert (res.status, res.stdout) == (ActionStatus.OK, "7 hi\n")
+
+
+def test_close_trajectory_drops_state(sandbox_backend: Any) -> None:
+    """Given a trajectory with a file, when closed and reused, then the file is gone."""
+    traj = tid()
+    run(sandbox_backend, traj, language="bash", code="echo 1 > keep")
+    sandbox_backend.close_trajectory(traj)
+    sandbox_backend.close_trajectory(traj)  # idempotent
+    assert traj not in sandbox_backend.trajectories()
+    res = run(sandbox_backend, traj, language="bash", code="cat keep")
+    assert res.status is ActionStatus.FAILED
+
+
+def test_cores_are_bound_per_exec(sandbox_backend: Any) -> None:
+    """Given one trajectory, when actions get core 1 then cores 0,1, then each sees its cores."""
+    traj = tid()
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    assert run(sandbox_backend, traj, language="python", code=code, cores=(1,)).stdout == "[1]\n"
+    h = sandbox_backend._handles[traj]
+    if h.cgroups is not None:
+        assert (h.cgroups.dirs["cpuset"] / "cpuset.cpus").read_text().strip() == "1"
+    res = run(sandbox_backend, traj, language="python", code=code, cores=(0, 1))
+    assert res.stdout == "[0, 1]\n"
+    if h.cgroups is not None:
+        assert (h.cgroups.dirs["cpuset"] / "cpuset.cpus").read_text().strip() == "0-1"
+        quota = h.cgroups.dirs["cpu"] / "cpu.cfs_quota_us"
+        if quota.exists():
+            assert quota.read_text().strip() == "200000"
+
+
+def test_env_allowlist_passes_only_given_vars(sandbox_backend: Any) -> None:
+    """Given an env allowlist entry, when run, then user code sees it and nothing of the host."""
+    res = run(
+        sandbox_backend, tid(), language="bash", code="echo $GREETING; env | sort", env={"GREETING": "hello"}
+    )
+    assert res.stdout.startswith("hello\n")
+    names = {line.split("=", 1)[0] for line in res.stdout.splitlines()[1:] if "=" in line}
+    assert names <= {
+        "GREETING",
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PWD",
+        "SHLVL",
+        "_",
+    }
+
+
+def test_idle_sandbox_removed_after_ttl(sandbox_factory: Any) -> None:
+    """Given idle_ttl_s=0.5, when a trajectory idles 2 s, then its sandbox is gone."""
+    box = sandbox_factory(idle_ttl_s=0.5)
+    traj = tid()
+    assert run(box, traj, language="python", code="pass").status is ActionStatus.OK
+    assert traj in box.trajectories()
+    deadline = time.monotonic() + 10
+    while traj in box.trajectories() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert traj not in box.trajectories()
