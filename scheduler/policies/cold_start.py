@@ -20,7 +20,5 @@ class ColdStart:
     name = "cold-start"
     gpu_residency = "none"
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         return fcfs_prefix(queue, state, now_s)[0]

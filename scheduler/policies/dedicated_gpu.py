@@ -40,12 +40,8 @@ class DedicatedGpu:
         self.services = list(services)
         self.tp = tp
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
-        services = self.services or sorted(
-            {a.target for a in queue if a.cost.key is ResourceKind.GPU}
-        )
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
+        services = self.services or sorted({a.target for a in queue if a.cost.key is ResourceKind.GPU})
         groups = dedicated_groups(state, services, self.tp)
         taken: set[str] = set()
         out: list[Allocation] = []

@@ -95,12 +95,12 @@ def cpu_free_ids(problem: PoolProblem) -> list[int]:
 
 
 def cpu_decision(problem: PoolProblem, keep: int, units: Sequence[int]) -> Decision:
-    """Allocations for the first `keep` members with `units` cores each; the rest dropped."""
+    """Allocations for the first `keep` members with `units` cores each (0: wait); rest dropped."""
     ids = cpu_free_ids(problem)
     out: Decision = {}
     pos = 0
     for i, (action, alloc) in enumerate(problem.members):
-        if i >= keep:
+        if i >= keep or units[i] == 0:
             out[action.action_id] = None
             continue
         u = units[i]
@@ -149,9 +149,7 @@ def _drop_tail(
         total_s, units = res
         ends = [(now_s + a.duration_s(u), u) for (a, _), u in zip(kept, units, strict=True)]
         wait = waiting(a for a, _ in members[keep:]) + problem.rest
-        obj = total_s + rest_estimate_s(
-            now_s, problem.capacity, problem.busy + ends, wait, problem.depth
-        )
+        obj = total_s + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
         if best is not None and obj >= best[0]:
             break
         best = (obj, keep, units)

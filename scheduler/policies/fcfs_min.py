@@ -42,7 +42,5 @@ def fcfs_prefix(
 class FcfsMin:
     name = "fcfs-min"
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         return fcfs_prefix(queue, state, now_s)[0]

@@ -30,7 +30,5 @@ class FixedDop:
         self.dop = dop
         self.name = f"fixed-dop-{dop}"
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         return fcfs_prefix(queue, state, now_s, lambda a: fixed_units(a, self.dop))[0]

@@ -22,16 +22,12 @@ class PerTrajectoryApi:
     name = "per-trajectory-api"
     api_control = False
 
-    def __init__(
-        self, max_retries: int = 3, timeout_s: float = 600.0, backoff_s: float = 1.0
-    ) -> None:
+    def __init__(self, max_retries: int = 3, timeout_s: float = 600.0, backoff_s: float = 1.0) -> None:
         self.max_retries = max_retries
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         out = [
             Allocation(a.action_id, ResourceKind.API, a.target, 1)
             for a in queue

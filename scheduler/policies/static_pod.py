@@ -37,9 +37,7 @@ class StaticPod:
         """Threads an action runs inside its pod: its maximum units, at most the cap."""
         return max(action.cost.units.min, min(self.cap_cores, action.cost.units.max))
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         pods = Counter(state.trajectory_node.values())
         mem_free = {n: node.memory_free_mb for n, node in state.cpu.items()}
         pins: dict[str, str] = {}
@@ -74,8 +72,7 @@ class StaticPod:
         fits = [
             n
             for n, node in state.cpu.items()
-            if (pods[n] + 1) * self.request_cores <= node.cores
-            and mem_free[n] >= action.cost.memory_mb
+            if (pods[n] + 1) * self.request_cores <= node.cores and mem_free[n] >= action.cost.memory_mb
         ]
         if not fits:
             return None

@@ -31,8 +31,6 @@ class TangramDp:
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands, _ = fcfs_prefix(queue, state, now_s)
         return elastic_round(queue, state, now_s, cands, dp_cpu_solver, dp_gpu_solver, self.depth)

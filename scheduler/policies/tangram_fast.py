@@ -4,7 +4,9 @@ Same decision problem as `tangram-dp` (FCFS candidates, drop-tail, completion-he
 solved differently where the cost is:
 
 - Candidates: one pass over the queue with per-NUMA-group free lists instead of placing each
-  action on a copied `ClusterState` (which scans every core per action).
+  action on a copied `ClusterState` (which scans every core per action). Elastic actions go
+  to the NUMA group with the most free cores (room to grow), rigid ones best-fit; the paper
+  best-fits everything, which parks a 32-way test suite in the fullest group.
 - Units: greedy marginal gain instead of the O(n * R * m) DP. For durations that are convex
   and decreasing in the units (Amdahl, and any concave speed-up), giving the next core to the
   candidate whose duration drops most is exactly optimal for the sum of durations
@@ -34,14 +36,9 @@ from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.resources import ClusterState
 
 
-def fast_candidates(
-    queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-) -> list[Allocation]:
+def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
     """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions."""
-    groups = {
-        n: [sorted(c for c in g if c in node.free) for g in node.numa]
-        for n, node in state.cpu.items()
-    }
+    groups = {n: [sorted(c for c in g if c in node.free) for g in node.numa] for n, node in state.cpu.items()}
     mem_free = {n: node.memory_free_mb for n, node in state.cpu.items()}
     pins: dict[str, str] = {}
     picked: list[tuple[int, Allocation]] = []
@@ -56,17 +53,18 @@ def fast_candidates(
         if cpu_blocked:
             continue
         units = action.cost.units.min
+        elastic = action.cost.units.is_elastic
         tid = action.trajectory_id
         node = state.trajectory_node.get(tid) or pins.get(tid)
         gi = -1
         if node is not None:
-            gi = _best_group(groups.get(node, []), units)
+            gi = _best_group(groups.get(node, []), units, elastic)
         else:
             need = action.cost.memory_mb
             for name in sorted(mem_free, key=lambda n: (-mem_free[n], n)):
                 if mem_free[name] < need:
                     break
-                gi = _best_group(groups[name], units)
+                gi = _best_group(groups[name], units, elastic)
                 if gi >= 0:
                     node = name
                     pins[tid] = name
@@ -86,12 +84,17 @@ def fast_candidates(
     return [a for _, a in picked]
 
 
-def _best_group(groups: list[list[int]], units: int) -> int:
-    """Index of the group with the fewest free cores that still holds `units`; -1 if none."""
-    best, best_len = -1, 1 << 30
+def _best_group(groups: list[list[int]], units: int, elastic: bool) -> int:
+    """The NUMA group for an action needing `units` cores; -1 if none holds them.
+
+    Rigid actions: best fit (fewest free cores), to keep large blocks whole. Elastic actions:
+    the group with the most free cores, where they can grow.
+    """
+    best, best_len = -1, -1 if elastic else 1 << 30
     for i, g in enumerate(groups):
-        if units <= len(g) < best_len:
-            best, best_len = i, len(g)
+        n = len(g)
+        if n >= units and ((n > best_len) if elastic else (n < best_len)):
+            best, best_len = i, n
     return best
 
 
@@ -131,9 +134,7 @@ def greedy_cpu_solver(problem: PoolProblem) -> Decision:
             total_s += d
             ends.append((now_s + d, units[i]))
         wait = waiting(actions[keep:]) + problem.rest
-        return total_s + rest_estimate_s(
-            now_s, problem.capacity, problem.busy + ends, wait, problem.depth
-        )
+        return total_s + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
 
     rebuild()
     fill()
@@ -150,9 +151,7 @@ def greedy_cpu_solver(problem: PoolProblem) -> Decision:
     return cpu_decision(problem, best[1], best[2])
 
 
-def _push(
-    heap: list[tuple[float, int, int]], action: QueuedAction, i: int, cur: int, cap: int
-) -> None:
+def _push(heap: list[tuple[float, int, int]], action: QueuedAction, i: int, cur: int, cap: int) -> None:
     """Push the candidate's next unit step keyed by its duration gain per extra unit."""
     for nxt in action.cost.units.units:
         if nxt > cur:
@@ -173,10 +172,6 @@ class TangramFast:
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth
 
-    def decide(
-        self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-    ) -> list[Allocation]:
+    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands = fast_candidates(queue, state, now_s)
-        return elastic_round(
-            queue, state, now_s, cands, greedy_cpu_solver, dp_gpu_solver, self.depth
-        )
+        return elastic_round(queue, state, now_s, cands, greedy_cpu_solver, dp_gpu_solver, self.depth)

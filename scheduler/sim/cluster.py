@@ -1,0 +1,88 @@
+"""Cluster specs (the paper's testbed shapes) and the execution-cost parameters of the simulator.
+
+Every number here is an assumption and is listed, with its source, in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSpec:
+    """A provider's limits: concurrent calls and quota tokens per window."""
+
+    max_concurrency: int | None = None
+    quota_per_window: int | None = None
+    window_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Pools to build. GPUs: `gpus_total` split into nodes of `gpus_per_node` (last one smaller)."""
+
+    cpu_nodes: int = 5
+    cores_per_node: int = 256
+    numa_groups: int = 2
+    memory_mb_per_node: int = 2_400_000  # 2.4 TB per node, as in the paper's testbed
+    gpus_total: int = 0
+    gpus_per_node: int = 8
+    gpu_memory_mb: int = 81_920  # 80 GB Hopper
+    apis: dict[str, ApiSpec] = field(default_factory=dict)
+
+    def gpu_node_sizes(self) -> list[int]:
+        full, rest = divmod(self.gpus_total, self.gpus_per_node)
+        return [self.gpus_per_node] * full + ([rest] if rest else [])
+
+    def build(self) -> ClusterState:
+        """A fresh, all-free `ClusterState` of this shape."""
+        cpu = {
+            f"cpu{i}": CpuNode.uniform(
+                f"cpu{i}", self.cores_per_node, self.memory_mb_per_node, self.numa_groups
+            )
+            for i in range(self.cpu_nodes)
+        }
+        gpu = {
+            f"gpu{i}": GpuNode(f"gpu{i}", n, self.gpu_memory_mb) for i, n in enumerate(self.gpu_node_sizes())
+        }
+        api = {
+            name: ApiPool(name, s.max_concurrency, s.quota_per_window, s.window_s)
+            for name, s in self.apis.items()
+        }
+        return ClusterState(cpu=cpu, gpu=gpu, api=api)
+
+
+@dataclass(frozen=True)
+class ExecParams:
+    """Costs of executing what the policy decided; the same for every policy.
+
+    exec_overhead_s: per CPU action (`docker exec` into a warm container, ~0.1 s measured).
+    sandbox_start_s: once per trajectory, on its first CPU action (cold `docker run`, ~0.3 s).
+    restore_*: restoring a service's weights from host memory into GPU memory (evict on exec).
+    cold_*: loading a service from local storage with no cache (the cold-start baseline).
+    gpu_activation_mb: per-GPU memory of a service beyond its weight shard (KV, activations).
+    api_reject_s: time for a provider to answer an over-limit call with a rate-limit error.
+    round_gap_s: minimum time between two scheduling rounds (0: a round at every event time).
+    """
+
+    exec_overhead_s: float = 0.1
+    sandbox_start_s: float = 0.3
+    restore_fixed_s: float = 0.5
+    restore_mb_per_s: float = 20_000.0
+    cold_fixed_s: float = 2.0
+    cold_mb_per_s: float = 5_000.0
+    gpu_activation_mb: int = 4_096
+    api_reject_s: float = 0.1
+    round_gap_s: float = 0.0
+
+    def footprint_mb(self, model_mb: int, units: int) -> int:
+        return model_mb // units + self.gpu_activation_mb
+
+    def restore_s(self, model_mb: int, units: int) -> float:
+        """Shards are copied to the `units` GPUs in parallel."""
+        return self.restore_fixed_s + model_mb / units / self.restore_mb_per_s
+
+    def cold_load_s(self, model_mb: int, units: int) -> float:
+        return self.cold_fixed_s + model_mb / units / self.cold_mb_per_s

@@ -1,0 +1,283 @@
+"""The discrete-event simulator: drives a policy object exactly as the live service does.
+
+Loop: events (submit, finish, wake) advance simulated time; after the events of one instant,
+if anything changed and actions wait, one scheduling round runs `policy.decide(queue, state,
+now)` on the simulator's own `ClusterState`, and every returned allocation is applied in order.
+Policies see only estimates (`DurationEstimator`, learned online from completions); the true
+durations come from the workload. Execution semantics follow the policy's declared execution
+model (see `scheduler.policies`): exclusive cores, time-shared pods, GPU residency, API control.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+from scheduler.estimator import DurationEstimator
+from scheduler.gpu_cache import GpuCache
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies.base import Policy
+from scheduler.policies.dedicated_gpu import dedicated_groups
+from scheduler.resources import ApiPool
+from scheduler.sim.cpu_share import SharedNode
+from scheduler.sim.results import ActionRecord, SimResult
+from scheduler.sim.scenarios import Scenario
+from scheduler.sim.workload import SimAction
+
+_FINISH, _SHARED, _SUBMIT, _WAKE = 0, 1, 2, 3
+DEFAULT_MODEL_MB = 16_000
+
+
+@dataclass(slots=True)
+class _Pending:
+    traj: int
+    step: int
+    first_submit_s: float
+    retries: int = 0
+
+
+@dataclass(slots=True)
+class _Running:
+    qa: QueuedAction
+    alloc: Allocation
+    started_s: float
+    setup_s: float
+    rejected: bool = False
+
+
+@dataclass
+class Simulator:
+    """Run `scenario` under `policy`. `learn` feeds completions back into the estimator."""
+
+    scenario: Scenario
+    policy: Policy
+    learn: bool = True
+    estimator: DurationEstimator | None = None
+    _events: list[tuple[float, int, int, object]] = field(default_factory=list)
+    _seq: int = 0
+
+    def __post_init__(self) -> None:
+        sc = self.scenario
+        self.params = sc.exec_params
+        self.state = sc.cluster.build()
+        self.estimator = self.estimator or DurationEstimator(priors=dict(sc.priors))
+        self.provider = {
+            n: ApiPool(p.name, p.max_concurrency, p.quota_per_window, p.window_s)
+            for n, p in self.state.api.items()
+        }
+        self.cpu_sharing = bool(getattr(self.policy, "cpu_sharing", False))
+        self.cap_cores = float(getattr(self.policy, "cap_cores", 4))
+        self.residency = str(getattr(self.policy, "gpu_residency", "cache"))
+        self.api_control = bool(getattr(self.policy, "api_control", True))
+        self.max_retries = int(getattr(self.policy, "max_retries", 3))
+        self.timeout_s = float(getattr(self.policy, "timeout_s", 600.0))
+        self.backoff_s = float(getattr(self.policy, "backoff_s", 1.0))
+        self.caches: dict[str, GpuCache] = {}
+        for name, node in self.state.gpu.items():
+            cache = GpuCache(node.gpu_memory_mb, self._footprint_mb)
+            node.resident = cache.resident  # the policy sees residency through the state
+            self.caches[name] = cache
+        if self.residency == "dedicated":
+            services = list(getattr(self.policy, "services", []) or sc.model_mb)
+            tp = int(getattr(self.policy, "tp", 4))
+            for svc, (node_name, chunk) in dedicated_groups(self.state, services, tp).items():
+                self.caches[node_name].preload(chunk, svc)
+        self.shared = {n: SharedNode(float(node.cores)) for n, node in self.state.cpu.items()}
+        self.queue: dict[str, QueuedAction] = {}
+        self.pending: dict[str, _Pending] = {}
+        self.running: dict[str, _Running] = {}
+        self.sandboxes: set[str] = set()
+        self.result = SimResult(policy=self.policy.name, scenario=sc.name)
+        self._last_round_s = -1e18
+        self._wakes: set[float] = set()
+
+    # ---- public ------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        for i, traj in enumerate(self.scenario.trajectories):
+            if traj.steps:
+                self._push(traj.start_s + traj.steps[0].think_s, _SUBMIT, (i, 0, None))
+        dirty = False
+        now = 0.0
+        while self._events:
+            now = self._events[0][0]
+            while self._events and self._events[0][0] == now:
+                _, kind, _, data = heapq.heappop(self._events)
+                dirty |= self._handle(now, kind, data)
+            if dirty and self.queue:
+                dirty = self._maybe_round(now)
+        self.result.makespan_s = now
+        self.result.wall_s = time.perf_counter() - wall0
+        self.result.unfinished = len(self.queue) + len(self.running)
+        return self.result
+
+    # ---- events ------------------------------------------------------------------------------
+    def _push(self, t_s: float, kind: int, data: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t_s, kind, self._seq, data))
+
+    def _handle(self, now: float, kind: int, data: object) -> bool:
+        if kind == _SUBMIT:
+            assert isinstance(data, tuple)
+            self._submit(now, *data)
+            return True
+        if kind == _FINISH:
+            assert isinstance(data, str)
+            self._finish(now, data)
+            return True
+        if kind == _SHARED:
+            assert isinstance(data, tuple)
+            node, version = data
+            sn = self.shared[node]
+            if sn.version != version:
+                return False
+            for aid in sn.pop_done(now):
+                run = self.running[aid]
+                self._push(now + run.setup_s, _FINISH, aid)
+            self._reschedule_shared(node)
+            return False
+        self._wakes.discard(now)
+        return True
+
+    def _submit(self, now: float, traj_i: int, step_i: int, retry_of: str | None) -> None:
+        traj = self.scenario.trajectories[traj_i]
+        sa = traj.steps[step_i].action
+        aid = retry_of or f"{traj.trajectory_id}/{step_i}"
+        qa = QueuedAction(aid, traj.trajectory_id, sa.cost(), now, kind=sa.kind, target=sa.target)
+        assert self.estimator is not None
+        self.estimator.annotate(qa)
+        self.queue[aid] = qa
+        if retry_of is None:
+            self.pending[aid] = _Pending(traj_i, step_i, now)
+
+    def _maybe_round(self, now: float) -> bool:
+        gap = self.params.round_gap_s
+        if now < self._last_round_s + gap:
+            self._wake(self._last_round_s + gap)
+            return True
+        self._last_round_s = now
+        queue = list(self.queue.values())
+        t0 = time.perf_counter()
+        allocs = self.policy.decide(queue, self.state, now)
+        self.result.decision_s.append(time.perf_counter() - t0)
+        self.result.queue_len.append(len(queue))
+        for alloc in allocs:
+            self._start(now, self.queue.pop(alloc.action_id), alloc)
+        # Quota refills are not events: wake up when the head of each API pool's line fits.
+        seen: set[str] = set()
+        for qa in self.queue.values():
+            if qa.cost.key is ResourceKind.API and qa.target in self.state.api:
+                if qa.target in seen:
+                    continue
+                seen.add(qa.target)
+                nxt = self.state.api[qa.target].next_fit_s(qa.cost.api_quota, now)
+                if nxt is not None and nxt > now:
+                    self._wake(nxt)
+        return False
+
+    def _wake(self, t_s: float) -> None:
+        if t_s not in self._wakes:
+            self._wakes.add(t_s)
+            self._push(t_s, _WAKE, None)
+
+    # ---- execution ---------------------------------------------------------------------------
+    def _sim_action(self, aid: str) -> SimAction:
+        p = self.pending[aid]
+        return self.scenario.trajectories[p.traj].steps[p.step].action
+
+    def _start(self, now: float, qa: QueuedAction, alloc: Allocation) -> None:
+        sa = self._sim_action(qa.action_id)
+        self.state.apply(alloc, qa, now)
+        run = _Running(qa, alloc, now, 0.0)
+        self.running[qa.action_id] = run
+        if alloc.kind is ResourceKind.CPU:
+            if qa.trajectory_id not in self.sandboxes:
+                self.sandboxes.add(qa.trajectory_id)
+                run.setup_s += self.params.sandbox_start_s
+            run.setup_s += self.params.exec_overhead_s
+            if self.cpu_sharing:
+                self.shared[alloc.pool].add(now, qa.action_id, sa, alloc.units, self.cap_cores)
+                self._reschedule_shared(alloc.pool)
+                return
+            self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
+            return
+        if alloc.kind is ResourceKind.GPU:
+            run.setup_s = self._gpu_setup_s(now, alloc, qa.target)
+            self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
+            return
+        provider = self.provider[alloc.pool]
+        if provider.fits(qa.cost.api_quota, now):
+            provider.refill(now)
+            provider.in_flight += 1
+            if provider.quota_per_window is not None:
+                provider.tokens -= qa.cost.api_quota
+            self._push(now + sa.true_duration_s(1), _FINISH, qa.action_id)
+            return
+        run.rejected = True
+        self.result.rejected_calls += 1
+        if self.api_control:
+            self.result.limit_violations += 1
+        self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
+
+    def _gpu_setup_s(self, now: float, alloc: Allocation, service: str) -> float:
+        model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
+        if self.residency == "none":
+            return self.params.cold_load_s(model_mb, alloc.units)
+        hit, _ = self.caches[alloc.pool].ensure(alloc.unit_ids, service, now)
+        if hit:
+            return 0.0
+        self.result.restores += 1
+        return self.params.restore_s(model_mb, alloc.units)
+
+    def _footprint_mb(self, service: str, units: int) -> int:
+        model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
+        return self.params.footprint_mb(model_mb, units)
+
+    def _reschedule_shared(self, node: str) -> None:
+        sn = self.shared[node]
+        t = sn.next_finish_s()
+        if t is not None:
+            self._push(t, _SHARED, (node, sn.version))
+
+    def _finish(self, now: float, aid: str) -> None:
+        run = self.running.pop(aid)
+        self.state.release(aid)
+        pend = self.pending[aid]
+        sa = self._sim_action(aid)
+        if run.alloc.kind is ResourceKind.API and not run.rejected:
+            self.provider[run.alloc.pool].in_flight -= 1
+        if run.rejected:
+            pend.retries += 1
+            elapsed = now - pend.first_submit_s
+            if pend.retries <= self.max_retries and elapsed < self.timeout_s:
+                backoff = self.backoff_s * 2 ** (pend.retries - 1)
+                self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
+                return
+        exec_s = now - run.started_s - run.setup_s
+        if self.learn and not run.rejected and not self.cpu_sharing:
+            assert self.estimator is not None
+            self.estimator.observe(sa.kind, run.alloc.units, exec_s)
+        self.result.records.append(
+            ActionRecord(
+                action_id=aid,
+                trajectory_id=run.qa.trajectory_id,
+                kind=sa.kind,
+                key=str(sa.key),
+                submitted_s=pend.first_submit_s,
+                started_s=run.started_s,
+                ended_s=now,
+                units=run.alloc.units,
+                setup_s=run.setup_s,
+                retries=pend.retries,
+                failed=run.rejected,
+            )
+        )
+        del self.pending[aid]
+        traj = self.scenario.trajectories[pend.traj]
+        if pend.step + 1 < len(traj.steps):
+            nxt = traj.steps[pend.step + 1]
+            self._push(now + nxt.think_s, _SUBMIT, (pend.traj, pend.step + 1, None))
+        else:
+            self.state.close_trajectory(traj.trajectory_id)
+            self.result.trajectory_end_s[traj.trajectory_id] = now

@@ -1,0 +1,100 @@
+"""What a simulation run produces: one record per completed action, and summaries of them."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One completed (or finally failed) action. Times in simulated seconds.
+
+    `submitted_s` is the first submission (retries included in the ACT); `setup_s` is the
+    part of the execution spent on sandbox start, exec overhead, restore or cold load.
+    """
+
+    action_id: str
+    trajectory_id: str
+    kind: str
+    key: str
+    submitted_s: float
+    started_s: float
+    ended_s: float
+    units: int
+    setup_s: float = 0.0
+    retries: int = 0
+    failed: bool = False
+
+    @property
+    def act_s(self) -> float:
+        return self.ended_s - self.submitted_s
+
+    @property
+    def queue_s(self) -> float:
+        return self.started_s - self.submitted_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    scenario: str
+    records: list[ActionRecord] = field(default_factory=list)
+    decision_s: list[float] = field(default_factory=list)
+    queue_len: list[int] = field(default_factory=list)
+    trajectory_end_s: dict[str, float] = field(default_factory=dict)
+    rejected_calls: int = 0
+    limit_violations: int = 0
+    restores: int = 0
+    makespan_s: float = 0.0
+    wall_s: float = 0.0
+    unfinished: int = 0
+
+    def avg_act_s(self, kind: str | None = None, key: str | None = None) -> float:
+        acts = [
+            r.act_s
+            for r in self.records
+            if (kind is None or r.kind == kind) and (key is None or r.key == key)
+        ]
+        return statistics.fmean(acts) if acts else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        """Headline figures of the run (seconds unless named otherwise)."""
+        recs = self.records
+        acts = sorted(r.act_s for r in recs)
+        kinds = sorted({r.kind for r in recs})
+        dec = sorted(self.decision_s)
+        return {
+            "policy": self.policy,
+            "scenario": self.scenario,
+            "actions": len(recs),
+            "avg_act_s": statistics.fmean(acts) if acts else float("nan"),
+            "p50_act_s": acts[len(acts) // 2] if acts else float("nan"),
+            "p99_act_s": acts[int(len(acts) * 0.99)] if acts else float("nan"),
+            "avg_queue_s": statistics.fmean(r.queue_s for r in recs) if recs else float("nan"),
+            "avg_act_by_kind_s": {k: self.avg_act_s(kind=k) for k in kinds},
+            "failed_actions": sum(r.failed for r in recs),
+            "rejected_calls": self.rejected_calls,
+            "limit_violations": self.limit_violations,
+            "restores": self.restores,
+            "makespan_s": self.makespan_s,
+            "avg_trajectory_end_s": (
+                statistics.fmean(self.trajectory_end_s.values()) if self.trajectory_end_s else float("nan")
+            ),
+            "rounds": len(dec),
+            "decision_median_ms": 1000 * dec[len(dec) // 2] if dec else 0.0,
+            "decision_mean_ms": 1000 * statistics.fmean(dec) if dec else 0.0,
+            "wall_s": self.wall_s,
+            "unfinished": self.unfinished,
+        }
+
+    def act_over_time(self, bucket_s: float) -> list[tuple[float, float]]:
+        """(bucket end time, average ACT of actions completing in the bucket)."""
+        buckets: dict[int, list[float]] = {}
+        for r in self.records:
+            buckets.setdefault(int(r.ended_s // bucket_s), []).append(r.act_s)
+        return [((b + 1) * bucket_s, statistics.fmean(v)) for b, v in sorted(buckets.items())]

@@ -1,0 +1,245 @@
+"""Workload generators for the paper's scenarios: AI coding, MOPD, DeepSearch.
+
+Each generator is a pure function of its parameters and a seed. All parameters are listed with
+their justification in docs/simulator.md and can be overridden from configs/sim/*.yaml.
+Durations are lognormal with the given mean and log-space sigma; every policy sees the same
+trajectories (same seed) and only a per-kind prior of their durations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.duration import Amdahl, Table
+from scheduler.estimator import Prior
+from scheduler.model import ResourceKind
+from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
+from scheduler.sim.workload import SimAction, SimTrajectory, Step
+
+# Tensor-parallel speed-up of a short prefill-heavy scoring call (E(m) per GPU count).
+TP_EFFICIENCY = ((1, 1.0), (2, 0.85), (4, 0.7), (8, 0.5))
+
+
+def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
+    """A lognormal sample with the given *mean* (not median) and log-space sigma."""
+    return rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma)
+
+
+@dataclass(frozen=True)
+class CodingParams:
+    """AI coding (SWE-style): turns of LLM think + tool execution, then a test-suite reward."""
+
+    batch: int = 1280
+    turns_min: int = 5
+    turns_max: int = 25
+    think_mean_s: float = 8.0
+    think_sigma: float = 0.8
+    shell_share: float = 0.7  # rigid 1-core commands (ls, grep, edits, small scripts)
+    shell_mean_s: float = 2.0
+    shell_sigma: float = 1.0
+    run_units_max: int = 8  # mid-trajectory test/build runs, elastic 1..8
+    run_mean_s: float = 10.0
+    run_sigma: float = 1.0
+    run_p: float = 0.8
+    tests_units_max: int = 32  # final reward: the repository's test suite, elastic 1..32
+    tests_mean_s: float = 300.0
+    tests_sigma: float = 0.8
+    tests_p: float = 0.97
+    memory_mb: int = 4_096  # sandbox container, held for the trajectory's life
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class MopdParams:
+    """Multi-teacher on-policy distillation: each call scores a sample with one teacher."""
+
+    batch: int = 2048
+    services: int = 10
+    skew_ratio: float = 1000.0  # most / least called teacher (the paper: counts vary 1000x)
+    turns_min: int = 1
+    turns_max: int = 3
+    think_mean_s: float = 30.0
+    think_sigma: float = 0.7
+    call_mean_s: float = 0.6  # at one GPU
+    call_sigma: float = 0.5
+    model_mb: tuple[int, ...] = (
+        16_000,
+        16_000,
+        16_000,
+        16_000,
+        16_000,
+        28_000,
+        28_000,
+        64_000,
+        64_000,
+        64_000,
+    )
+    seed: int = 2
+
+
+@dataclass(frozen=True)
+class DeepSearchParams:
+    """DeepSearch (BrowseComp-like): quota-limited search calls, then a judge model."""
+
+    batch: int = 2048
+    turns_min: int = 5
+    turns_max: int = 20
+    think_mean_s: float = 6.0
+    think_sigma: float = 0.6
+    call_mean_s: float = 1.5
+    call_sigma: float = 0.5
+    api_max_concurrency: int = 128
+    api_quota_per_window: int = 6_000  # 100 calls/s over a 60 s window
+    api_window_s: float = 60.0
+    judge_mean_s: float = 2.0
+    judge_sigma: float = 0.4
+    judge_model_mb: int = 16_000
+    seed: int = 3
+
+
+@dataclass
+class Scenario:
+    """A generated workload with the cluster it runs on and what the policies may know."""
+
+    name: str
+    trajectories: list[SimTrajectory]
+    cluster: ClusterSpec
+    priors: dict[str, Prior]
+    model_mb: dict[str, int] = field(default_factory=dict)
+    exec_params: ExecParams = field(default_factory=ExecParams)
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(t.steps) for t in self.trajectories)
+
+
+def coding(p: CodingParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    p = p or CodingParams()
+    rng = random.Random(p.seed)
+    trajs = []
+    for i in range(p.batch):
+        steps = []
+        for _ in range(rng.randint(p.turns_min, p.turns_max)):
+            think = lognormal(rng, p.think_mean_s, p.think_sigma)
+            if rng.random() < p.shell_share:
+                t1 = lognormal(rng, p.shell_mean_s, p.shell_sigma)
+                act = SimAction("shell", ResourceKind.CPU, (1,), t1, Amdahl(0.0), memory_mb=p.memory_mb)
+            else:
+                t1 = lognormal(rng, p.run_mean_s, p.run_sigma)
+                act = SimAction(
+                    "run",
+                    ResourceKind.CPU,
+                    tuple(range(1, p.run_units_max + 1)),
+                    t1,
+                    Amdahl(p.run_p),
+                    memory_mb=p.memory_mb,
+                )
+            steps.append(Step(think, act))
+        think = lognormal(rng, p.think_mean_s, p.think_sigma)
+        t1 = lognormal(rng, p.tests_mean_s, p.tests_sigma)
+        steps.append(
+            Step(
+                think,
+                SimAction(
+                    "tests",
+                    ResourceKind.CPU,
+                    tuple(range(1, p.tests_units_max + 1)),
+                    t1,
+                    Amdahl(p.tests_p),
+                    memory_mb=p.memory_mb,
+                ),
+            )
+        )
+        trajs.append(SimTrajectory(f"c{i}", 0.0, tuple(steps)))
+    priors = {
+        "shell": Prior(p.shell_mean_s, 0.0),
+        "run": Prior(p.run_mean_s, p.run_p),
+        "tests": Prior(p.tests_mean_s, p.tests_p),
+    }
+    return Scenario("coding", trajs, cluster or ClusterSpec(), priors)
+
+
+def service_weights(n: int, skew_ratio: float) -> list[float]:
+    """Geometric call shares, most popular first, with first/last = `skew_ratio`."""
+    r = skew_ratio ** (-1.0 / (n - 1)) if n > 1 else 1.0
+    w = [r**k for k in range(n)]
+    total = sum(w)
+    return [x / total for x in w]
+
+
+def mopd(p: MopdParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    p = p or MopdParams()
+    rng = random.Random(p.seed)
+    names = [f"teacher{k}" for k in range(p.services)]
+    sizes = [p.model_mb[k % len(p.model_mb)] for k in range(p.services)]
+    order = list(range(p.services))
+    rng.shuffle(order)  # popularity independent of model size
+    weights = service_weights(p.services, p.skew_ratio)
+    popular = [names[k] for k in order]
+    trajs = []
+    for i in range(p.batch):
+        steps = []
+        for _ in range(rng.randint(p.turns_min, p.turns_max)):
+            think = lognormal(rng, p.think_mean_s, p.think_sigma)
+            svc = rng.choices(popular, weights)[0]
+            t1 = lognormal(rng, p.call_mean_s, p.call_sigma)
+            steps.append(
+                Step(
+                    think,
+                    SimAction(
+                        f"reward:{svc}", ResourceKind.GPU, (1, 2, 4, 8), t1, Table(TP_EFFICIENCY), target=svc
+                    ),
+                )
+            )
+        trajs.append(SimTrajectory(f"m{i}", 0.0, tuple(steps)))
+    priors = {f"reward:{n}": Prior(p.call_mean_s, 0.0) for n in names}
+    spec = cluster or ClusterSpec(cpu_nodes=0, gpus_total=40)
+    return Scenario("mopd", trajs, spec, priors, dict(zip(names, sizes, strict=True)))
+
+
+def deepsearch(p: DeepSearchParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    p = p or DeepSearchParams()
+    rng = random.Random(p.seed)
+    trajs = []
+    for i in range(p.batch):
+        steps = []
+        for _ in range(rng.randint(p.turns_min, p.turns_max)):
+            think = lognormal(rng, p.think_mean_s, p.think_sigma)
+            t1 = lognormal(rng, p.call_mean_s, p.call_sigma)
+            steps.append(
+                Step(think, SimAction("api:search", ResourceKind.API, (1,), t1, target="search", api_quota=1))
+            )
+        think = lognormal(rng, p.think_mean_s, p.think_sigma)
+        t1 = lognormal(rng, p.judge_mean_s, p.judge_sigma)
+        steps.append(
+            Step(
+                think,
+                SimAction(
+                    "reward:judge", ResourceKind.GPU, (1, 2, 4, 8), t1, Table(TP_EFFICIENCY), target="judge"
+                ),
+            )
+        )
+        trajs.append(SimTrajectory(f"d{i}", 0.0, tuple(steps)))
+    api = ApiSpec(p.api_max_concurrency, p.api_quota_per_window, p.api_window_s)
+    spec = cluster or ClusterSpec(cpu_nodes=0, gpus_total=8, apis={"search": api})
+    priors = {"api:search": Prior(p.call_mean_s), "reward:judge": Prior(p.judge_mean_s)}
+    return Scenario("deepsearch", trajs, spec, priors, {"judge": p.judge_model_mb})
+
+
+PARAMS: dict[str, type] = {"coding": CodingParams, "mopd": MopdParams, "deepsearch": DeepSearchParams}
+GENERATORS = {"coding": coding, "mopd": mopd, "deepsearch": deepsearch}
+
+
+def build(name: str, overrides: dict[str, Any] | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    """Generate scenario `name` with parameter `overrides` (unknown keys are an error)."""
+    cls = PARAMS[name]
+    known = {f.name for f in dataclasses.fields(cls)}
+    bad = set(overrides or {}) - known
+    if bad:
+        raise ValueError(f"unknown {name} parameters {sorted(bad)}; known: {sorted(known)}")
+    params = cls(**(overrides or {}))
+    return GENERATORS[name](params, cluster)  # type: ignore[operator]
