@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tangram_celery.config import SandboxConfig
@@ -70,6 +71,7 @@ class NamespaceSandbox(WarmPool):
         if self.cgroup_version is None:
             log.warning("no writable cgroups: memory/pids limits fall back to rlimits")
             limits = dataclasses.replace(limits, use_rlimits=True)
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="bwrap-spawner")
         super().__init__(cfg, limits)
 
     def _argv(self, h: Handle) -> list[str]:
@@ -158,15 +160,18 @@ class NamespaceSandbox(WarmPool):
             procs_files = sorted({str(d / "cgroup.procs") for d in h.cgroups.dirs.values()})
         log_file = open(h.state_dir / "bwrap.log", "wb")  # noqa: SIM115
         script = _ENTER.replace('"$TG_CGROUPS"', " ".join(f"'{f}'" for f in procs_files) or "''")
-        try:
-            h.ref = subprocess.Popen(
-                ["/bin/sh", "-c", script, "tangram-enter", *self._argv(h)],
+        argv = ["/bin/sh", "-c", script, "tangram-enter", *self._argv(h)]
+        try:  # spawned from one long-lived thread: --die-with-parent fires when the *thread*
+            # that forked bwrap exits, and callers' threads come and go
+            h.ref = self._spawner.submit(
+                subprocess.Popen,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={"PATH": "/usr/bin:/bin"},
-            )
+            ).result()
         finally:
             log_file.close()
 
@@ -192,3 +197,7 @@ class NamespaceSandbox(WarmPool):
         if h.cgroups is not None:
             h.cgroups.destroy()
             h.cgroups = None
+
+    def close(self) -> None:
+        super().close()
+        self._spawner.shutdown(wait=False)

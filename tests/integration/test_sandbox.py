@@ -212,3 +212,16 @@ def test_idle_sandbox_removed_after_ttl(sandbox_factory: Any) -> None:
     while traj in box.trajectories() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert traj not in box.trajectories()
+
+
+def test_sandbox_outlives_the_thread_that_started_it(sandbox_backend: Any) -> None:
+    """Given a sandbox started from a thread that then exits, when used again, then still warm."""
+    import threading
+
+    traj = tid()
+    t = threading.Thread(target=lambda: run(sandbox_backend, traj, language="bash", code="echo 1 > f"))
+    t.start()
+    t.join()
+    time.sleep(0.3)
+    res = run(sandbox_backend, traj, language="bash", code="cat f")
+    assert (res.status, res.stdout) == (ActionStatus.OK, "1\n")

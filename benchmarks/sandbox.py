@@ -1,0 +1,180 @@
+"""Sandbox exec latency: warm trajectory sandbox (resident runner) vs a container per action.
+
+Side by side, on one machine, in one run (a private dockerd is started unless --docker-host):
+1. warm Docker sandbox, trivial Python snippet (`pass`), same cores each time     -> p50, p90
+2. warm Docker sandbox, cores alternating (0,) / (1,) (rebinding cpuset+quota)    -> p50
+3. warm namespace (bubblewrap) sandbox, trivial snippet                           -> p50
+4. `docker run --rm` per action (same image, mounts, limits)                      -> p50
+5. `docker exec` per action into a warm container                                 -> p50
+6. elastic DoP: 8 CPU-bound test cases on 1 core vs 2 cores                       -> exec_s ratio
+Target: (1) p50 <= 20 ms. Ratios (4)/(1) and (5)/(1) are what the fast path buys.
+
+Run: .venv/bin/python benchmarks/sandbox.py [--n 300] [--n-cold 40]
+Writes benchmarks/results/sandbox.json and sandbox.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import RESULTS, percentile, write_json
+from tangram_celery.actions import TestCase
+from tangram_celery.config import SandboxConfig
+from tangram_celery.sandbox import ExecRequest, open_sandbox
+from tangram_celery.sandbox.limits import HOST_RO_PATHS
+
+BURN = "x = 0\nfor i in range(3_000_000):\n    x += i\n"  # ~0.2 s of one core
+
+
+def timed(fn: Callable[[], Any], n: int) -> list[float]:
+    """Wall-clock ms of `n` calls (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def stats(ms: list[float]) -> dict[str, float]:
+    return {"p50_ms": percentile(ms, 0.5), "p90_ms": percentile(ms, 0.9), "n": len(ms)}
+
+
+@contextlib.contextmanager
+def engine(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    from tests.fixtures.docker import private_dockerd
+
+    with private_dockerd() as u:
+        yield u
+
+
+def bench_warm(cfg: SandboxConfig, n: int, alternate: bool = False) -> dict[str, float]:
+    box = open_sandbox(cfg)
+    try:
+        i = [0]
+
+        def one() -> None:
+            i[0] += 1
+            cores = (i[0] % 2,) if alternate else (0,)
+            res = box.run("bench", ExecRequest(language="python", code="pass", cores=cores))
+            assert res.status == "ok", res
+
+        return stats(timed(one, n))
+    finally:
+        box.close()
+
+
+def bench_docker_per_action(url: str, image: str, n_cold: int, n: int) -> dict[str, Any]:
+    import docker
+
+    client = docker.DockerClient(base_url=url)
+    vols = {p: {"bind": p, "mode": "ro"} for p in HOST_RO_PATHS if os.path.exists(p)}
+    limits = {
+        "network_mode": "none",
+        "mem_limit": "512m",
+        "pids_limit": 128,
+        "cpuset_cpus": "0",
+        "read_only": True,
+        "volumes": vols,
+    }
+    cmd = ["/usr/bin/python3", "-c", "pass"]
+    run_ms = timed(lambda: client.containers.run(image, cmd, remove=True, **limits), n_cold)
+    warm = client.containers.run(image, ["/usr/bin/sleep", "3600"], detach=True, **limits)
+    try:
+        exec_ms = timed(lambda: warm.exec_run(cmd), n)
+    finally:
+        warm.remove(force=True)
+        client.close()
+    return {"docker_run": stats(run_ms), "docker_exec": stats(exec_ms)}
+
+
+def bench_elastic(cfg: SandboxConfig) -> dict[str, float]:
+    box = open_sandbox(cfg)
+    try:
+        cases = [TestCase(name=f"b{i}", assert_code=BURN) for i in range(8)]
+        out = {}
+        for k in (1, 2):
+            req = ExecRequest(
+                language="python", code="", test_cases=cases, cores=tuple(range(k)), timeout_s=120
+            )
+            box.run("elastic", req)  # warm
+            runs = [box.run("elastic", req).exec_s for _ in range(3)]
+            out[f"exec_s_{k}_cores"] = sorted(runs)[1]
+        out["speedup_2_vs_1"] = out["exec_s_1_cores"] / out["exec_s_2_cores"]
+        return out
+    finally:
+        box.close()
+
+
+def plot(res: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["warm_docker", "warm_docker_rebind", "warm_namespace", "docker_exec", "docker_run"]
+    vals = [res[k]["p50_ms"] for k in names]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.barh(names, vals, color=["tab:green"] * 3 + ["tab:orange", "tab:red"])
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 latency of a trivial Python action, ms (log)")
+    for y, v in enumerate(vals):
+        ax.text(v, y, f" {v:.1f}", va="center")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=300, help="warm execs per variant")
+    ap.add_argument("--n-cold", type=int, default=40, help="docker run / exec samples")
+    ap.add_argument("--docker-host", default=None, help="use this engine, not a private one")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with engine(args.docker_host) as url:
+        dcfg = SandboxConfig(backend="docker", docker_host=url)
+        ncfg = SandboxConfig(backend="namespace")
+        res: dict[str, Any] = {
+            "warm_docker": bench_warm(dcfg, args.n),
+            "warm_docker_rebind": bench_warm(dcfg, args.n, alternate=True),
+            "warm_namespace": bench_warm(ncfg, args.n),
+            **bench_docker_per_action(url, dcfg.image, args.n_cold, args.n_cold),
+            "elastic_docker": bench_elastic(dcfg),
+        }
+    warm = res["warm_docker"]["p50_ms"]
+    res["ratio_docker_run_vs_warm"] = res["docker_run"]["p50_ms"] / warm
+    res["ratio_docker_exec_vs_warm"] = res["docker_exec"]["p50_ms"] / warm
+    res["target_p50_ms"] = 20.0
+    res["meets_target"] = warm <= 20.0
+    path = write_json("sandbox", res)
+    plot(res, RESULTS / "sandbox.png")
+    for k in ("warm_docker", "warm_docker_rebind", "warm_namespace", "docker_exec", "docker_run"):
+        print(f"{k:20s} p50 {res[k]['p50_ms']:8.2f} ms   p90 {res[k]['p90_ms']:8.2f} ms")
+    print(f"docker run / warm  = {res['ratio_docker_run_vs_warm']:.1f}x")
+    print(f"docker exec / warm = {res['ratio_docker_exec_vs_warm']:.1f}x")
+    e = res["elastic_docker"]
+    print(
+        f"elastic: 8 tests {e['exec_s_1_cores']:.2f} s on 1 core, {e['exec_s_2_cores']:.2f} s on "
+        f"2 cores ({e['speedup_2_vs_1']:.2f}x)"
+    )
+    print(f"target warm p50 <= 20 ms: {'met' if res['meets_target'] else 'MISSED'}; wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
