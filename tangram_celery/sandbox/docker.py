@@ -23,9 +23,9 @@ from tangram_celery.errors import SandboxError
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
-    RUNNER_PATH,
+    RUNNER_ARGV,
+    RUNNER_DIR,
     RUNNER_SOCKET,
-    SANDBOX_PYTHON,
     SANDBOX_UID,
     TOOLS_PATH,
     WORKDIR,
@@ -34,7 +34,7 @@ from tangram_celery.sandbox.limits import (
 from tangram_celery.sandbox.pool import Handle, WarmPool
 
 log = logging.getLogger(__name__)
-RUNNER_FILE = Path(__file__).with_name("runner.py")
+RUNNER_SRC_DIR = Path(__file__).with_name("inside")
 # root inside the container only needs to own files and signal/setuid to the sandbox uid
 RUNNER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
 LABEL = "tangram.sandbox"
@@ -88,16 +88,13 @@ class DockerSandbox(WarmPool):
     def _start(self, h: Handle) -> None:
         quota = f"rw,exec,nosuid,nodev,size={self.limits.disk_quota_mb}m"
         volumes = {p: {"bind": p, "mode": "ro"} for p in HOST_RO_PATHS if os.path.exists(p)}
-        volumes[str(RUNNER_FILE)] = {"bind": RUNNER_PATH, "mode": "ro"}
+        volumes[str(RUNNER_SRC_DIR)] = {"bind": RUNNER_DIR, "mode": "ro"}
         volumes[str(h.state_dir)] = {"bind": str(Path(RUNNER_SOCKET).parent), "mode": "rw"}
         if self.tools_dir is not None:
             volumes[str(self.tools_dir)] = {"bind": TOOLS_PATH, "mode": "ro"}
         safe = re.sub(r"[^A-Za-z0-9_.-]", "-", h.trajectory_id)[:60]
         cmd = [
-            SANDBOX_PYTHON,
-            "-I",
-            "-S",
-            RUNNER_PATH,
+            *RUNNER_ARGV,
             "--socket",
             RUNNER_SOCKET,
             "--uid",

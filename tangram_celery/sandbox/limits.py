@@ -14,12 +14,15 @@ from tangram_celery.actions import ActionStatus, TestOutcome
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 
+SANDBOX_PYTHON = "/usr/bin/python3"
 SANDBOX_UID = 10001  # the uid user code runs as; owns nothing outside the workdir and /tmp
 WORKDIR = "/work"
 RUNNER_SOCKET = "/run/tangram/runner.sock"
-RUNNER_PATH = "/opt/tangram/runner.py"
+RUNNER_DIR = "/opt/tangram/runner"  # tangram_celery/sandbox/inside, read-only
+RUNNER_PATH = f"{RUNNER_DIR}/runner.py"
+# -E -s -S: no env, no site; not -I, which would drop the runner's own dir from sys.path
+RUNNER_ARGV = [SANDBOX_PYTHON, "-E", "-s", "-S", RUNNER_PATH]
 TOOLS_PATH = "/opt/tangram/site"  # read-only site-packages with pytest + pytest-xdist
-SANDBOX_PYTHON = "/usr/bin/python3"
 HOST_RO_PATHS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
 RUNNER_GRACE_S = 5.0  # the host gives up on a runner this long after the action's timeout
 

@@ -26,9 +26,9 @@ from tangram_celery.sandbox import cgroups
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
-    RUNNER_PATH,
+    RUNNER_ARGV,
+    RUNNER_DIR,
     RUNNER_SOCKET,
-    SANDBOX_PYTHON,
     SANDBOX_UID,
     TOOLS_PATH,
     WORKDIR,
@@ -37,7 +37,7 @@ from tangram_celery.sandbox.limits import (
 from tangram_celery.sandbox.pool import Handle, WarmPool
 
 log = logging.getLogger(__name__)
-RUNNER_FILE = Path(__file__).with_name("runner.py")
+RUNNER_SRC_DIR = Path(__file__).with_name("inside")
 RUNNER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETUID", "CAP_SETGID")
 # joins the cgroups and shields itself from the OOM killer, then becomes bwrap (no preexec_fn:
 # Python code between fork and exec is unsafe in a threaded worker)
@@ -118,13 +118,13 @@ class NamespaceSandbox(WarmPool):
             "--perms",
             "0755",
             "--dir",
-            str(Path(RUNNER_PATH).parent),
+            str(Path(RUNNER_DIR).parent),
             "--bind",
             str(h.state_dir),
             str(Path(RUNNER_SOCKET).parent),
             "--ro-bind",
-            str(RUNNER_FILE),
-            RUNNER_PATH,
+            str(RUNNER_SRC_DIR),
+            RUNNER_DIR,
         ]
         if self.tools_dir is not None:
             argv += ["--ro-bind", str(self.tools_dir), TOOLS_PATH]
@@ -137,10 +137,7 @@ class NamespaceSandbox(WarmPool):
             "sandbox",
             "--chdir",
             "/",
-            SANDBOX_PYTHON,
-            "-I",
-            "-S",
-            RUNNER_PATH,
+            *RUNNER_ARGV,
             "--socket",
             RUNNER_SOCKET,
             "--uid",

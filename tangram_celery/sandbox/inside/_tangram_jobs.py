@@ -1,0 +1,198 @@
+"""What one request runs: files, compile, code, test cases (in parallel over the granted cores) or
+a test command (`pytest` rewritten to `pytest -n K`), and the facts reported back."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+try:
+    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc, kill_all
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_proc import Action, Proc, kill_all  # type: ignore[no-redef]
+
+UNITS = {"python": "main.py", "bash": "main.sh", "c": "main.c"}
+PYTEST = re.compile(r"(^|[;&|(]\s*|\bexec\s+)(python3?\s+-m\s+pytest|pytest)(?=\s|$)")
+_ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
+_MEMERR = ("MemoryError", "Cannot allocate memory", "std::bad_alloc")
+_FORKERR = ("Resource temporarily unavailable", "BlockingIOError: [Errno 11]")
+DISK_SLACK_B = 256 * 1024  # a workdir with less free space than this counts as full
+
+
+def _norm(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def _write_files(req: dict) -> None:
+    files = dict(req.get("files", {}))
+    if req.get("code") is not None:
+        files[UNITS[req["language"]]] = req["code"]
+    for rel, content in files.items():
+        path = os.path.join(req["workdir"], rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(content)
+        os.chown(path, req["uid"], req["uid"])
+        d = os.path.dirname(path)
+        while d.startswith(req["workdir"]) and d != req["workdir"]:
+            os.chown(d, req["uid"], req["uid"])
+            d = os.path.dirname(d)
+
+
+def _run_argv(req: dict) -> list[str] | None:
+    lang = req["language"]
+    if lang == "bash":
+        return ["/bin/bash", UNITS["bash"]]
+    if lang == "c":
+        return ["./.tangram-main"]
+    return None
+
+
+def handle(req: dict) -> dict:
+    """Run one request to completion and return its facts."""
+    t0, t_wall = time.monotonic(), time.time() - 0.001
+    act = Action(req)
+    procs: list[Proc] = []
+    tests: list[dict] = []
+    try:
+        _write_files(req)
+        dop = max(1, len(req["cores"]))
+        lang, code = req["language"], req.get("code")
+        if lang == "c" and code is not None:
+            cc = act.spawn(
+                "compile",
+                None,
+                argv=["/usr/bin/gcc", "-O2", "-pipe", "-o", ".tangram-main", UNITS["c"], "-lm"],
+            )
+            done = act.wait_any()
+            procs.append(cc)
+            if done is None or cc.returncode != 0:
+                tests = [
+                    {"name": c["name"], "passed": False, "detail": "compile failed"}
+                    for c in req.get("test_cases", [])
+                ]
+                return _facts(req, act, procs, tests, t0, compile_failed=True)
+        if req.get("test_command"):
+            cmd = req["test_command"]
+            if dop > 1 and " -n " not in cmd:
+                cmd = PYTEST.sub(lambda m: f"{m.group(1)}python3 -m pytest -n {dop}", cmd)
+            else:
+                cmd = PYTEST.sub(lambda m: f"{m.group(1)}python3 -m pytest", cmd)
+            procs.append(act.spawn("command", req.get("stdin"), argv=["/bin/bash", "-c", cmd]))
+            act.wait_any()
+        elif req.get("test_cases"):
+            tests = _run_tests(req, act, dop, procs)
+        elif code is not None:
+            py = [(UNITS["python"], code)] if lang == "python" else None
+            procs.append(act.spawn("main", req.get("stdin"), argv=_run_argv(req), python=py))
+            act.wait_any()
+        return _facts(req, act, procs, tests, t0)
+    finally:
+        kill_all()
+        act.close()
+        if _disk_full(req):
+            _roll_back(req, t_wall)
+
+
+def _roll_back(req: dict, since: float) -> None:
+    """Delete what the action wrote once it filled the quota, so the trajectory can go on."""
+    for top in (req["workdir"], "/tmp"):
+        for root, _dirs, names in os.walk(top):
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    if os.lstat(path).st_mtime >= since:
+                        os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _run_tests(req: dict, act: Action, dop: int, procs: list[Proc]) -> list[dict]:
+    """Built-in parallel runner: up to `dop` test cases at once under the action's deadline."""
+    cases = req["test_cases"]
+    code, lang = req.get("code") or "", req["language"]
+    results: list[dict | None] = [None] * len(cases)
+    running = 0
+    nxt = 0
+    while nxt < len(cases) or running:
+        while running < dop and nxt < len(cases):
+            case = cases[nxt]
+            if case.get("assert_code") is not None:
+                if lang != "python":
+                    results[nxt] = {
+                        "name": case["name"],
+                        "passed": False,
+                        "detail": "assert_code tests need language python",
+                    }
+                    nxt += 1
+                    continue
+                both = [(UNITS["python"], code), ("<test>", case["assert_code"])]
+                procs.append(act.spawn(nxt, case.get("stdin"), python=both))
+            else:
+                py = [(UNITS["python"], code)] if lang == "python" else None
+                procs.append(act.spawn(nxt, case.get("stdin"), argv=_run_argv(req), python=py))
+            running += 1
+            nxt += 1
+        if not running:
+            break
+        proc = act.wait_any()
+        if proc is None:
+            break
+        running -= 1
+        idx = proc.tag
+        assert isinstance(idx, int)
+        case = cases[idx]
+        passed, detail = proc.returncode == 0, ""
+        if not passed:
+            detail = f"exit {proc.returncode}: {_text(proc.stderr)[-400:]}"
+        elif case.get("expected_stdout") is not None:
+            got = _text(proc.stdout)
+            passed = _norm(got) == _norm(case["expected_stdout"])
+            if not passed:
+                detail = f"expected {case['expected_stdout'][:200]!r}, got {got[:200]!r}"
+        results[idx] = {"name": case["name"], "passed": passed, "detail": detail}
+    why = "timeout" if act.timed_out else "output limit" if act.output_capped else "not run"
+    return [
+        r or {"name": c["name"], "passed": False, "detail": why} for r, c in zip(results, cases, strict=True)
+    ]
+
+
+def _disk_full(req: dict) -> bool:
+    for path in (req["workdir"], "/tmp"):
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        if st.f_bavail * st.f_frsize < DISK_SLACK_B or (st.f_files and st.f_favail == 0):
+            return True
+    return False
+
+
+def _facts(
+    req: dict, act: Action, procs: list[Proc], tests: list[dict], t0: float, compile_failed: bool = False
+) -> dict:
+    main = procs[-1] if procs and procs[-1].tag in ("compile", "main", "command") else None
+    stderr = b"".join(p.stderr for p in procs if p.tag in ("compile", "main", "command"))
+    stdout = b"".join(p.stdout for p in procs if p.tag in ("main", "command"))
+    all_err = _text(b"".join(p.stderr for p in procs))
+    codes = [p.returncode for p in procs if p.returncode is not None]
+    return {
+        "exit_code": main.returncode if main is not None else None,
+        "stdout": _text(stdout),
+        "stderr": _text(stderr),
+        "tests": tests,
+        "exec_s": time.monotonic() - t0,
+        "timed_out": act.timed_out,
+        "output_capped": act.output_capped,
+        "disk_full": _disk_full(req) or any(s in all_err for s in _ENOSPC),
+        "killed": any(c == -signal.SIGKILL for c in codes),
+        "memory_error": any(s in all_err for s in _MEMERR),
+        "fork_failed": any(s in all_err for s in _FORKERR),
+        "compile_failed": compile_failed,
+    }
