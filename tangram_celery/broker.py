@@ -43,8 +43,15 @@ def _free_port() -> int:
 class EmbeddedRedis:
     """A private redis-server process. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], port: int = 0, password: str | None = None):
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        port: int = 0,
+        password: str | None = None,
+        fsync: str = "always",
+    ):
         self.data_dir = Path(data_dir).resolve()
+        self.fsync = fsync
         self.port = port or _free_port()
         self.password = password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,7 +72,7 @@ class EmbeddedRedis:
                     f"requirepass {self.password}",
                     f"dir {self.data_dir}",
                     "appendonly yes",
-                    "appendfsync everysec",
+                    f"appendfsync {self.fsync}",
                     "save ''",
                     "daemonize no",
                     "maxclients 4096",
@@ -106,6 +113,11 @@ class EmbeddedRedis:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def restart(self) -> EmbeddedRedis:
+        """Start again on the same port, password and data (after kill() or stop())."""
+        self.stop()
+        return self.start()
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

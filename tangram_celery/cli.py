@@ -68,8 +68,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
     print(f"logs: {dep.state_dir / 'logs'}; Ctrl-C stops everything")
     try:
-        while True:
-            dep.check_alive()
+        while True:  # the deployment's supervisor restarts children that exit
             time.sleep(1.0)
     except KeyboardInterrupt:
         print("\nstopping ...")

@@ -34,6 +34,10 @@ class BrokerConfig(_Model):
         description="'embedded' to start a private redis-server, or a redis://[:password@]host:port/db URL",
     )
     data_dir: str = Field(".tangram/redis", description="directory for the embedded Redis AOF")
+    fsync: Literal["always", "everysec"] = Field(
+        "always",
+        description="embedded Redis AOF fsync: 'always' loses nothing on a crash, 'everysec' is faster",
+    )
 
     @field_validator("url")
     @classmethod

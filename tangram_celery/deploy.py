@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    args: list[str] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)  # monotonic times of restarts
 
 
 @dataclass
@@ -45,6 +48,10 @@ class Deployment:
     children: dict[str, Child] = field(default_factory=dict)
     flower_url: str = ""
     flower_auth: tuple[str, str] = ("", "")
+    max_restarts_per_min: int = 5
+    _supervisor: threading.Thread | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def state_dir(self) -> Path:
@@ -55,7 +62,7 @@ class Deployment:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
-            self.redis = EmbeddedRedis(self.state_dir / "redis").start()
+            self.redis = EmbeddedRedis(self.state_dir / "redis", fsync=self.cfg.broker.fsync).start()
             self.url = self.redis.url
         else:
             self.url = self.cfg.broker.url
@@ -73,7 +80,28 @@ class Deployment:
         if self.with_flower:
             self._start_flower()
         self.wait_ready(progress=progress)
+        self._supervisor = threading.Thread(target=self._supervise, name="tangram-supervisor", daemon=True)
+        self._supervisor.start()
         return self
+
+    def _supervise(self, every_s: float = 0.5) -> None:
+        """Restart children that exit (crash, kill, stuck-consumer exit), like a process manager."""
+        while not self._stopping.wait(every_s):
+            with self._lock:
+                for c in list(self.children.values()):
+                    if c.proc.poll() is None or not c.args:
+                        continue
+                    now = time.monotonic()
+                    c.restarts = [t for t in c.restarts if now - t < 60] + [now]
+                    if len(c.restarts) > self.max_restarts_per_min:
+                        log.error(
+                            "%s keeps exiting (%d restarts in 60 s); giving up", c.name, len(c.restarts)
+                        )
+                        c.args = []
+                        continue
+                    log.warning("%s exited with %s; restarting", c.name, c.proc.returncode)
+                    new = self.spawn(c.name, c.args)
+                    new.restarts = c.restarts
 
     def spawn(self, name: str, args: list[str]) -> Child:
         """Start `tangram <args>` as a child process logging to <state_dir>/logs/<name>.log."""
@@ -86,7 +114,7 @@ class Deployment:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        self.children[name] = Child(name, proc, log_path)
+        self.children[name] = Child(name, proc, log_path, args)
         return self.children[name]
 
     def _start_flower(self) -> None:
@@ -141,14 +169,19 @@ class Deployment:
                 tail = c.log_path.read_text(errors="replace")[-2000:] if c.log_path.exists() else ""
                 raise TangramError(f"{c.name} exited with {c.proc.returncode}; last log lines:\n{tail}")
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Signal one child (fault injection) and reap it."""
-        c = self.children[name]
-        if c.proc.poll() is None:
-            os.killpg(c.proc.pid, sig)
-            c.proc.wait(timeout=30)
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Signal one child (fault injection) and reap it; the supervisor restarts it. Returns its pid."""
+        with self._lock:
+            c = self.children[name]
+            if c.proc.poll() is None:
+                os.killpg(c.proc.pid, sig)
+                c.proc.wait(timeout=30)
+            return c.proc.pid
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
         for c in reversed(list(self.children.values())):
             if c.proc.poll() is None:
                 try:

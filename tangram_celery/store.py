@@ -18,14 +18,19 @@ scripts below, so a duplicate Celery message can never run an action twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
+
+log = logging.getLogger("tangram.store")
+T = TypeVar("T")
 
 P = "tangram:"
 INTAKE = P + "intake"
@@ -56,7 +61,11 @@ def nkey(action_id: str) -> str:
 
 
 _SUBMIT = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return redis.error_reply('TANGRAM_DUPLICATE') end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
+  if redis.call('HGET', KEYS[2], 'payload') == ARGV[3] then return 'already' end
+  return redis.error_reply('TANGRAM_DUPLICATE')
+end
 local cap = tonumber(ARGV[4])
 if cap > 0 and redis.call('XLEN', KEYS[1]) >= cap then return redis.error_reply('TANGRAM_FULL') end
 redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queued')
@@ -70,6 +79,11 @@ local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'dispatched' then
   if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[3] then return 'stale' end
   redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2])
+  return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
+end
+if s == 'running' and redis.call('HGET', KEYS[1], 'worker') == ARGV[1]
+   and redis.call('HGET', KEYS[1], 'attempt') == ARGV[3] then
+  -- Our own claim whose reply was lost (Redis went away): idempotent.
   return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
 end
 if not s then return 'missing' end
@@ -114,8 +128,9 @@ class IntakeEntry:
 class Store:
     """Thin typed wrapper over one Redis connection pool."""
 
-    def __init__(self, url: str, *, socket_timeout_s: float | None = 30.0):
+    def __init__(self, url: str, *, socket_timeout_s: float | None = 30.0, retry_budget_s: float = 120.0):
         self.url = url
+        self.retry_budget_s = retry_budget_s
         self.r = redis.Redis.from_url(
             url, decode_responses=True, socket_timeout=socket_timeout_s, health_check_interval=30
         )
@@ -124,6 +139,23 @@ class Store:
         self._complete = self.r.register_script(_COMPLETE)
         self._requeue = self.r.register_script(_REQUEUE)
         self._heartbeat = self.r.register_script(_HEARTBEAT)
+
+    def retrying(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
+        """Run `fn`, retrying with backoff while Redis is unreachable (restarts, failovers).
+
+        Only idempotent operations go through here. Raises BrokerError when the budget is spent.
+        """
+        deadline = time.monotonic() + (self.retry_budget_s if budget_s is None else budget_s)
+        delay_s = 0.05
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                if time.monotonic() + delay_s > deadline:
+                    raise BrokerError(f"{what}: Redis at {redact(self.url)} unreachable: {e}") from e
+                log.warning("%s: Redis unreachable (%s); retrying in %.2fs", what, e, delay_s)
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 1.0)
 
     def ping(self) -> None:
         try:
@@ -140,19 +172,24 @@ class Store:
 
         Items before a refused one stay enqueued (they are valid and were accepted).
         """
-        pipe = self.r.pipeline(transaction=False)
-        for action_id, meta, payload in items:
-            self._submit(
-                keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe
-            )
-        replies = pipe.execute(raise_on_error=False)
-        for (action_id, _, _), rep in zip(items, replies, strict=True):
+
+        def send() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            for action_id, meta, payload in items:
+                self._submit(
+                    keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe
+                )
+            return list(pipe.execute(raise_on_error=False))
+
+        replies = self.retrying("submit", send)
+        for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
             if isinstance(rep, redis.ResponseError):
                 msg = str(rep)
                 if "TANGRAM_FULL" in msg:
                     raise AdmissionError(
-                        f"intake is full ({max_queued} actions waiting); action {action_id} was "
-                        "not enqueued: retry later or raise scheduler.max_queued"
+                        f"intake is full ({max_queued} actions waiting): the first {n} of this "
+                        f"batch were enqueued, action {action_id} and the rest were not; retry "
+                        "them later or raise scheduler.max_queued"
                     )
                 if "TANGRAM_DUPLICATE" in msg:
                     raise ActionRejected(f"action id {action_id!r} was already submitted")
@@ -169,11 +206,16 @@ class Store:
         The completion script pushes the result onto `n:<id>`; it is pushed back after being
         read so that every waiter (and every later call) sees it.
         """
-        t = 0 if timeout_s is None else max(timeout_s, 0.001)
-        got = self.r.blpop([nkey(action_id)], timeout=t)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def pop() -> Any:
+            left = 0.0 if deadline is None else max(deadline - time.monotonic(), 0.001)
+            return self.r.blpop([nkey(action_id)], timeout=left)
+
+        got = self.retrying("wait for result", pop, budget_s=timeout_s)
         if got is None:
             return None
-        self.r.rpush(nkey(action_id), got[1])
+        self.retrying("wait for result", lambda: self.r.rpush(nkey(action_id), got[1]))
         return str(got[1])
 
     def action_state(self, action_id: str) -> str | None:
@@ -280,16 +322,22 @@ class Store:
     # ---- worker side -----------------------------------------------------------------------
     def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> tuple[str, str, float] | str:
         """dispatched -> running for `attempt`. Returns (meta, payload, dispatched_s) or why not."""
-        rep = self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)])
+        rep = self.retrying(
+            "claim", lambda: self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)])
+        )
         if isinstance(rep, list):
             return str(rep[0]), str(rep[1]), float(rep[2] or 0.0)
         return str(rep)
 
     def complete(self, action_id: str, result_json: str, event: dict[str, Any]) -> bool:
         """Store the result, wake the client, emit the release event. False if already done."""
-        rep = self._complete(
-            keys=[akey(action_id), nkey(action_id), EVENTS],
-            args=[action_id, result_json, json.dumps(event), RESULT_TTL_S],
+        ev = json.dumps(event)
+        rep = self.retrying(
+            "complete",
+            lambda: self._complete(
+                keys=[akey(action_id), nkey(action_id), EVENTS],
+                args=[action_id, result_json, ev, RESULT_TTL_S],
+            ),
         )
         return bool(rep)
 

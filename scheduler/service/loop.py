@@ -21,6 +21,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import redis
+from kombu.exceptions import KombuError
+
 from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import Policy, get_policy
@@ -30,6 +33,7 @@ from scheduler.service.liveness import check as liveness_check
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, make_app, queue_name
 from tangram_celery.config import TangramConfig
+from tangram_celery.errors import BrokerError
 from tangram_celery.store import EVENTS, INTAKE, ActionState, IntakeEntry, Store
 
 log = logging.getLogger("tangram.scheduler")
@@ -53,11 +57,19 @@ class SchedulerService:
         self.store = Store(broker_url)
         self.app = make_app(broker_url)
         self.policy = policy or get_policy(cfg.scheduler.policy)
-        self.state = build_cluster(cfg)
         self.view = pool_view(cfg)
         self.estimator = DurationEstimator.from_config(
             {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
         )
+        self.liveness = LivenessPolicy()
+        self.dispatched_total = 0
+        self._reset()
+        self._stop = threading.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _reset(self) -> None:
+        """Forget everything in memory; `start()` rebuilds it from Redis."""
+        self.state = build_cluster(self.cfg)
         self.waiting: list[QueuedAction] = []
         self.entry_of: dict[str, str] = {}  # action id -> intake stream id (unacked)
         self.kind_of: dict[str, str] = {}  # running action id -> duration-profile kind
@@ -66,11 +78,7 @@ class SchedulerService:
         self.attempt: dict[str, int] = {}  # dispatched action -> attempt number
         self.running_qa: dict[str, QueuedAction] = {}  # dispatched action -> its queue entry
         self.offline: set[str] = set()  # pool keys with no live worker
-        self.liveness = LivenessPolicy()
-        self.dispatched_total = 0
-        self._stop = threading.Event()
 
-    # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""
         self.store.ping()
@@ -80,6 +88,19 @@ class SchedulerService:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _rejoin(self, max_delay_s: float = 2.0) -> None:
+        """Wait for Redis to come back, then rebuild all state from it."""
+        delay_s = 0.1
+        while not self._stop.is_set():
+            try:
+                self._reset()
+                self.start()
+                log.info("Redis is back: %d waiting, %d running", len(self.waiting), len(self.state.running))
+                return
+            except (redis.ConnectionError, redis.TimeoutError, BrokerError, KombuError, OSError):
+                self._stop.wait(delay_s)
+                delay_s = min(delay_s * 2, max_delay_s)
 
     def run(self, idle_block_ms: int = 200) -> None:
         self.start()
@@ -91,12 +112,17 @@ class SchedulerService:
         )
         next_check = 0.0
         while not self._stop.is_set():
-            # API pools refill over time: wake up often while API actions wait for quota.
-            wait_api = any(a.cost.key is ResourceKind.API for a in self.waiting[:64])
-            self.step(block_ms=20 if wait_api else idle_block_ms)
-            if time.monotonic() >= next_check:
-                liveness_check(self, self.liveness)
-                next_check = time.monotonic() + self.liveness.check_every_s
+            try:
+                # API pools refill over time: wake up often while API actions wait for quota.
+                wait_api = any(a.cost.key is ResourceKind.API for a in self.waiting[:64])
+                self.step(block_ms=20 if wait_api else idle_block_ms)
+                if time.monotonic() >= next_check:
+                    liveness_check(self, self.liveness)
+                    next_check = time.monotonic() + self.liveness.check_every_s
+            except (redis.ConnectionError, redis.TimeoutError, BrokerError, KombuError, OSError) as e:
+                # Redis restarted or failed over: what it kept is the truth; rebuild from it.
+                log.warning("lost Redis (%s); rebuilding state once it is back", e)
+                self._rejoin()
         self.store.close()
 
     # ---- one round -------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from celery import Celery
+
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.store import Store
 
@@ -35,23 +37,64 @@ class WorkerRuntime:
         self.name = f"{kind}-{pool}@{socket.gethostname()}-{os.getpid()}"
         self.pool_key = f"{kind}:{pool}"
         self.heartbeat_s = heartbeat_s
+        self.app: Celery | None = None
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeats, name="tangram-heartbeat", daemon=True)
 
-    def start(self) -> None:
-        """Start heart-beating: the scheduler retries this worker's actions if beats stop."""
+    def start(self, app: Celery | None = None) -> None:
+        """Start heart-beating: the scheduler retries this worker's actions if beats stop.
+
+        With `app`, also watch the Celery consumer: if Redis answers but the consumer has not
+        answered a ping for `stuck_after_pings` tries (it failed to reconnect after a broker
+        restart), exit so that the supervisor restarts the worker; the scheduler retries its
+        actions.
+        """
+        self.app = app
         self.store.heartbeat(self.name, self.pool_key)
         self._beat.start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _heartbeats(self) -> None:
+    def _heartbeats(self, ping_every_s: float = 5.0, stuck_after_pings: int = 3) -> None:
+        next_ping = time.monotonic() + ping_every_s
+        consumer_seen = False
+        missed = 0
         while not self._stop.wait(self.heartbeat_s):
             try:
+                self.store.r.ping()
                 self.store.heartbeat(self.name, self.pool_key)
             except Exception:  # Redis away: keep trying, the scheduler decides what it means
                 log.warning("heartbeat failed", exc_info=True)
+                continue
+            if self.app is None or time.monotonic() < next_ping:
+                continue
+            next_ping = time.monotonic() + ping_every_s
+            answered = self._consumer_answers()
+            if answered:
+                consumer_seen, missed = True, 0
+            elif consumer_seen:
+                missed += 1
+                if missed >= stuck_after_pings:
+                    log.error("Celery consumer of %s is stuck; exiting for a restart", self.name)
+                    os._exit(75)
+
+    def _consumer_answers(self, timeout_s: float = 5.0) -> bool:
+        """Does this worker's Celery consumer answer a ping? (In a thread: ping can hang.)"""
+        assert self.app is not None
+        app, name = self.app, self.name
+        box: list[bool] = []
+
+        def ping() -> None:
+            try:
+                box.append(bool(app.control.ping(destination=[name], timeout=1.0)))
+            except Exception:
+                box.append(False)
+
+        t = threading.Thread(target=ping, name="tangram-consumer-ping", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        return bool(box and box[0])
 
     def execute(self, action_id: str, alloc: dict[str, Any], handler: Handler) -> str:
         """Run one dispatched action exactly once; returns its final status (or why it was skipped)."""

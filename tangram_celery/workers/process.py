@@ -54,7 +54,7 @@ def run_worker(
         handler_gpu = GpuHandler(cfg, gnode)
         tasks.register(app, runtime, gpu=handler_gpu)
         slots = concurrency or 8
-    runtime.start()
+    runtime.start(app)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     app.worker_main(
         [

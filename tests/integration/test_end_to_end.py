@@ -84,9 +84,7 @@ def test_scheduler_killed_mid_run_loses_nothing(deployment, client, tmp_path: Pa
     ]
     handles = client.submit_many(actions)
     time.sleep(0.3)  # some dispatched, some running, most still queued
-    deployment.kill("scheduler")
-    time.sleep(0.5)
-    deployment.spawn("scheduler", ["scheduler"])
+    deployment.kill("scheduler")  # the deployment's supervisor starts a new one
     results = [h.result(timeout=300) for h in handles]
     executed = Counter(int(x) for x in log.read_text().split())
     print(f"submitted={n} completed={len(results)} executed={sum(executed.values())}")
@@ -97,7 +95,7 @@ def test_scheduler_killed_mid_run_loses_nothing(deployment, client, tmp_path: Pa
 
 @pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
 def test_worker_killed_mid_action_is_retried(deployment, client, tmp_path: Path) -> None:
-    """Given actions running on a worker, when it is SIGKILLed and a new one starts, every action
+    """Given actions running on a worker, when it is SIGKILLed and restarted, every action
     completes exactly once from the client's view, with attempt 2 for the interrupted ones."""
     log = tmp_path / "executions.log"
     n = 12
@@ -106,12 +104,38 @@ def test_worker_killed_mid_action_is_retried(deployment, client, tmp_path: Path)
         for i in range(n)
     )
     time.sleep(0.5)  # the first four are mid-sleep on the worker
-    deployment.kill("worker-api-rec")
-    deployment.spawn("worker-api-rec", ["worker", "api", "--name", "rec"])
+    deployment.kill("worker-api-rec")  # the deployment's supervisor starts a new one
     results = [h.result(timeout=180) for h in handles]
     executed = Counter(int(x) for x in log.read_text().split())
     retried = [r for r in results if r.attempts > 1]
-    print(f"submitted={n} completed={len(results)} retried={len(retried)} executions={sum(executed.values())}")
+    print(
+        f"submitted={n} completed={len(results)} retried={len(retried)} executions={sum(executed.values())}"
+    )
     assert all(r.status is ActionStatus.OK for r in results)
     assert sorted(executed) == list(range(n))
     assert retried, "the interrupted actions should have been retried"
+
+
+@pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
+def test_redis_killed_and_restarted_loses_nothing(deployment, client, tmp_path: Path) -> None:
+    """Given a burst in flight, when Redis is SIGKILLed and restarted from its AOF, every action
+    completes exactly once and the scheduler and workers carry on."""
+    log = tmp_path / "executions.log"
+    n = 200
+    handles = client.submit_many(
+        ApiAction(trajectory_id=f"t{i % 8}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.02})
+        for i in range(n)
+    )
+    time.sleep(0.5)
+    deployment.redis.kill()
+    time.sleep(1.0)
+    deployment.redis.restart()
+    results = [h.result(timeout=300) for h in handles]
+    executed = Counter(int(x) for x in log.read_text().split())
+    print(f"submitted={n} completed={len(results)} executions={sum(executed.values())}")
+    assert all(r.status is ActionStatus.OK for r in results)
+    assert sorted(executed) == list(range(n)), "an action was lost"
+    # And the system still serves new work.
+    assert client.submit(ApiAction(trajectory_id="after", api="calc", request={"expr": "6*7"})).result(
+        timeout=120
+    ).output == {"value": 42}
