@@ -1,0 +1,135 @@
+"""Sandbox logic that needs no sandbox: statuses, payloads, cgroup files, pytest rewriting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tangram_celery.actions import ActionStatus, TestCase
+from tangram_celery.config import SandboxConfig
+from tangram_celery.sandbox import ExecRequest, open_sandbox
+from tangram_celery.sandbox.cgroups import CgroupSet, _field
+from tangram_celery.sandbox.inside._tangram_jobs import PYTEST
+from tangram_celery.sandbox.limits import Limits, classify, counter_delta, runner_payload, to_result
+
+pytestmark = pytest.mark.unit
+COUNTERS = {"oom_kill": 0, "pids_max": 0}
+
+
+@pytest.mark.parametrize(
+    ("facts", "delta", "expected"),
+    [
+        ({"exit_code": 0}, COUNTERS, ActionStatus.OK),
+        ({"exit_code": 2}, COUNTERS, ActionStatus.FAILED),
+        ({"exit_code": None, "timed_out": True}, COUNTERS, ActionStatus.TIMEOUT),
+        ({"timed_out": True}, {"oom_kill": 0, "pids_max": 9}, ActionStatus.PIDS_LIMIT),
+        ({"exit_code": -9, "killed": True}, {"oom_kill": 1, "pids_max": 0}, ActionStatus.MEMORY_LIMIT),
+        ({"exit_code": 1, "disk_full": True}, COUNTERS, ActionStatus.DISK_LIMIT),
+        ({"output_capped": True, "exit_code": None}, COUNTERS, ActionStatus.OUTPUT_LIMIT),
+        ({"compile_failed": True, "exit_code": 1}, COUNTERS, ActionStatus.FAILED),
+        # no cgroup counters (rlimit fallback): the runner's error strings decide
+        ({"exit_code": 1, "fork_failed": True}, {}, ActionStatus.PIDS_LIMIT),
+        ({"exit_code": 1, "memory_error": True}, {}, ActionStatus.MEMORY_LIMIT),
+        ({"exit_code": -9, "killed": True}, {}, ActionStatus.MEMORY_LIMIT),
+        # with counters, a SIGKILL the kernel's OOM killer did not do is a plain failure
+        ({"exit_code": -9, "killed": True}, COUNTERS, ActionStatus.FAILED),
+    ],
+)
+def test_classify_maps_facts_to_one_status(facts: dict, delta: dict, expected: ActionStatus) -> None:
+    """Given runner facts and counter deltas, when classified, then the expected status."""
+    assert classify(facts, delta, has_tests=False) is expected
+
+
+def test_failed_test_case_makes_action_failed() -> None:
+    """Given exit 0 but one failing test, when converted, then FAILED with the outcomes kept."""
+    req = ExecRequest(language="python", code="", test_cases=[TestCase(name="a", assert_code="1")])
+    facts = {"exit_code": None, "tests": [{"name": "a", "passed": False, "detail": "x"}], "exec_s": 0.5}
+    res = to_result(facts, COUNTERS, req)
+    assert res.status is ActionStatus.FAILED and res.tests[0].detail == "x" and res.exec_s == 0.5
+
+
+def test_counter_delta_is_empty_without_counters() -> None:
+    """Given missing counters on either side, when diffed, then {} (meaning: unknown)."""
+    assert counter_delta(None, COUNTERS) == {}
+    assert counter_delta({"oom_kill": 1, "pids_max": 2}, {"oom_kill": 3, "pids_max": 2}) == {
+        "oom_kill": 2,
+        "pids_max": 0,
+    }
+
+
+def test_payload_carries_limits_and_rlimits_only_in_fallback() -> None:
+    """Given a request, when turned into a runner payload, then caps and cores are set, and
+    rlimits appear only when cgroups are unavailable."""
+    req = ExecRequest(language="c", code="x", cores=(2, 3), memory_mb=64, env={"A": "b"})
+    p = runner_payload(req, Limits(max_output_bytes=2048), ["/opt/tangram/site"])
+    assert (p["cores"], p["max_output_bytes"], p["env"]) == ([2, 3], 2048, {"A": "b"})
+    assert "rlimits" not in p
+    p = runner_payload(req, Limits(use_rlimits=True, pids_limit=32), [])
+    assert p["rlimits"] == {"AS": 64 << 20, "NPROC": 32}
+
+
+@pytest.mark.parametrize(
+    ("cmd", "expected"),
+    [
+        ("pytest -q", "python3 -m pytest -n 4 -q"),
+        ("python -m pytest tests", "python3 -m pytest -n 4 tests"),
+        ("cd sub && pytest", "cd sub && python3 -m pytest -n 4"),
+        ("make test", "make test"),
+        ("echo pytest-like", "echo pytest-like"),
+    ],
+)
+def test_pytest_commands_get_n_workers(cmd: str, expected: str) -> None:
+    """Given a test command, when rewritten for DoP 4, then pytest calls get `-n 4`."""
+    out = PYTEST.sub(lambda m: f"{m.group(1)}python3 -m pytest -n 4", cmd)
+    assert out == expected
+
+
+def test_cgroup_v1_counters_and_binding(tmp_path: Path) -> None:
+    """Given fake v1 cgroup dirs, when cores are bound and counters read, then files match."""
+    dirs = {}
+    for c in ("cpu", "cpuset", "memory", "pids"):
+        dirs[c] = tmp_path / c
+        dirs[c].mkdir()
+    (dirs["memory"] / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (dirs["pids"] / "pids.events").write_text("max 7\n")
+    cg = CgroupSet(1, dirs)
+    cg.bind_cores((3, 1))
+    assert (dirs["cpuset"] / "cpuset.cpus").read_text() == "1,3"
+    assert (dirs["cpu"] / "cpu.cfs_quota_us").read_text() == "200000"
+    assert cg.counters() == {"oom_kill": 3, "pids_max": 7}
+
+
+def test_cgroup_v2_binding(tmp_path: Path) -> None:
+    """Given a fake v2 cgroup dir, when bound to 1 core with 256 MiB, then cpu.max and memory.max."""
+    cg = CgroupSet(2, dict.fromkeys(("cpu", "cpuset", "memory", "pids"), tmp_path))
+    cg.bind_cores((0,))
+    cg.set_memory(256)
+    assert (tmp_path / "cpu.max").read_text() == "100000 100000"
+    assert (tmp_path / "memory.max").read_text() == str(256 << 20)
+    assert cg.counters() == {"oom_kill": 0, "pids_max": 0}
+
+
+def test_field_parses_key_value_lines() -> None:
+    """Given a cgroup events file, when a key is looked up, then its value (0 when absent)."""
+    assert _field("low 0\nhigh 2\noom_kill 5\n", "oom_kill") == 5
+    assert _field("", "max") == 0
+
+
+def test_open_sandbox_auto_falls_back_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given no reachable engine, when 'auto' is asked for, then the namespace backend is built."""
+    import tangram_celery.sandbox as sb
+    import tangram_celery.sandbox.namespace as ns
+
+    built: list[str] = []
+
+    class Fake:
+        name = "namespace"
+
+        def __init__(self, cfg: SandboxConfig) -> None:
+            built.append(cfg.backend)
+
+    monkeypatch.setattr(sb, "docker_reachable", lambda url: False)
+    monkeypatch.setattr(ns, "NamespaceSandbox", Fake)
+    box = open_sandbox(SandboxConfig(backend="auto", docker_host="unix:///nonexistent.sock"))
+    assert box.name == "namespace" and built == ["auto"]
