@@ -114,22 +114,32 @@ def cpu_decision(problem: PoolProblem, keep: int, units: Sequence[int]) -> Decis
 def dp_cpu_solver(problem: PoolProblem) -> Decision:
     """Algorithm 1's drop-tail search with the exact DP (Algorithm 3) per CPU pool."""
     free = len(cpu_free_ids(problem))
-    return _drop_tail(problem, lambda opts: cpu_arrange(free, opts), free)
+    return drop_tail(problem, lambda opts: cpu_arrange(free, opts), free)
 
 
 def dp_gpu_solver(problem: PoolProblem) -> Decision:
     """Drop-tail with the buddy-chunk DP (Algorithm 4) on one GPU node."""
     node = problem.state.gpu[problem.key[1]]
     op = GpuBuddy.from_counts(node.free_chunk_counts())
-    return _drop_tail(problem, lambda opts: arrange(op, opts), len(node.free))
+    return drop_tail(problem, lambda opts: arrange(op, opts), len(node.free))
 
 
-def _drop_tail(
+def drop_tail(
     problem: PoolProblem,
     solve: Callable[[list[list[tuple[int, float]]]], tuple[float, list[int]] | None],
     free_units: int,
+    extra_s: Callable[[QueuedAction, int], float] | None = None,
 ) -> Decision:
+    """Algorithm 1's loop: drop tail candidates while the estimated objective improves.
+
+    `extra_s(action, units)` is added to an option's duration (e.g. an expected restore).
+    """
     members, now_s = problem.members, problem.now_s
+
+    def cost_s(action: QueuedAction, units: int) -> float:
+        d = action.duration_s(units)
+        return d + extra_s(action, units) if extra_s is not None else d
+
     is_gpu = problem.key[0] == "gpu"
     num_gpus = problem.capacity
     best: tuple[float, int, list[int]] | None = None
@@ -142,12 +152,12 @@ def _drop_tail(
                 if is_gpu
                 else [u for u in action.cost.units.units if u <= free_units]
             )
-            opts.append([(u, action.duration_s(u)) for u in allowed])
+            opts.append([(u, cost_s(action, u)) for u in allowed])
         res = solve(opts)
         if res is None:
             continue
         total_s, units = res
-        ends = [(now_s + a.duration_s(u), u) for (a, _), u in zip(kept, units, strict=True)]
+        ends = [(now_s + cost_s(a, u), u) for (a, _), u in zip(kept, units, strict=True)]
         wait = waiting(a for a, _ in members[keep:]) + problem.rest
         obj = total_s + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
         if best is not None and obj >= best[0]:

@@ -13,7 +13,8 @@ solved differently where the cost is:
   (separable convex resource allocation), so it matches the DP's choice.
 - Drop-tail: incremental. Dropping the tail candidate returns its cores to the greedy heap,
   which continues where it stopped (still exact), instead of a new DP per step.
-GPU pools use the buddy DP of `tangram-dp`: their state space is tiny.
+- GPU: residency first (see `gpu_aware`): a call goes to a free chunk where its service is
+  resident, at any allowed size, before anything forces a restore; then the buddy DP.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from scheduler.policies.elastic import (
     elastic_round,
 )
 from scheduler.policies.fcfs_min import fcfs_prefix
+from scheduler.policies.gpu_aware import gpu_candidates
 from scheduler.resources import ClusterState
 
 
@@ -78,7 +80,12 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
         del free[:units]
         picked.append((idx, Allocation(action.action_id, ResourceKind.CPU, node, units, ids)))
     if others:
-        for alloc in fcfs_prefix(others, state, now_s)[0]:
+        gpu = [a for a in others if a.cost.key is ResourceKind.GPU]
+        api = [a for a in others if a.cost.key is not ResourceKind.GPU]
+        allocs = gpu_candidates(gpu, state, now_s) if gpu else []
+        if api:
+            allocs += fcfs_prefix(api, state, now_s)[0]
+        for alloc in allocs:
             picked.append((order[alloc.action_id], alloc))
         picked.sort(key=lambda p: p[0])
     return [a for _, a in picked]

@@ -163,6 +163,19 @@ def coding(p: CodingParams | None = None, cluster: ClusterSpec | None = None) ->
     return Scenario("coding", trajs, cluster or ClusterSpec(), priors)
 
 
+def gpu_call(service: str, t1_s: float, model_mb: int) -> SimAction:
+    """A scoring call to `service`: elastic over buddy chunks 1/2/4/8 with the TP curve."""
+    return SimAction(
+        f"reward:{service}",
+        ResourceKind.GPU,
+        (1, 2, 4, 8),
+        t1_s,
+        Table(TP_EFFICIENCY),
+        target=service,
+        gpu_memory_mb=model_mb,
+    )
+
+
 def service_weights(n: int, skew_ratio: float) -> list[float]:
     """Geometric call shares, most popular first, with first/last = `skew_ratio`."""
     r = skew_ratio ** (-1.0 / (n - 1)) if n > 1 else 1.0
@@ -180,6 +193,7 @@ def mopd(p: MopdParams | None = None, cluster: ClusterSpec | None = None) -> Sce
     rng.shuffle(order)  # popularity independent of model size
     weights = service_weights(p.services, p.skew_ratio)
     popular = [names[k] for k in order]
+    size_of = dict(zip(names, sizes, strict=True))
     trajs = []
     for i in range(p.batch):
         steps = []
@@ -187,14 +201,7 @@ def mopd(p: MopdParams | None = None, cluster: ClusterSpec | None = None) -> Sce
             think = lognormal(rng, p.think_mean_s, p.think_sigma)
             svc = rng.choices(popular, weights)[0]
             t1 = lognormal(rng, p.call_mean_s, p.call_sigma)
-            steps.append(
-                Step(
-                    think,
-                    SimAction(
-                        f"reward:{svc}", ResourceKind.GPU, (1, 2, 4, 8), t1, Table(TP_EFFICIENCY), target=svc
-                    ),
-                )
-            )
+            steps.append(Step(think, gpu_call(svc, t1, size_of[svc])))
         trajs.append(SimTrajectory(f"m{i}", 0.0, tuple(steps)))
     priors = {f"reward:{n}": Prior(p.call_mean_s, 0.0) for n in names}
     spec = cluster or ClusterSpec(cpu_nodes=0, gpus_total=40)
@@ -215,14 +222,7 @@ def deepsearch(p: DeepSearchParams | None = None, cluster: ClusterSpec | None = 
             )
         think = lognormal(rng, p.think_mean_s, p.think_sigma)
         t1 = lognormal(rng, p.judge_mean_s, p.judge_sigma)
-        steps.append(
-            Step(
-                think,
-                SimAction(
-                    "reward:judge", ResourceKind.GPU, (1, 2, 4, 8), t1, Table(TP_EFFICIENCY), target="judge"
-                ),
-            )
-        )
+        steps.append(Step(think, gpu_call("judge", t1, p.judge_model_mb)))
         trajs.append(SimTrajectory(f"d{i}", 0.0, tuple(steps)))
     api = ApiSpec(p.api_max_concurrency, p.api_quota_per_window, p.api_window_s)
     spec = cluster or ClusterSpec(cpu_nodes=0, gpus_total=8, apis={"search": api})

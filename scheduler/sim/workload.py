@@ -26,9 +26,10 @@ class SimAction:
     target: str = ""
     memory_mb: int = 0
     api_quota: int = 0
+    gpu_memory_mb: int = 0  # weights of the GPU service it calls (all shards)
 
     def cost(self) -> CostVector:
-        return CostVector(self.key, Elastic(self.units), self.memory_mb, 0, self.api_quota)
+        return CostVector(self.key, Elastic(self.units), self.memory_mb, self.gpu_memory_mb, self.api_quota)
 
     def true_duration_s(self, units: float) -> float:
         """True execution time at `units` (fractional units: linear in the speed-up)."""
@@ -85,6 +86,7 @@ def action_to_dict(a: SimAction) -> dict[str, Any]:
         "target": a.target,
         "memory_mb": a.memory_mb,
         "api_quota": a.api_quota,
+        "gpu_memory_mb": a.gpu_memory_mb,
     }
 
 
@@ -98,6 +100,7 @@ def action_from_dict(d: dict[str, Any]) -> SimAction:
         target=str(d.get("target", "")),
         memory_mb=int(d.get("memory_mb", 0)),
         api_quota=int(d.get("api_quota", 0)),
+        gpu_memory_mb=int(d.get("gpu_memory_mb", 0)),
     )
 
 
