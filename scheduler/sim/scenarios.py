@@ -186,6 +186,7 @@ def service_weights(n: int, skew_ratio: float) -> list[float]:
 
 def mopd(p: MopdParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
     p = p or MopdParams()
+    p = dataclasses.replace(p, model_mb=tuple(p.model_mb))
     rng = random.Random(p.seed)
     names = [f"teacher{k}" for k in range(p.services)]
     sizes = [p.model_mb[k % len(p.model_mb)] for k in range(p.services)]

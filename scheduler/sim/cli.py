@@ -1,0 +1,108 @@
+"""`tangram sim` (also `python -m scheduler.sim`): run scenarios under policies, record traces.
+
+tangram sim run --scenario coding --policy tangram-fast --policy static-pod [--set batch=256]
+tangram sim run --config configs/sim/coding.yaml --out results.jsonl
+tangram sim record --scenario mopd --out mopd.trace.jsonl
+tangram sim replay --trace mopd.trace.jsonl --policy tangram-fast
+tangram sim policies
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from scheduler.policies import available
+from scheduler.sim.runner import simulate
+from scheduler.sim.scenarios import GENERATORS, Scenario, build
+from scheduler.sim.trace import load_workload, save_workload, write_results
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set wants key=value, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def _load_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    import yaml
+
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: expected a mapping at top level")
+    return data
+
+
+def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[str]]:
+    cfg = _load_config(getattr(args, "config", None))
+    name = args.scenario or cfg.get("scenario")
+    if name not in GENERATORS:
+        raise SystemExit(f"choose a scenario with --scenario: {', '.join(GENERATORS)}")
+    params = {**cfg.get("params", {}), **_parse_sets(args.set or [])}
+    policies = list(getattr(args, "policy", None) or cfg.get("policies", []))
+    return build(name, params), policies
+
+
+def _run(scenario: Scenario, policies: list[str], out: str | None) -> int:
+    if not policies:
+        raise SystemExit("give at least one --policy; see `tangram sim policies`")
+    sink = open(out, "w") if out else None  # noqa: SIM115
+    try:
+        for name in policies:
+            result = simulate(scenario, name)
+            summary = result.summary()
+            print(json.dumps(summary, default=float))
+            if sink is not None:
+                write_results(result, sink)
+    finally:
+        if sink is not None:
+            sink.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tangram sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="simulate a generated scenario")
+    rec = sub.add_parser("record", help="write a generated scenario as a JSONL workload trace")
+    for p in (run, rec):
+        p.add_argument("--scenario", choices=sorted(GENERATORS))
+        p.add_argument("--config", help="YAML with scenario, params, policies (configs/sim/)")
+        p.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a scenario parameter (JSON value)"
+        )
+    run.add_argument("--policy", action="append", help="policy name (repeatable)")
+    run.add_argument("--out", help="write per-action results as JSONL")
+    rec.add_argument("--out", required=True)
+    rep = sub.add_parser("replay", help="simulate a recorded JSONL workload trace")
+    rep.add_argument("--trace", required=True)
+    rep.add_argument("--policy", action="append")
+    rep.add_argument("--out")
+    sub.add_parser("policies", help="list the policy names")
+    args = parser.parse_args(argv)
+    if args.cmd == "policies":
+        print("\n".join(available()))
+        return 0
+    if args.cmd == "replay":
+        return _run(load_workload(Path(args.trace)), args.policy or [], args.out)
+    scenario, policies = _scenario(args)
+    if args.cmd == "record":
+        save_workload(scenario, Path(args.out))
+        print(f"wrote {len(scenario.trajectories)} trajectories to {args.out}", file=sys.stderr)
+        return 0
+    return _run(scenario, policies, args.out)
