@@ -129,10 +129,12 @@ def drop_tail(
     solve: Callable[[list[list[tuple[int, float]]]], tuple[float, list[int]] | None],
     free_units: int,
     extra_s: Callable[[QueuedAction, int], float] | None = None,
+    fixed: dict[str, int] | None = None,
 ) -> Decision:
     """Algorithm 1's loop: drop tail candidates while the estimated objective improves.
 
-    `extra_s(action, units)` is added to an option's duration (e.g. an expected restore).
+    `extra_s(action, units)` is added to an option's duration (e.g. an expected restore);
+    `fixed` pins some candidates (by action id) to one unit count.
     """
     members, now_s = problem.members, problem.now_s
 
@@ -147,11 +149,12 @@ def drop_tail(
         kept = members[:keep]
         opts = []
         for action, _ in kept:
-            allowed = (
-                gpu_unit_options(action, num_gpus)
-                if is_gpu
-                else [u for u in action.cost.units.units if u <= free_units]
-            )
+            if fixed is not None and action.action_id in fixed:
+                allowed = [fixed[action.action_id]]
+            elif is_gpu:
+                allowed = gpu_unit_options(action, num_gpus)
+            else:
+                allowed = [u for u in action.cost.units.units if u <= free_units]
             opts.append([(u, cost_s(action, u)) for u in allowed])
         res = solve(opts)
         if res is None:

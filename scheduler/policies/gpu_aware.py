@@ -6,7 +6,8 @@ several times the call itself. `ClusterState.place` only looks for a resident ch
 action's *minimum* size; here a GPU action takes a free chunk of *any* allowed size where its
 service is already resident (the fastest such), and only falls back to the minimum-size FCFS
 placement when there is none. The buddy DP then re-arranges units per node as in `tangram-dp`,
-and `pick_gpu_chunks` again prefers resident chunks.
+except that a candidate placed on a resident chunk keeps that size (`pick_gpu_chunks` then
+gives it that very chunk back).
 
 Tried and rejected: adding the expected restore time to the DP's options. The completion-heap
 estimate of the waiting actions has no restore term, so drop-tail then over-drops (MOPD
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.dp import GpuBuddy, arrange
 from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies.elastic import Decision, PoolProblem, drop_tail
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.resources import ClusterState, GpuNode
 
@@ -57,3 +60,15 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
         out.extend(fcfs_prefix(rest, work, now_s)[0])
     order = {a.action_id: i for i, a in enumerate(actions)}
     return sorted(out, key=lambda a: order[a.action_id])
+
+
+def residency_gpu_solver(problem: PoolProblem) -> Decision:
+    """`tangram-dp`'s buddy DP, but a candidate placed on a resident chunk keeps that size."""
+    node = problem.state.gpu[problem.key[1]]
+    fixed = {
+        action.action_id: alloc.units
+        for action, alloc in problem.members
+        if action.target in node.resident.get(alloc.unit_ids, ())
+    }
+    op = GpuBuddy.from_counts(node.free_chunk_counts())
+    return drop_tail(problem, lambda opts: arrange(op, opts), len(node.free), fixed=fixed)

@@ -30,11 +30,10 @@ from scheduler.policies.elastic import (
     PoolProblem,
     cpu_decision,
     cpu_free_ids,
-    dp_gpu_solver,
     elastic_round,
 )
 from scheduler.policies.fcfs_min import fcfs_prefix
-from scheduler.policies.gpu_aware import gpu_candidates
+from scheduler.policies.gpu_aware import gpu_candidates, residency_gpu_solver
 from scheduler.resources import ClusterState
 
 
@@ -181,4 +180,4 @@ class TangramFast:
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands = fast_candidates(queue, state, now_s)
-        return elastic_round(queue, state, now_s, cands, greedy_cpu_solver, dp_gpu_solver, self.depth)
+        return elastic_round(queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth)

@@ -1,0 +1,118 @@
+"""Baselines and API quota control on small hand-worked cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.duration import Amdahl
+from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
+from scheduler.policies import available, get_policy
+from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
+
+
+def cpu(aid: str, traj: str, hi: int = 1) -> QueuedAction:
+    cost = CostVector(ResourceKind.CPU, Elastic.range(1, hi), memory_mb=100)
+    return QueuedAction(aid, traj, cost, 0.0, t1_s=10.0, efficiency=Amdahl(0.9))
+
+
+def gpu(aid: str, service: str) -> QueuedAction:
+    cost = CostVector(ResourceKind.GPU, Elastic((1, 2, 4, 8)))
+    return QueuedAction(aid, aid, cost, 0.0, t1_s=1.0, kind=f"reward:{service}", target=service)
+
+
+def api(aid: str) -> QueuedAction:
+    cost = CostVector(ResourceKind.API, api_quota=1)
+    return QueuedAction(aid, aid, cost, 0.0, kind="api:search", target="search")
+
+
+@pytest.mark.unit
+def test_every_policy_of_the_issue_is_registered() -> None:
+    """Given the registry, when listed, then every policy the issue names can be built."""
+    for name in [
+        "fcfs-min",
+        "tangram-dp",
+        "tangram-fast",
+        "static-pod",
+        "fixed-dop-4",
+        "dedicated-gpu",
+        "cold-start",
+        "per-trajectory-api",
+    ]:
+        assert get_policy(name).name == name
+    assert "tangram-fast" in available()
+
+
+@pytest.mark.unit
+def test_fixed_dop_runs_elastic_actions_at_k_and_rigid_ones_at_one() -> None:
+    """Given 8 cores, when fixed-dop-4 decides an elastic and a rigid action, then 4 and 1."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 8, 10_000)})
+    allocs = get_policy("fixed-dop-4").decide([cpu("a", "t1", 32), cpu("b", "t2")], state, 0.0)
+    assert [a.units for a in allocs] == [4, 1]
+
+
+@pytest.mark.unit
+def test_static_pod_admits_pods_by_request_and_runs_at_the_cap() -> None:
+    """Given 1 core and 0.5-core requests, when 3 trajectories arrive, then 2 pods run (the
+    elastic action with 4 threads, no core ids) and the third stays pending."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    queue = [cpu("a", "t1", 32), cpu("b", "t2"), cpu("c", "t3")]
+    allocs = get_policy("static-pod").decide(queue, state, 0.0)
+    assert [(a.action_id, a.units, a.unit_ids) for a in allocs] == [("a", 4, ()), ("b", 1, ())]
+
+
+@pytest.mark.unit
+def test_static_pod_starts_actions_of_an_existing_pod_at_once() -> None:
+    """Given a full node whose pod for t1 exists, when t1 submits, then it starts immediately."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    state.trajectory_node.update({"t1": "n", "t2": "n"})
+    allocs = get_policy("static-pod").decide([cpu("x", "t3"), cpu("a", "t1")], state, 0.0)
+    assert [a.action_id for a in allocs] == ["a"]
+
+
+@pytest.mark.unit
+def test_dedicated_gpu_gives_each_service_its_own_tp_group() -> None:
+    """Given services a, b on one 8-GPU node with TP4, when 3 calls arrive, then a and b run on
+    their own groups and the second call of a waits."""
+    state = ClusterState(gpu={"g": GpuNode("g", 8, 80_000)})
+    pol = get_policy("dedicated-gpu", services=["a", "b"], tp=4)
+    allocs = pol.decide([gpu("1", "a"), gpu("2", "a"), gpu("3", "b")], state, 0.0)
+    assert [(a.action_id, a.unit_ids) for a in allocs] == [("1", (0, 1, 2, 3)), ("3", (4, 5, 6, 7))]
+
+
+@pytest.mark.unit
+def test_cold_start_runs_calls_at_their_minimum() -> None:
+    """Given an empty GPU node, when cold-start decides two calls, then each gets one GPU."""
+    state = ClusterState(gpu={"g": GpuNode("g", 8, 80_000)})
+    allocs = get_policy("cold-start").decide([gpu("1", "a"), gpu("2", "b")], state, 0.0)
+    assert [a.units for a in allocs] == [1, 1]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast"])
+def test_quota_controlled_policies_never_exceed_the_token_bucket(name: str) -> None:
+    """Given a 2-per-minute quota, when 3 calls wait, then 2 start and the third waits ~30 s."""
+    pool = ApiPool("search", quota_per_window=2, window_s=60.0)
+    state = ClusterState(api={"search": pool})
+    queue = [api("1"), api("2"), api("3")]
+    allocs = get_policy(name).decide(queue, state, 0.0)
+    assert [a.action_id for a in allocs] == ["1", "2"]
+    for a in allocs:
+        state.apply(a, next(q for q in queue if q.action_id == a.action_id), 0.0)
+    assert state.api["search"].next_fit_s(1, 0.0) == pytest.approx(30.0)
+
+
+@pytest.mark.unit
+def test_concurrency_cap_is_respected() -> None:
+    """Given a cap of 1 concurrent call, when 2 calls wait, then only one starts."""
+    state = ClusterState(api={"search": ApiPool("search", max_concurrency=1)})
+    allocs = get_policy("tangram-fast").decide([api("1"), api("2")], state, 0.0)
+    assert len(allocs) == 1
+
+
+@pytest.mark.unit
+def test_per_trajectory_api_ignores_the_quota() -> None:
+    """Given an exhausted quota, when per-trajectory-api decides, then every call starts."""
+    pool = ApiPool("search", quota_per_window=1, window_s=60.0, tokens=0.0)
+    state = ClusterState(api={"search": pool})
+    allocs = get_policy("per-trajectory-api").decide([api("1"), api("2")], state, 0.0)
+    assert len(allocs) == 2
