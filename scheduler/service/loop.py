@@ -78,6 +78,7 @@ class SchedulerService:
         self.attempt: dict[str, int] = {}  # dispatched action -> attempt number
         self.running_qa: dict[str, QueuedAction] = {}  # dispatched action -> its queue entry
         self.offline: set[str] = set()  # pool keys with no live worker
+        self.last_active: dict[str, float] = {}  # pinned trajectory -> last dispatch/completion
 
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""
@@ -118,6 +119,7 @@ class SchedulerService:
                 self.step(block_ms=20 if wait_api else idle_block_ms)
                 if time.monotonic() >= next_check:
                     liveness_check(self, self.liveness)
+                    self.expire_idle(self.clock())
                     next_check = time.monotonic() + self.liveness.check_every_s
             except (redis.ConnectionError, redis.TimeoutError, BrokerError, KombuError, OSError) as e:
                 # Redis restarted or failed over: what it kept is the truth; rebuild from it.
@@ -225,7 +227,23 @@ class SchedulerService:
                 )
 
     # ---- trajectories ----------------------------------------------------------------------
+    def expire_idle(self, now_s: float) -> None:
+        """Release trajectories idle past the sandbox TTL: their memory and node pin (the worker
+        removes the sandbox itself after the same TTL)."""
+        ttl_s = self.cfg.sandbox.idle_ttl_s
+        for tid in list(self.state.trajectory_node):
+            if self.active.get(tid, 0) == 0 and now_s - self.last_active.get(tid, now_s) > ttl_s:
+                node = self.state.trajectory_node.get(tid)
+                self.state.close_trajectory(tid)
+                self.store.forget_pin(tid)
+                self.last_active.pop(tid, None)
+                if node is not None:
+                    self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
+            elif tid not in self.last_active:
+                self.last_active[tid] = now_s
+
     def _trajectory_done(self, tid: str) -> None:
+        self.last_active[tid] = self.clock()
         self.active[tid] -= 1
         if self.active[tid] <= 0:
             del self.active[tid]
@@ -237,6 +255,7 @@ class SchedulerService:
             node = self.state.trajectory_node.get(tid)
             self.state.close_trajectory(tid)
             self.store.forget_pin(tid)
+            self.last_active.pop(tid, None)
             if node is not None:
                 self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
             self.store.ack(INTAKE, [stream_id])

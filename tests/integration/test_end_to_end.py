@@ -21,26 +21,41 @@ CALC_AND_RECORD = [
 
 
 def test_code_action_runs_in_sandbox_and_returns(client) -> None:
-    """Given a code action with tests, when submitted, then its stdout, tests and timings return."""
-    action = CodeAction(
-        trajectory_id="t1",
-        code="def add(a, b):\n    return a + b\nprint(add(2, 3))\n",
-        test_cases=[
-            TestCase(name="small", assert_code="assert add(1, 2) == 3"),
-            TestCase(name="neg", assert_code="assert add(-1, -2) == -3"),
-        ],
-    )
-    res = client.submit(action).result(timeout=120)
-    assert res.status is ActionStatus.OK, res
-    assert "5" in res.stdout
-    assert [t.passed for t in res.tests] == [True, True]
-    assert res.act_s >= res.exec_s > 0 and res.node == "n0" and res.units == 1
+    """Given a trajectory, when it runs code then a test suite, then stdout, per-test outcomes and
+    timings come back, and files written by one action are there for the next."""
+    run = client.submit(
+        CodeAction(
+            trajectory_id="t1",
+            code="def add(a, b):\n    return a + b\nopen('add.py', 'w').write('def add(a, b):\\n    return a + b\\n')\nprint(add(2, 3))\n",
+        )
+    ).result(timeout=120)
+    assert run.status is ActionStatus.OK, run
+    assert run.stdout.strip() == "5"
+    assert run.act_s >= run.exec_s > 0 and run.node == "n0" and run.units == 1
+    tests = client.submit(
+        CodeAction(
+            trajectory_id="t1",
+            code="from add import add\n",
+            test_cases=[
+                TestCase(name="small", assert_code="assert add(1, 2) == 3"),
+                TestCase(name="neg", assert_code="assert add(-1, -2) == -3"),
+                TestCase(name="wrong", assert_code="assert add(1, 1) == 3"),
+            ],
+            cpus="1..2",
+        )
+    ).result(timeout=120)
+    assert tests.status is ActionStatus.FAILED, tests
+    assert [(t.name, t.passed) for t in tests.tests] == [("small", True), ("neg", True), ("wrong", False)]
+    assert 1 <= tests.units <= 2
 
 
 def test_200_concurrent_actions_over_20_trajectories(client) -> None:
     """Given 200 code actions over 20 trajectories, all complete with the right output."""
     actions = [
-        CodeAction(trajectory_id=f"traj-{i % 20}", code=f"print(sum(range({i})))", timeout_s=60)
+        # 20 trajectories x 128 MiB fit the node's 4 GiB, so all of them are placed at once.
+        CodeAction(
+            trajectory_id=f"traj-{i % 20}", code=f"print(sum(range({i})))", memory_mb=128, timeout_s=60
+        )
         for i in range(200)
     ]
     handles = client.submit_many(actions)
