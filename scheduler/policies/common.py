@@ -42,11 +42,18 @@ def pool_of(alloc: Allocation, state: ClusterState) -> PoolKey:
     return (str(alloc.kind), alloc.pool, 0)
 
 
-def busy_by_pool(state: ClusterState, now_s: float) -> dict[PoolKey, list[Busy]]:
-    """Running allocations per pool as (expected end, units); unknown ends count as `now_s`."""
+def busy_by_pool(
+    state: ClusterState, now_s: float, nodes: set[str] | None = None
+) -> dict[PoolKey, list[Busy]]:
+    """Running allocations per pool (on `nodes`, or all) as (expected end, units).
+
+    Unknown ends count as `now_s`.
+    """
     out: dict[PoolKey, list[Busy]] = {}
     for aid, alloc in state.running.items():
         if alloc.kind is ResourceKind.API or not alloc.unit_ids:
+            continue
+        if nodes is not None and alloc.pool not in nodes:
             continue
         end_s = max(now_s, state.expected_end_s.get(aid, now_s))
         out.setdefault(pool_of(alloc, state), []).append((end_s, alloc.units))

@@ -74,7 +74,7 @@ def elastic_round(
     cand_ids = {a.action_id for a in cands}
     rest = (a for a in queue if a.action_id not in cand_ids)
     rest_by_pool = distribute_rest(rest, state, list(members))
-    busy = busy_by_pool(state, now_s)
+    busy = busy_by_pool(state, now_s, {k[1] for k in elastic})
     decided: Decision = {}
     for key, mem in elastic.items():
         rest_w = waiting(rest_by_pool[key])

@@ -39,6 +39,8 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
     out: list[Allocation] = []
     rest: list[QueuedAction] = []
     for action in actions:
+        if not any(free.values()):
+            break  # nothing left to place: the rest waits
         best: tuple[float, str, tuple[int, ...]] | None = None
         for name, node in state.gpu.items():
             for units in action.cost.units.units:
@@ -53,7 +55,7 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
         _, name, chunk = best
         free[name].difference_update(chunk)
         out.append(Allocation(action.action_id, ResourceKind.GPU, name, len(chunk), chunk))
-    if rest:
+    if rest and any(free.values()):
         work = state.copy()
         for name, f in free.items():
             work.gpu[name].free = f

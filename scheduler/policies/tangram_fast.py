@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
-from scheduler.policies.common import rest_estimate_s, waiting
+from scheduler.policies.common import core_group_index, rest_estimate_s, waiting
 from scheduler.policies.elastic import (
     Decision,
     PoolProblem,
@@ -38,9 +38,12 @@ from scheduler.resources import ClusterState
 
 
 def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
-    """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions."""
-    groups = {n: [sorted(c for c in g if c in node.free) for g in node.numa] for n, node in state.cpu.items()}
-    mem_free = {n: node.memory_free_mb for n, node in state.cpu.items()}
+    """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions.
+
+    Per-node views are built lazily (only nodes the scan touches), from the free cores only.
+    """
+    groups = _LazyGroups(state)
+    mem_free: dict[str, int] = {}
     pins: dict[str, str] = {}
     picked: list[tuple[int, Allocation]] = []
     others: list[QueuedAction] = []
@@ -59,8 +62,10 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
         node = state.trajectory_node.get(tid) or pins.get(tid)
         gi = -1
         if node is not None:
-            gi = _best_group(groups.get(node, []), units, elastic)
+            gi = _best_group(groups[node], units, elastic) if node in state.cpu else -1
         else:
+            if not mem_free:
+                mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items()})
             need = action.cost.memory_mb
             for name in sorted(mem_free, key=lambda n: (-mem_free[n], n)):
                 if mem_free[name] < need:
@@ -88,6 +93,23 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
             picked.append((order[alloc.action_id], alloc))
         picked.sort(key=lambda p: p[0])
     return [a for _, a in picked]
+
+
+class _LazyGroups(dict[str, list[list[int]]]):
+    """node -> free core ids per NUMA group (ascending), computed on first access."""
+
+    def __init__(self, state: ClusterState) -> None:
+        super().__init__()
+        self._state = state
+
+    def __missing__(self, node: str) -> list[list[int]]:
+        cpu = self._state.cpu[node]
+        gidx = core_group_index(cpu.numa)
+        out: list[list[int]] = [[] for _ in cpu.numa]
+        for c in sorted(cpu.free):
+            out[gidx[c]].append(c)
+        self[node] = out
+        return out
 
 
 def _best_group(groups: list[list[int]], units: int, elastic: bool) -> int:

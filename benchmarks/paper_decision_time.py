@@ -1,0 +1,98 @@
+"""Decision time per scheduling round against queue length and units; simulator throughput.
+
+One round = `policy.decide(queue, state, now)` on a 256-core node (2 NUMA groups) whose cores
+are all free, with a queue of coding actions (70% rigid shell, 25% runs elastic 1..8, 5% test
+suites elastic 1..32, T1 drawn as in the coding scenario). Median of 21 rounds per point.
+Then the time to simulate ~10^5 actions (coding, batch 6400 on 25 x 256 cores, tangram-fast).
+
+    .venv/bin/python benchmarks/paper_decision_time.py
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import matplotlib.pyplot as plt
+from paper_common import png, save
+
+from scheduler.duration import Amdahl
+from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
+from scheduler.policies import get_policy
+from scheduler.resources import ClusterState, CpuNode
+from scheduler.sim import ClusterSpec, build, simulate
+
+POLICIES = ["tangram-fast", "tangram-dp"]
+ROUNDS = 21
+
+
+def make_queue(n: int, seed: int = 0) -> list[QueuedAction]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.70:
+            units, t1, p = Elastic.fixed(1), rng.lognormvariate(0.3, 1.0), 0.0
+        elif r < 0.95:
+            units, t1, p = Elastic.range(1, 8), rng.lognormvariate(1.8, 1.0), 0.8
+        else:
+            units, t1, p = Elastic.range(1, 32), rng.lognormvariate(5.4, 0.8), 0.97
+        cost = CostVector(ResourceKind.CPU, units, memory_mb=4096)
+        out.append(QueuedAction(f"a{i}", f"t{i}", cost, 0.0, t1_s=t1, efficiency=Amdahl(p)))
+    return out
+
+
+def median_ms(policy: str, queue: list[QueuedAction], cores: int) -> float:
+    state = ClusterState(cpu={"n0": CpuNode.uniform("n0", cores, 10_000_000, 2)})
+    pol = get_policy(policy)
+    times = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        pol.decide(queue, state, 1.0)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    lengths = [80, 160, 320, 640, 1280]
+    cores = [64, 128, 256, 512]
+    by_len = {p: [median_ms(p, make_queue(n), 256) for n in lengths] for p in POLICIES}
+    by_cores = {p: [median_ms(p, make_queue(1280), c) for c in cores] for p in POLICIES}
+    for p in POLICIES:
+        print(f"  {p:<14} queue {lengths}: {[round(x, 2) for x in by_len[p]]} ms")
+        print(f"  {p:<14} cores {cores}: {[round(x, 2) for x in by_cores[p]]} ms")
+    headline = {
+        "fast_ms_1280_queue_256_cores": by_len["tangram-fast"][-1],
+        "dp_ms_1280_queue_256_cores": by_len["tangram-dp"][-1],
+    }
+    headline["dp_over_fast"] = headline["dp_ms_1280_queue_256_cores"] / headline[
+        "fast_ms_1280_queue_256_cores"
+    ]
+    print(f"  headline: {headline}")
+
+    sc = build("coding", {"batch": 6400}, cluster=ClusterSpec(cpu_nodes=25))
+    t0 = time.perf_counter()
+    result = simulate(sc, "tangram-fast")
+    sim = {"actions": len(result.records), "wall_s": time.perf_counter() - t0,
+           "rounds": len(result.decision_s)}
+    print(f"  simulated {sim['actions']} actions in {sim['wall_s']:.1f} s")
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for p in POLICIES:
+        a.plot(lengths, by_len[p], marker="o", label=p)
+        b.plot(cores, by_cores[p], marker="o", label=p)
+    a.set(xlabel="queued actions (256 cores)", ylabel="median decision time (ms)", yscale="log")
+    b.set(xlabel="cores on the node (1280 queued)", ylabel="median decision time (ms)",
+          yscale="log")
+    a.legend()
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(png("paper_decision_time"), dpi=110)
+    save("paper_decision_time", {"queue_lengths": lengths, "by_queue_ms": by_len, "cores": cores,
+                                 "by_cores_ms": by_cores, "headline": headline,
+                                 "simulation": sim})
+
+
+if __name__ == "__main__":
+    main()
