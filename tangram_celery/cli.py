@@ -36,9 +36,11 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     from scheduler.service import SchedulerService
     from tangram_celery.broker import resolve_url
+    from tangram_celery.metrics import serve
 
     cfg = _config(args)
     svc = SchedulerService(cfg, resolve_url(cfg))
+    serve(svc.metrics.registry, args.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: svc.stop())
     try:
         svc.run()
@@ -50,7 +52,13 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from tangram_celery.workers.process import run_worker
 
-    run_worker(_config(args), args.kind, args.node or args.name, concurrency=args.concurrency)
+    run_worker(
+        _config(args),
+        args.kind,
+        args.node or args.name,
+        concurrency=args.concurrency,
+        metrics_port=args.metrics_port,
+    )
     return 0
 
 
@@ -115,6 +123,16 @@ def cmd_flower(args: argparse.Namespace) -> int:
     os.execv(sys.executable, cmd)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from tangram_celery.report import write_report
+
+    cfg = _config(args)
+    files = write_report(cfg, Path(args.out), Path(args.log) if args.log else None, step_s=args.step_s)
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
 def cmd_sim(rest: list[str]) -> int:
     from scheduler.sim.cli import main as sim_main
 
@@ -152,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scheduler", help="run the central scheduler")
     _add_config(s)
+    s.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint on 127.0.0.1 (0 = off)")
     s.set_defaults(fn=cmd_scheduler)
 
     w = sub.add_parser("worker", help="run a worker for one pool")
@@ -159,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--node", help="CPU/GPU node name")
     w.add_argument("--name", help="API name")
     w.add_argument("--concurrency", type=int, default=None, help="slots (default: from the pool)")
+    w.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint on 127.0.0.1 (0 = off)")
     _add_config(w)
     w.set_defaults(fn=cmd_worker)
 
@@ -167,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--timeout", type=float, default=120.0)
     _add_config(sm)
     sm.set_defaults(fn=cmd_submit)
+
+    rp = sub.add_parser("report", help="PNG plots of ACT over time and utilisation per pool from a run")
+    _add_config(rp)
+    rp.add_argument("--log", help="action log (default: <state_dir>/actions.jsonl)")
+    rp.add_argument("--out", default="report", help="output directory")
+    rp.add_argument(
+        "--step-s", type=float, default=None, help="utilisation sampling step, s (default: span/400)"
+    )
+    rp.set_defaults(fn=cmd_report)
 
     f = sub.add_parser("flower", help="run Flower with basic auth")
     _add_config(f)

@@ -177,6 +177,10 @@ class FlowerConfig(_Model):
     password: str | None = Field(None, description="basic-auth password; generated when empty")
 
 
+class MetricsConfig(_Model):
+    enabled: bool = Field(True, description="serve Prometheus metrics from every process on 127.0.0.1")
+
+
 class NodesConfig(_Model):
     cpu: tuple[CpuNodeConfig, ...] = ()
     gpu: tuple[GpuNodeConfig, ...] = ()
@@ -190,6 +194,7 @@ class TangramConfig(_Model):
     reward_models: tuple[RewardModelConfig, ...] = ()
     scheduler: SchedulerConfig = SchedulerConfig()
     flower: FlowerConfig = FlowerConfig()
+    metrics: MetricsConfig = MetricsConfig()
     state_dir: str = Field(".tangram", description="directory for runtime state and logs")
 
     @model_validator(mode="after")

@@ -49,6 +49,7 @@ class Deployment:
     flower_url: str = ""
     flower_auth: tuple[str, str] = ("", "")
     max_restarts_per_min: int = 5
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     _supervisor: threading.Thread | None = None
     _stopping: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -104,7 +105,18 @@ class Deployment:
                     new.restarts = c.restarts
 
     def spawn(self, name: str, args: list[str]) -> Child:
-        """Start `tangram <args>` as a child process logging to <state_dir>/logs/<name>.log."""
+        """Start `tangram <args>` as a child process logging to <state_dir>/logs/<name>.log.
+
+        With metrics enabled, the child serves Prometheus metrics on a free port, kept across
+        restarts and listed in <state_dir>/metrics.json.
+        """
+        if self.cfg.metrics.enabled and "--metrics-port" not in args:
+            from tangram_celery.broker import _free_port
+            from tangram_celery.metrics import write_targets
+
+            self.metrics_ports[name] = _free_port()
+            args = [*args, "--metrics-port", str(self.metrics_ports[name])]
+            write_targets(self.state_dir, self.metrics_ports)
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"

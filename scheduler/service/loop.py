@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -30,6 +31,7 @@ from scheduler.policies import Policy, get_policy
 from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
 from scheduler.service.liveness import LivenessPolicy
 from scheduler.service.liveness import check as liveness_check
+from scheduler.service.record import RunRecorder
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, make_app, queue_name
 from tangram_celery.config import TangramConfig
@@ -51,6 +53,7 @@ class SchedulerService:
         *,
         policy: Policy | None = None,
         clock: Callable[[], float] = time.time,
+        record: bool = True,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
@@ -62,6 +65,8 @@ class SchedulerService:
             {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
         )
         self.liveness = LivenessPolicy()
+        self.recorder = RunRecorder(Path(cfg.state_dir) / "actions.jsonl" if record else None)
+        self.metrics = self.recorder.metrics
         self.dispatched_total = 0
         self._reset()
         self._stop = threading.Event()
@@ -120,11 +125,14 @@ class SchedulerService:
                 if time.monotonic() >= next_check:
                     liveness_check(self, self.liveness)
                     self.expire_idle(self.clock())
+                    self.recorder.snapshot(self.waiting, self.state, self.offline)
+                    self.recorder.flush()
                     next_check = time.monotonic() + self.liveness.check_every_s
             except (redis.ConnectionError, redis.TimeoutError, BrokerError, KombuError, OSError) as e:
                 # Redis restarted or failed over: what it kept is the truth; rebuild from it.
                 log.warning("lost Redis (%s); rebuilding state once it is back", e)
                 self._rejoin()
+        self.recorder.close()
         self.store.close()
 
     # ---- one round -------------------------------------------------------------------------
@@ -146,7 +154,7 @@ class SchedulerService:
             if alloc is not None:
                 done.append(action_id)
                 self.attempt.pop(action_id, None)
-                self.running_qa.pop(action_id, None)
+                self.recorder.completed(self.running_qa.pop(action_id, None), alloc, ev)
                 kind = self.kind_of.pop(action_id, ev.get("kind", ""))
                 if ev.get("status") in (ActionStatus.OK, ActionStatus.FAILED) and ev.get("exec_s"):
                     self.estimator.observe(kind, alloc.units, float(ev["exec_s"]))
@@ -182,7 +190,9 @@ class SchedulerService:
         if not self.waiting:
             return 0
         now = self.clock()
+        t0 = time.perf_counter()
         allocs = self.policy.decide(self.waiting, self.state, now)
+        self.metrics.decision.observe(time.perf_counter() - t0)
         if not allocs:
             return 0
         by_id = {a.action_id: a for a in self.waiting}
@@ -203,6 +213,7 @@ class SchedulerService:
         entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
         self.store.mark_dispatched(records, pins, entries, now)
         self._send(allocs)
+        self.recorder.dispatched(allocs)
         self.waiting = [a for a in self.waiting if a.action_id not in started]
         self.dispatched_total += len(allocs)
         return len(allocs)
@@ -294,6 +305,7 @@ class SchedulerService:
         if self.store.requeue(action_id, worker, "dispatched", attempt + 1):
             log.warning("worker %s lost action %s; retrying (attempt %d)", worker, action_id, attempt + 1)
             self.attempt[action_id] = attempt + 1
+            self.metrics.retries.inc()
             self._send([alloc])
 
     def reroute(self, action_id: str, worker: str, attempt: int, max_attempts: int) -> None:
@@ -308,6 +320,7 @@ class SchedulerService:
         log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
         self.running_qa.pop(action_id, None)
         self.kind_of.pop(action_id, None)
+        self.metrics.reroutes.inc()
         if alloc is not None and alloc.kind is ResourceKind.CPU:
             self.state.close_trajectory(qa.trajectory_id)  # its sandbox is gone with the node
             self.store.forget_pin(qa.trajectory_id)
@@ -328,6 +341,7 @@ class SchedulerService:
 
     def _reject(self, meta: dict[str, Any], why: str) -> None:
         log.warning("rejected action %s: %s", meta.get("id"), why)
+        self.metrics.rejected.inc()
         res = ActionResult(
             action_id=meta["id"],
             trajectory_id=meta.get("trajectory_id", ""),

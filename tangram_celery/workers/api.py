@@ -32,6 +32,9 @@ class ApiHandler:
     def __init__(self, cfg: ApiConfig) -> None:
         self.cfg = cfg
         self.fn = None if cfg.handler == "http" else load_callable(cfg.handler)
+        warmup = getattr(self.fn, "warmup", None)
+        if callable(warmup):  # e.g. an index to build: do it now, not on the first call
+            _pool.submit(warmup)
 
     def _http(self, request: dict[str, Any]) -> Any:
         assert self.cfg.base_url

@@ -20,6 +20,7 @@ from typing import Any
 from celery import Celery
 
 from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.metrics import WorkerMetrics
 from tangram_celery.store import Store
 
 log = logging.getLogger("tangram.worker")
@@ -38,6 +39,7 @@ class WorkerRuntime:
         self.pool_key = f"{kind}:{pool}"
         self.heartbeat_s = heartbeat_s
         self.app: Celery | None = None
+        self.metrics = WorkerMetrics()
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeats, name="tangram-heartbeat", daemon=True)
 
@@ -102,6 +104,7 @@ class WorkerRuntime:
         claimed = self.store.claim(action_id, int(alloc.get("attempt", 1)), self.name, started)
         if isinstance(claimed, str):
             log.info("skip %s: %s (duplicate or superseded delivery)", action_id, claimed)
+            self.metrics.duplicates.labels(pool=self.pool_key).inc()
             return f"skipped:{claimed}"
         meta_raw, payload_raw, _ = claimed
         meta = json.loads(meta_raw)
@@ -126,8 +129,13 @@ class WorkerRuntime:
         event = {
             "status": str(result.status),
             "exec_s": result.exec_s,
+            "queue_s": result.queue_s,
+            "act_s": result.act_s,
             "units": result.units,
+            "attempt": result.attempts,
             "trajectory_id": result.trajectory_id,
         }
+        self.metrics.outcomes.labels(pool=self.pool_key, status=str(result.status)).inc()
+        self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
         self.store.complete(action_id, result.model_dump_json(), event)
         return str(result.status)

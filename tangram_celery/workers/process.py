@@ -9,6 +9,7 @@ from tangram_celery.app import make_app, queue_name
 from tangram_celery.broker import resolve_url
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import ConfigError
+from tangram_celery.metrics import serve
 from tangram_celery.workers import tasks
 from tangram_celery.workers.base import WorkerRuntime
 
@@ -22,6 +23,7 @@ def run_worker(
     *,
     loglevel: str = "INFO",
     concurrency: int | None = None,
+    metrics_port: int = 0,
 ) -> None:
     """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C)."""
     url = resolve_url(cfg)
@@ -55,6 +57,7 @@ def run_worker(
         tasks.register(app, runtime, gpu=handler_gpu)
         slots = concurrency or 8
     runtime.start(app)
+    serve(runtime.metrics.registry, metrics_port)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     app.worker_main(
         [

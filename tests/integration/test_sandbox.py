@@ -225,3 +225,16 @@ def test_sandbox_outlives_the_thread_that_started_it(sandbox_backend: Any) -> No
     time.sleep(0.3)
     res = run(sandbox_backend, traj, language="bash", code="cat f")
     assert (res.status, res.stdout) == (ActionStatus.OK, "1\n")
+
+
+def test_test_case_action_reports_first_tests_output(sandbox_backend: Any) -> None:
+    """Given code that prints and two assert tests, when run, then stdout is the first run's."""
+    cases = [TestCase(name="a", assert_code="assert f() == 1"), TestCase(name="b", assert_code="1")]
+    res = run(
+        sandbox_backend,
+        tid(),
+        language="python",
+        test_cases=cases,
+        code="def f():\n    return 1\nprint('hello')\n",
+    )
+    assert (res.status, res.stdout) == (ActionStatus.OK, "hello\n")

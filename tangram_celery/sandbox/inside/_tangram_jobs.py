@@ -178,8 +178,10 @@ def _facts(
     req: dict, act: Action, procs: list[Proc], tests: list[dict], t0: float, compile_failed: bool = False
 ) -> dict:
     main = procs[-1] if procs and procs[-1].tag in ("compile", "main", "command") else None
-    stderr = b"".join(p.stderr for p in procs if p.tag in ("compile", "main", "command"))
-    stdout = b"".join(p.stdout for p in procs if p.tag in ("main", "command"))
+    # with test cases, the action's output is that of the first test's run of the code
+    shown = ("compile", "main", "command", 0)
+    stderr = b"".join(p.stderr for p in procs if p.tag in shown)
+    stdout = b"".join(p.stdout for p in procs if p.tag in shown[1:])
     all_err = _text(b"".join(p.stderr for p in procs))
     codes = [p.returncode for p in procs if p.returncode is not None]
     return {

@@ -1,0 +1,93 @@
+"""What the scheduler records about a run: Prometheus metrics and the completed-action log.
+
+The log (`<state_dir>/actions.jsonl`, one JSON object per completed action) is what
+`tangram report` plots and what `scheduler.sim.trace.trajectories_from_action_log` replays.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.resources import ClusterState
+from tangram_celery.metrics import SchedulerMetrics
+
+
+def family(qa: QueuedAction) -> str:
+    return f"{qa.cost.key}:{qa.target}" if qa.target else str(qa.cost.key)
+
+
+class RunRecorder:
+    def __init__(self, log_path: Path | None, metrics: SchedulerMetrics | None = None) -> None:
+        self.metrics = metrics or SchedulerMetrics()
+        self._pools_seen: set[str] = set()
+        self._log: IO[str] | None = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(log_path, "a", buffering=1 << 16)  # noqa: SIM115 - closed in close()
+
+    def dispatched(self, allocs: Sequence[Allocation]) -> None:
+        for a in allocs:
+            self.metrics.dispatched.labels(pool=f"{a.kind}:{a.pool}").inc()
+
+    def completed(self, qa: QueuedAction | None, alloc: Allocation, ev: dict[str, Any]) -> None:
+        kind = qa.kind if qa else str(ev.get("kind", ""))
+        status = str(ev.get("status", ""))
+        self.metrics.completed.labels(kind=kind, status=status).inc()
+        if "act_s" in ev:
+            self.metrics.act.labels(kind=kind).observe(float(ev["act_s"]))
+            self.metrics.queue.labels(kind=kind).observe(float(ev.get("queue_s", 0.0)))
+        if self._log is None or qa is None or "act_s" not in ev:
+            return
+        rec = {
+            "action_id": qa.action_id,
+            "trajectory_id": qa.trajectory_id,
+            "job_id": qa.job_id,
+            "kind": qa.kind,
+            "key": str(qa.cost.key),
+            "target": qa.target,
+            "allowed": list(qa.cost.units.units),
+            "units": alloc.units,
+            "pool": f"{alloc.kind}:{alloc.pool}",
+            "memory_mb": qa.cost.memory_mb,
+            "api_quota": qa.cost.api_quota,
+            "status": status,
+            "submitted_s": qa.submitted_s,
+            "started_s": qa.submitted_s + float(ev.get("queue_s", 0.0)),
+            "ended_s": qa.submitted_s + float(ev["act_s"]),
+            "attempt": int(ev.get("attempt", 1)),
+        }
+        self._log.write(json.dumps(rec) + "\n")
+
+    def snapshot(self, waiting: Sequence[QueuedAction], state: ClusterState, offline: set[str]) -> None:
+        """Refresh the gauges from the current queue and resource state."""
+        m = self.metrics
+        counts = Counter(family(a) for a in waiting)
+        self._pools_seen.update(counts)
+        for pool in self._pools_seen:
+            m.queued.labels(pool=pool).set(counts.get(pool, 0))
+        for name, node in state.cpu.items():
+            total = sum(len(g) for g in node.numa)
+            m.units_total.labels(pool=f"cpu:{name}").set(total)
+            m.units_in_use.labels(pool=f"cpu:{name}").set(
+                sum(a.units for a in state.running.values() if a.kind is ResourceKind.CPU and a.pool == name)
+            )
+        for name, g in state.gpu.items():
+            m.units_total.labels(pool=f"gpu:{name}").set(g.num_gpus)
+            m.units_in_use.labels(pool=f"gpu:{name}").set(g.num_gpus - len(g.free))
+        for name, api in state.api.items():
+            m.units_in_use.labels(pool=f"api:{name}").set(api.in_flight)
+        m.pools_offline.set(len(offline))
+
+    def flush(self) -> None:
+        if self._log is not None:
+            self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,95 @@
+"""Prometheus metrics of the scheduler and the workers, and the endpoint that serves them.
+
+Each process serves its own registry on 127.0.0.1 (`--metrics-port`, 0 = off). The deployment
+assigns free ports and lists the endpoints in `<state_dir>/metrics.json` (Prometheus file_sd
+format).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+ACT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.queued = Gauge(
+            "tangram_queued_actions", "Actions waiting, per pool family", ["pool"], registry=r
+        )
+        self.units_in_use = Gauge(
+            "tangram_units_in_use", "Units held by running actions", ["pool"], registry=r
+        )
+        self.units_total = Gauge("tangram_units_total", "Units of the pool", ["pool"], registry=r)
+        self.dispatched = Counter("tangram_dispatched_total", "Actions dispatched", ["pool"], registry=r)
+        self.completed = Counter(
+            "tangram_completed_total", "Actions completed", ["kind", "status"], registry=r
+        )
+        self.act = Histogram(
+            "tangram_act_seconds",
+            "Action completion time (queue + exec)",
+            ["kind"],
+            buckets=ACT_BUCKETS_S,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "tangram_queue_seconds", "Time from submit to start", ["kind"], buckets=ACT_BUCKETS_S, registry=r
+        )
+        self.retries = Counter("tangram_retries_total", "Actions retried after a worker loss", registry=r)
+        self.reroutes = Counter("tangram_reroutes_total", "Actions re-routed off an offline pool", registry=r)
+        self.rejected = Counter("tangram_rejected_total", "Actions rejected at intake", registry=r)
+        self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
+        self.decision = Histogram(
+            "tangram_decision_seconds",
+            "Policy decision time per round",
+            buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.outcomes = Counter(
+            "tangram_worker_outcomes_total",
+            "Action outcomes (sandbox statuses)",
+            ["pool", "status"],
+            registry=r,
+        )
+        self.exec = Histogram(
+            "tangram_worker_exec_seconds", "Execution time", ["pool"], buckets=ACT_BUCKETS_S, registry=r
+        )
+        self.duplicates = Counter(
+            "tangram_worker_skipped_total", "Deliveries skipped (duplicate/superseded)", ["pool"], registry=r
+        )
+        self.evictions = Counter(
+            "tangram_gpu_evictions_total", "Reward services evicted", ["node"], registry=r
+        )
+        self.restores = Counter(
+            "tangram_gpu_restores_total", "Reward services loaded on demand", ["node"], registry=r
+        )
+
+
+def serve(registry: CollectorRegistry, port: int) -> None:
+    """Serve `registry` on 127.0.0.1:`port` in a background thread (no-op when port is 0)."""
+    if port:
+        start_http_server(port, addr="127.0.0.1", registry=registry)
+
+
+def write_targets(state_dir: str | Path, targets: dict[str, int]) -> Path:
+    """Prometheus file_sd targets for the local processes ({process name: port})."""
+    path = Path(state_dir) / "metrics.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"targets": [f"127.0.0.1:{p}"], "labels": {"process": name}}
+                for name, p in sorted(targets.items())
+            ],
+            indent=2,
+        )
+    )
+    return path
