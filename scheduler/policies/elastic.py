@@ -62,7 +62,10 @@ def elastic_round(
     depth: int,
 ) -> list[Allocation]:
     """Re-decide the units of `cands` pool by pool; returns the allocations in FCFS order."""
-    by_id = {a.action_id: a for a in queue}
+    if all(a.kind is ResourceKind.API for a in cands):
+        return cands
+    wanted = {a.action_id for a in cands}
+    by_id = {a.action_id: a for a in queue if a.action_id in wanted}
     members: dict[PoolKey, list[Member]] = {}
     for alloc in cands:
         if alloc.kind is ResourceKind.API:

@@ -45,14 +45,15 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
     groups = _LazyGroups(state)
     mem_free: dict[str, int] = {}
     pins: dict[str, str] = {}
-    picked: list[tuple[int, Allocation]] = []
-    others: list[QueuedAction] = []
-    order: dict[str, int] = {}
+    picked: list[Allocation] = []
+    gpu: list[QueuedAction] = []
+    api: list[QueuedAction] = []
     cpu_blocked = False
-    for idx, action in enumerate(queue):
-        if action.cost.key is not ResourceKind.CPU:
-            others.append(action)
-            order[action.action_id] = idx
+    cpu_kind, gpu_kind = ResourceKind.CPU, ResourceKind.GPU
+    for action in queue:
+        kind = action.cost.key
+        if kind is not cpu_kind:
+            (gpu if kind is gpu_kind else api).append(action)
             continue
         if cpu_blocked:
             continue
@@ -82,17 +83,13 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
         free = groups[node][gi]
         ids = tuple(free[:units])
         del free[:units]
-        picked.append((idx, Allocation(action.action_id, ResourceKind.CPU, node, units, ids)))
-    if others:
-        gpu = [a for a in others if a.cost.key is ResourceKind.GPU]
-        api = [a for a in others if a.cost.key is not ResourceKind.GPU]
-        allocs = gpu_candidates(gpu, state, now_s) if gpu else []
-        if api:
-            allocs += fcfs_prefix(api, state, now_s)[0]
-        for alloc in allocs:
-            picked.append((order[alloc.action_id], alloc))
-        picked.sort(key=lambda p: p[0])
-    return [a for _, a in picked]
+        picked.append(Allocation(action.action_id, cpu_kind, node, units, ids))
+    # Families are independent, so CPU, then GPU, then API allocations apply in any order.
+    if gpu:
+        picked += gpu_candidates(gpu, state, now_s)
+    if api:
+        picked += fcfs_prefix(api, state, now_s)[0]
+    return picked
 
 
 class _LazyGroups(dict[str, list[list[int]]]):

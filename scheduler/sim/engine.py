@@ -174,6 +174,8 @@ class Simulator:
                 nxt = self.state.api[qa.target].next_fit_s(qa.cost.api_quota, now)
                 if nxt is not None and nxt > now:
                     self._wake(nxt)
+                if len(seen) == len(self.state.api):
+                    break
         return False
 
     def _wake(self, t_s: float) -> None:
