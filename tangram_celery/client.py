@@ -136,6 +136,10 @@ class TangramClient:
         self.store.submit(items, max_queued)
         return handles
 
+    def handle(self, action_id: str, trajectory_id: str = "") -> ActionHandle:
+        """A handle for an action submitted earlier, e.g. by a client process that died."""
+        return ActionHandle(self, action_id, trajectory_id)
+
     async def run(self, action: AnyAction | dict[str, Any], timeout: float | None = 600.0) -> ActionResult:
         """Submit and await the result without blocking the event loop."""
         handle = self.submit(action)

@@ -151,6 +151,12 @@ class PriorConfig(_Model):
     parallel_fraction: float = Field(0.0, ge=0, le=1, description="Amdahl p of the action kind")
 
 
+class FairShareConfig(_Model):
+    enabled: bool = Field(True, description="order jobs by priority, then weighted share (FCFS within a job)")
+    weights: dict[str, float] = Field(default_factory=dict, description="share weight per job_id (default 1)")
+    aging_s: float = Field(60.0, gt=0, description="a waiting job gains one priority level per aging_s")
+
+
 class SchedulerConfig(_Model):
     policy: str = Field("fcfs-min", description="policy name, see `tangram sim --list-policies`")
     max_queued: int = Field(100_000, ge=1, description="intake bound; beyond it submit fails fast")
@@ -158,6 +164,7 @@ class SchedulerConfig(_Model):
     priors: dict[str, PriorConfig] = Field(
         default_factory=dict, description="duration priors per action kind"
     )
+    fair_share: FairShareConfig = FairShareConfig()
 
     @field_validator("policy")
     @classmethod

@@ -26,6 +26,7 @@ import redis
 from kombu.exceptions import KombuError
 
 from scheduler.estimator import DurationEstimator
+from scheduler.fairshare import FairShare
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import Policy, get_policy
 from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
@@ -60,6 +61,9 @@ class SchedulerService:
         self.store = Store(broker_url)
         self.app = make_app(broker_url)
         self.policy = policy or get_policy(cfg.scheduler.policy)
+        fair = cfg.scheduler.fair_share
+        if fair.enabled:
+            self.policy = FairShare(self.policy, fair.weights, fair.aging_s)
         self.view = pool_view(cfg)
         self.estimator = DurationEstimator.from_config(
             {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
