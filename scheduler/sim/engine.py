@@ -166,7 +166,7 @@ class Simulator:
             self._start(now, self.queue.pop(alloc.action_id), alloc)
         # Quota refills are not events: wake up when the head of each API pool's line fits.
         seen: set[str] = set()
-        for qa in self.queue.values():
+        for qa in self.queue.values() if self.state.api else ():
             if qa.cost.key is ResourceKind.API and qa.target in self.state.api:
                 if qa.target in seen:
                     continue
