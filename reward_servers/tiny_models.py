@@ -1,0 +1,106 @@
+"""Build tiny, randomly initialised transformers models for tests and demos (no hub needed).
+
+    python -m reward_servers.tiny_models OUT_DIR [--hidden 64 --layers 2]
+
+writes OUT_DIR/seq-cls (a BERT-style sequence-classification reward model, one label) and
+OUT_DIR/causal-lm (a GPT-2-style causal LM), each with `save_pretrained`, sharing a small
+character-level WordPiece vocabulary written here (so nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import string
+import sys
+from pathlib import Path
+
+from reward_servers._deps import require
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _vocab() -> list[str]:
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    words = ["the", "a", "is", "of", "and", "to", "answer", "yes", "no", "good", "bad"]
+    return SPECIALS + list(chars) + [f"##{c}" for c in chars] + words
+
+
+def build_tokenizer(out: Path) -> object:
+    """A fast WordPiece tokenizer (BERT-style normalisation) over `_vocab()`, saved to `out`."""
+    tf, tk = require("transformers"), require("tokenizers")
+    vocab = {t: i for i, t in enumerate(_vocab())}
+    tok = tk.Tokenizer(tk.models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200))
+    tok.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = tk.processors.BertProcessing(("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"]))
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_seq_cls(out: Path, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """A random-init BERT sequence classifier with one output label (a reward head) at `out`."""
+    torch, tf = require("torch"), require("transformers")
+    torch.manual_seed(seed)
+    build_tokenizer(out)
+    cfg = tf.BertConfig(
+        vocab_size=len(_vocab()),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 32),
+        intermediate_size=hidden * 2,
+        max_position_embeddings=1024,
+        num_labels=1,
+    )
+    tf.BertForSequenceClassification(cfg).save_pretrained(out)
+    return out
+
+
+def build_causal_lm(out: Path, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """A random-init GPT-2 causal LM at `out`."""
+    torch, tf = require("torch"), require("transformers")
+    torch.manual_seed(seed)
+    tok = build_tokenizer(out)
+    cfg = tf.GPT2Config(
+        vocab_size=len(_vocab()),
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=max(1, hidden // 32),
+        n_positions=1024,
+        pad_token_id=tok.pad_token_id,  # type: ignore[attr-defined]
+        bos_token_id=tok.cls_token_id,  # type: ignore[attr-defined]
+        eos_token_id=tok.sep_token_id,  # type: ignore[attr-defined]
+    )
+    tf.GPT2LMHeadModel(cfg).save_pretrained(out)
+    return out
+
+
+def build_all(out: Path, hidden: int = 64, layers: int = 2) -> dict[str, Path]:
+    """Both tiny models under `out`; returns {'seq-cls': dir, 'causal-lm': dir}."""
+    return {
+        "seq-cls": build_seq_cls(out / "seq-cls", hidden, layers),
+        "causal-lm": build_causal_lm(out / "causal-lm", hidden, layers),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reward_servers.tiny_models", description=__doc__)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--hidden", type=int, default=64, help="hidden size")
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers")
+    args = ap.parse_args(argv)
+    for kind, path in build_all(args.out_dir, args.hidden, args.layers).items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
