@@ -122,9 +122,7 @@ def arrange(op: Operator, options: Sequence[Sequence[Option]]) -> tuple[float, l
     return total, choice
 
 
-def cpu_arrange(
-    free_cores: int, options: Sequence[Sequence[Option]]
-) -> tuple[float, list[int]] | None:
+def cpu_arrange(free_cores: int, options: Sequence[Sequence[Option]]) -> tuple[float, list[int]] | None:
     """`arrange(CpuCores(free_cores), options)` with numpy: O(n * m) vector ops of length R."""
     size = free_cores + 1
     inf = np.inf

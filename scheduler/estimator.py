@@ -118,8 +118,7 @@ class DurationEstimator:
             "default": {"t1_s": self.default.t1_s, "p": self.default.p},
             "priors": {k: {"t1_s": v.t1_s, "p": v.p} for k, v in self.priors.items()},
             "stats": {
-                k: {str(u): [s.mean_s, s.count] for u, s in per.items()}
-                for k, per in self._stats.items()
+                k: {str(u): [s.mean_s, s.count] for u, s in per.items()} for k, per in self._stats.items()
             },
         }
 

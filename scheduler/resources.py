@@ -34,8 +34,7 @@ class CpuNode:
     def uniform(cls, name: str, cores: int, memory_mb: int, numa_groups: int = 1) -> CpuNode:
         per = cores // numa_groups
         groups = tuple(
-            tuple(range(g * per, (g + 1) * per if g < numa_groups - 1 else cores))
-            for g in range(numa_groups)
+            tuple(range(g * per, (g + 1) * per if g < numa_groups - 1 else cores)) for g in range(numa_groups)
         )
         return cls(name=name, numa=groups, memory_mb=memory_mb)
 
@@ -148,9 +147,7 @@ class ApiPool:
         if quota > self.quota_per_window:
             return None
         rate = self.quota_per_window / self.window_s
-        tokens = min(
-            float(self.quota_per_window), self.tokens + max(0.0, now_s - self.tokens_at_s) * rate
-        )
+        tokens = min(float(self.quota_per_window), self.tokens + max(0.0, now_s - self.tokens_at_s) * rate)
         if tokens >= quota:
             return now_s
         return now_s + (quota - tokens) / rate
@@ -197,9 +194,7 @@ class ClusterState:
             node = self.cpu.get(pinned)
             return [node] if node is not None and node.max_block() >= units else []
         need = action.cost.memory_mb
-        nodes = [
-            n for n in self.cpu.values() if n.max_block() >= units and n.memory_free_mb >= need
-        ]
+        nodes = [n for n in self.cpu.values() if n.max_block() >= units and n.memory_free_mb >= need]
         # Balance memory: the node with the most free memory first.
         return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
 
@@ -279,9 +274,7 @@ class ClusterState:
     def to_dict(self) -> dict[str, Any]:
         return {
             "trajectory_node": dict(self.trajectory_node),
-            "trajectory_memory_mb": {
-                n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()
-            },
+            "trajectory_memory_mb": {n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()},
             "running": [a.to_dict() for a in self.running.values()],
             "expected_end_s": dict(self.expected_end_s),
         }
