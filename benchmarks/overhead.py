@@ -21,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, percentile, write_json  # noqa: E402
-from scheduler.service import SchedulerService  # noqa: E402
-from tangram_celery import ApiAction, TangramClient  # noqa: E402
-from tangram_celery.app import TASK_NOOP, make_app  # noqa: E402
-from tangram_celery.broker import EmbeddedRedis  # noqa: E402
-from tangram_celery.config import parse_config  # noqa: E402
-from tangram_celery.deploy import Deployment, write_config  # noqa: E402
+from benchmarks.common import RESULTS, percentile, write_json
+from scheduler.service import SchedulerService
+from tangram_celery import ApiAction, TangramClient
+from tangram_celery.app import TASK_NOOP, make_app
+from tangram_celery.broker import EmbeddedRedis
+from tangram_celery.config import parse_config
+from tangram_celery.deploy import Deployment, write_config
 
 
 def _config(tmp: Path, url: str, cap: int) -> object:

@@ -96,7 +96,7 @@ _REQUEUE = """
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'done' or s == false then return 0 end
 if s == 'running' and redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'attempt', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'attempt', ARGV[3], 'dispatched_s', ARGV[4])
 return 1
 """
 
@@ -358,16 +358,16 @@ class Store:
         self.r.hdel(WORKERS, worker)
         self.r.hdel(WORKER_POOLS, worker)
 
-    def owners(self, action_ids: Sequence[str]) -> list[tuple[str | None, str | None, int]]:
-        """(state, worker, attempt) of each action."""
+    def owners(self, action_ids: Sequence[str]) -> list[tuple[str | None, str | None, int, float]]:
+        """(state, worker, attempt, dispatched_s) of each action."""
         pipe = self.r.pipeline(transaction=False)
         for a in action_ids:
-            pipe.hmget(akey(a), "state", "worker", "attempt")
-        return [(s, w, int(n or 0)) for s, w, n in pipe.execute()]
+            pipe.hmget(akey(a), "state", "worker", "attempt", "dispatched_s")
+        return [(s, w, int(n or 0), float(d or 0.0)) for s, w, n, d in pipe.execute()]
 
-    def requeue(self, action_id: str, worker: str, to_state: str, attempt: int) -> bool:
+    def requeue(self, action_id: str, worker: str, to_state: str, attempt: int, now_s: float) -> bool:
         """Take an action back from a worker presumed dead (or a pool that is gone)."""
-        return bool(self._requeue(keys=[akey(action_id)], args=[worker, to_state, str(attempt)]))
+        return bool(self._requeue(keys=[akey(action_id)], args=[worker, to_state, str(attempt), repr(now_s)]))
 
     def finish_unrun(self, action_id: str, result_json: str, trajectory_id: str) -> None:
         """Final result for an action the scheduler refused or gave up on (no worker ran it)."""

@@ -9,6 +9,9 @@ running action's owner with the live workers:
   and its actions, queued or running there, go back to the front of the waiting queue; their
   trajectories are unpinned and start over on another node. The pool comes back when a worker
   beats again.
+- an action dispatched but not claimed within `claim_timeout_s` (its message died with a
+  worker that had prefetched it, and sits unacknowledged in the broker) is sent again as a new
+  attempt; when the old message resurfaces it is stale and cannot claim.
 Failures of the user's code are results, never retried here.
 """
 
@@ -29,7 +32,8 @@ log = logging.getLogger("tangram.scheduler")
 @dataclass(frozen=True)
 class LivenessPolicy:
     dead_after_s: float = 5.0
-    max_attempts: int = 3
+    claim_timeout_s: float = 20.0
+    max_attempts: int = 5
     check_every_s: float = 1.0
     forget_after_s: float = 3600.0
 
@@ -51,7 +55,8 @@ def check(svc: SchedulerService, policy: LivenessPolicy) -> None:
     ids = list(svc.state.running)
     if not ids:
         return
-    for action_id, (state, worker, attempt) in zip(ids, svc.store.owners(ids), strict=True):
+    local_now = svc.clock()
+    for action_id, (state, worker, attempt, dispatched_s) in zip(ids, svc.store.owners(ids), strict=True):
         alloc = svc.state.running.get(action_id)
         if alloc is None:
             continue
@@ -60,3 +65,7 @@ def check(svc: SchedulerService, policy: LivenessPolicy) -> None:
             svc.reroute(action_id, worker or "", attempt, policy.max_attempts)
         elif state == "running" and worker not in alive:
             svc.retry(action_id, worker or "", attempt, policy.max_attempts)
+        elif (
+            state == "dispatched" and key in alive_pools and local_now - dispatched_s > policy.claim_timeout_s
+        ):
+            svc.retry(action_id, "", attempt, policy.max_attempts)

@@ -301,13 +301,15 @@ class SchedulerService:
             gnode.free = set() if f"gpu:{name}" in self.offline else set(range(gnode.num_gpus)) - held
 
     def retry(self, action_id: str, worker: str, attempt: int, max_attempts: int) -> None:
-        """The worker running `action_id` died: run it again on the same pool, within a bound."""
+        """The worker running `action_id` died, or its message was lost before any worker claimed
+        it (`worker` empty): send it again on the same pool as a new attempt, within a bound."""
         alloc = self.state.running[action_id]
         if attempt >= max_attempts:
             self._give_up(action_id, f"its worker was lost {attempt} time(s)")
             return
-        if self.store.requeue(action_id, worker, "dispatched", attempt + 1):
-            log.warning("worker %s lost action %s; retrying (attempt %d)", worker, action_id, attempt + 1)
+        if self.store.requeue(action_id, worker, "dispatched", attempt + 1, self.clock()):
+            why = f"worker {worker} was lost" if worker else "it was never claimed"
+            log.warning("action %s: %s; retrying (attempt %d)", action_id, why, attempt + 1)
             self.attempt[action_id] = attempt + 1
             self.metrics.retries.inc()
             self._send([alloc])
@@ -318,7 +320,7 @@ class SchedulerService:
             self._give_up(action_id, f"its pool was lost {attempt} time(s)")
             return
         qa = self.running_qa.get(action_id)
-        if qa is None or not self.store.requeue(action_id, worker, "queued", attempt):
+        if qa is None or not self.store.requeue(action_id, worker, "queued", attempt, self.clock()):
             return
         alloc = self.state.release(action_id)
         log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
