@@ -66,16 +66,19 @@ def main() -> None:
         "fast_ms_1280_queue_256_cores": by_len["tangram-fast"][-1],
         "dp_ms_1280_queue_256_cores": by_len["tangram-dp"][-1],
     }
-    headline["dp_over_fast"] = headline["dp_ms_1280_queue_256_cores"] / headline[
-        "fast_ms_1280_queue_256_cores"
-    ]
+    headline["dp_over_fast"] = (
+        headline["dp_ms_1280_queue_256_cores"] / headline["fast_ms_1280_queue_256_cores"]
+    )
     print(f"  headline: {headline}")
 
     sc = build("coding", {"batch": 6400}, cluster=ClusterSpec(cpu_nodes=25))
     t0 = time.perf_counter()
     result = simulate(sc, "tangram-fast")
-    sim = {"actions": len(result.records), "wall_s": time.perf_counter() - t0,
-           "rounds": len(result.decision_s)}
+    sim = {
+        "actions": len(result.records),
+        "wall_s": time.perf_counter() - t0,
+        "rounds": len(result.decision_s),
+    }
     print(f"  simulated {sim['actions']} actions in {sim['wall_s']:.1f} s")
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -83,15 +86,22 @@ def main() -> None:
         a.plot(lengths, by_len[p], marker="o", label=p)
         b.plot(cores, by_cores[p], marker="o", label=p)
     a.set(xlabel="queued actions (256 cores)", ylabel="median decision time (ms)", yscale="log")
-    b.set(xlabel="cores on the node (1280 queued)", ylabel="median decision time (ms)",
-          yscale="log")
+    b.set(xlabel="cores on the node (1280 queued)", ylabel="median decision time (ms)", yscale="log")
     a.legend()
     b.legend()
     fig.tight_layout()
     fig.savefig(png("paper_decision_time"), dpi=110)
-    save("paper_decision_time", {"queue_lengths": lengths, "by_queue_ms": by_len, "cores": cores,
-                                 "by_cores_ms": by_cores, "headline": headline,
-                                 "simulation": sim})
+    save(
+        "paper_decision_time",
+        {
+            "queue_lengths": lengths,
+            "by_queue_ms": by_len,
+            "cores": cores,
+            "by_cores_ms": by_cores,
+            "headline": headline,
+            "simulation": sim,
+        },
+    )
 
 
 if __name__ == "__main__":
