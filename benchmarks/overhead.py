@@ -107,7 +107,11 @@ def plot(res: dict[str, dict[str, float]], out: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
     lat = res["latency"]
-    a.bar(["plain Celery", "Tangram"], [lat["plain_celery_p50_ms"], lat["tangram_p50_ms"]], color=["grey", "tab:blue"])
+    a.bar(
+        ["plain Celery", "Tangram"],
+        [lat["plain_celery_p50_ms"], lat["tangram_p50_ms"]],
+        color=["grey", "tab:blue"],
+    )
     a.set_ylabel("median round trip (ms)")
     a.set_title(f"no-op latency (+{lat['added_p50_ms']:.2f} ms)")
     rate = res["throughput"]

@@ -48,7 +48,8 @@ def test_burst_of_50k_is_held_and_the_next_submit_fails_fast(deployment, client,
     # A few have drained meanwhile (one at a time); top the intake up until it refuses.
     with pytest.raises(AdmissionError, match="intake is full"):
         client.submit_many(
-            ApiAction(trajectory_id="late", api="slow", request={"tag": -i, "log": log}) for i in range(1, 2000)
+            ApiAction(trajectory_id="late", api="slow", request={"tag": -i, "log": log})
+            for i in range(1, 2000)
         )
     t1 = time.monotonic()
     with pytest.raises(AdmissionError, match="intake is full"):
