@@ -30,10 +30,7 @@ class SeqClsReward:
         ).to(self.device)
         with self.torch.inference_mode():
             logits = self.model(**enc).logits.float()
-        if logits.shape[-1] == 1:
-            scores = logits[:, 0]
-        else:
-            scores = logits.softmax(-1)[:, -1]
+        scores = logits[:, 0] if logits.shape[-1] == 1 else logits.softmax(-1)[:, -1]
         return [{"score": float(s)} for s in scores.cpu().tolist()]
 
 

@@ -42,7 +42,9 @@ class TeacherLogprobs:
             input_ids[i, : len(ids)] = torch.tensor(ids)
             mask[i, : len(ids)] = 1
         with torch.inference_mode():
-            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            logits = self.model(
+                input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)
+            ).logits
             logp = logits.float().log_softmax(-1)
             # token t is predicted by position t-1
             tok = logp[:, :-1].gather(-1, input_ids[:, 1:].to(self.device).unsqueeze(-1)).squeeze(-1)

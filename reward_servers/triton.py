@@ -1,0 +1,311 @@
+"""A real `tritonserver` process (from the nvidia-pytriton wheel) and model control through tritonclient.
+
+The server runs in explicit model-control mode on 127.0.0.1 with free HTTP/gRPC/metrics ports.
+Its Python-backend stub embeds libpython3.x: the running interpreter's own lib directory goes first
+on LD_LIBRARY_PATH, else the stub picks up another CPython and dies at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reward_servers._deps import require
+from reward_servers.errors import ModelLoadFailed, TritonCrashed
+from tangram_celery.errors import RewardServerError
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a client needs to reach a running server, persisted by `deploy`."""
+
+    pid: int
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    repository: str
+    log_path: str
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> ServerInfo:
+        return cls(**json.loads(path.read_text()))
+
+
+def triton_dist() -> tuple[Path, Path, Path]:
+    """(tritonserver binary, python backend dir, shared libs dir) of the installed wheel."""
+    pytriton = require("pytriton")
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    return root / "bin" / "tritonserver", root / "backends" / "python", libs
+
+
+def prepare_backends(work_dir: Path) -> Path:
+    """A backend directory whose python backend has this interpreter's stub (symlinks, no copies)."""
+    _, py_backend, _ = triton_dist()
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = py_backend.parent.parent / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RewardServerError(f"nvidia-pytriton ships no Python backend stub for Python {version}")
+    target = work_dir / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for src in [*py_backend.iterdir(), stub]:
+        if src.name == "__pycache__":
+            continue
+        link = target / src.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
+    return target.parent
+
+
+def server_env() -> dict[str, str]:
+    """Environment for tritonserver: our libpython first, then the wheel's libs; our bin on PATH."""
+    _, _, libs = triton_dist()
+    env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
+    rest = env.get("LD_LIBRARY_PATH", "")
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (libdir, str(libs), rest) if p)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return env
+
+
+def pid_alive(pid: int) -> bool:
+    """True when `pid` runs and is a tritonserver (guards against a recycled pid)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    return b"tritonserver" in cmd and stat[0] != "Z"
+
+
+def http_ok(url: str, path: str = "/v2/health/live", timeout_s: float = 2.0) -> bool:
+    """True when GET http://url/path answers 200 within `timeout_s`."""
+    try:
+        with urllib.request.urlopen(f"http://{url}{path}", timeout=timeout_s) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+class TritonServer:
+    """Starts, checks, restarts and stops one tritonserver process."""
+
+    def __init__(
+        self,
+        repository: str | os.PathLike[str],
+        work_dir: str | os.PathLike[str],
+        *,
+        startup_timeout_s: float = 60.0,
+    ) -> None:
+        self.repository = Path(repository).resolve()
+        self.work_dir = Path(work_dir).resolve()
+        self.startup_timeout_s = startup_timeout_s
+        self.info: ServerInfo | None = None
+        self.restarts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        if self.info is None:
+            raise TritonCrashed("tritonserver is not started")
+        return self.info.url
+
+    def start(self, *, detach: bool = False) -> ServerInfo:
+        """Start on free ports and wait until live; raises RewardServerError with the log tail."""
+        binary, _, _ = triton_dist()
+        backends = prepare_backends(self.work_dir)
+        log_path = self.work_dir / "tritonserver.log"
+        last = ""
+        for _attempt in range(3):  # a port can be taken between picking and binding
+            ports = (free_port(), free_port(), free_port())
+            args = [
+                str(binary),
+                f"--model-repository={self.repository}",
+                f"--backend-directory={backends}",
+                "--model-control-mode=explicit",
+                "--http-address=127.0.0.1",
+                "--grpc-address=127.0.0.1",
+                f"--http-port={ports[0]}",
+                f"--grpc-port={ports[1]}",
+                f"--metrics-port={ports[2]}",
+                "--allow-metrics=false",
+                "--pinned-memory-pool-byte-size=0",
+                "--exit-timeout-secs=5",
+                "--strict-readiness=false",
+            ]
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    args, stdout=log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+                )
+            info = ServerInfo(proc.pid, *ports, str(self.repository), str(log_path))
+            if self._wait_live(proc, info):
+                self._proc, self.info = proc, info
+                if detach:
+                    self._proc = None  # outlives us; tracked by pid
+                return info
+            self._kill(proc.pid)
+            proc.wait(timeout=10)
+            last = self.log_tail()
+        raise RewardServerError(f"tritonserver did not start; log tail:\n{last}")
+
+    def _wait_live(self, proc: subprocess.Popen[bytes], info: ServerInfo) -> bool:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            if http_ok(info.url):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def alive(self) -> bool:
+        """True when the process runs and answers the liveness probe."""
+        if self.info is None:
+            return False
+        if self._proc is not None and self._proc.poll() is not None:
+            return False
+        return pid_alive(self.info.pid) and http_ok(self.info.url)
+
+    def ensure_running(self) -> bool:
+        """Restart the server if it died; True when a restart happened."""
+        with self._lock:
+            if self.alive():
+                return False
+            if self.info is not None:
+                self._kill(self.info.pid)
+            self.restarts += 1
+            self.start()
+            return True
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.work_dir / "tritonserver.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    @staticmethod
+    def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM our server by pid, SIGKILL after `timeout_s`."""
+        if self.info is None:
+            return
+        stop_pid(self.info.pid, timeout_s, self._proc)
+        self.info, self._proc = None, None
+
+
+def stop_pid(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Stop the tritonserver `pid` (SIGTERM, then SIGKILL), and its Python stubs with it."""
+    if not pid_alive(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)  # started with its own session: pgid == pid
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return
+        if proc is None and not pid_alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if proc is not None:
+        proc.wait(timeout=10)
+
+
+class TritonController:
+    """Model control over HTTP with tritonclient: load, unload, readiness. One client per thread."""
+
+    def __init__(self, url: str, *, network_timeout_s: float = 300.0) -> None:
+        self.url = url
+        self.network_timeout_s = network_timeout_s
+        self._local = threading.local()
+
+    def client(self, concurrency: int = 1) -> Any:
+        """This thread's tritonclient.http client with at least `concurrency` connections."""
+        cache: dict[int, Any] = self._local.__dict__.setdefault("clients", {})
+        if concurrency not in cache:
+            http = require("tritonclient.http")
+            cache[concurrency] = http.InferenceServerClient(
+                self.url, concurrency=concurrency, network_timeout=self.network_timeout_s
+            )
+        return cache[concurrency]
+
+    def retarget(self, url: str) -> None:
+        """Point at a restarted server (new ports): clients are rebuilt lazily."""
+        self.url = url
+        self._local = threading.local()
+
+    def load(self, name: str) -> None:
+        """Load `name`; raises ModelLoadFailed with Triton's reason, TritonCrashed if unreachable."""
+        try:
+            self.client().load_model(name)
+        except Exception as e:
+            if _is_connection_error(e):
+                raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
+            raise ModelLoadFailed(name, str(e)) from None
+
+    def unload(self, name: str) -> None:
+        try:
+            self.client().unload_model(name)
+        except Exception as e:
+            if _is_connection_error(e):
+                raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
+            raise RewardServerError(f"unloading {name!r} failed: {e}") from None
+
+    def is_ready(self, name: str) -> bool:
+        try:
+            return bool(self.client().is_model_ready(name))
+        except Exception as e:
+            if _is_connection_error(e):
+                raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
+            return False
+
+    def loaded(self) -> dict[str, str]:
+        """Triton's view of the repository: model name -> state, for models that have one."""
+        index = self.client().get_model_repository_index()
+        return {m["name"]: m.get("state", "") for m in index if m.get("state")}
+
+
+def _is_connection_error(e: Exception) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return isinstance(e, OSError | ConnectionError) or any(
+        w in text for w in ("connection refused", "connection reset", "broken pipe", "timed out", "eof")
+    )
