@@ -59,9 +59,9 @@ class ServerInfo:
 
 def triton_dist() -> tuple[Path, Path, Path]:
     """(tritonserver binary, python backend dir, shared libs dir) of the installed wheel."""
-    pytriton = require("pytriton")
-    root = Path(pytriton.__file__).parent / "tritonserver"
-    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    pkg = Path(require("pytriton").__file__ or "pytriton").parent
+    root = pkg / "tritonserver"
+    libs = pkg.parent / "nvidia_pytriton.libs"
     return root / "bin" / "tritonserver", root / "backends" / "python", libs
 
 
