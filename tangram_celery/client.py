@@ -109,6 +109,11 @@ class TangramClient:
         if self._view is None:
             return  # no scheduler has published its pools yet; it will check on intake
         why = check_meta(meta, self._view)
+        if why is None and isinstance(action, RewardAction):
+            from reward_servers.backends import input_errors
+
+            errors = input_errors(self._view["models"][action.model]["backend"], action.inputs)
+            why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
         if why is not None:
             raise ActionRejected(f"action {action.id} rejected: {why}")
 

@@ -39,7 +39,7 @@ def pool_view(cfg: TangramConfig) -> dict[str, Any]:
             (max(len(g) for g in _groups(n.cores, n.numa_groups)) for n in cfg.nodes.cpu), default=0
         ),
         "max_memory_mb": max((n.memory_mb for n in cfg.nodes.cpu), default=0),
-        "models": {m.name: {"inputs": None, "max_batch": m.max_batch} for m in cfg.reward_models},
+        "models": {m.name: {"backend": m.backend, "max_batch": m.max_batch} for m in cfg.reward_models},
         "apis": [a.name for a in cfg.apis],
         "max_queued": cfg.scheduler.max_queued,
     }

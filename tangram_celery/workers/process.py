@@ -55,7 +55,7 @@ def run_worker(
 
         handler_gpu = GpuHandler(cfg, gnode)
         tasks.register(app, runtime, gpu=handler_gpu)
-        slots = concurrency or 8
+        slots = concurrency or gnode.num_gpus  # every reward action holds at least one GPU
     runtime.start(app)
     serve(runtime.metrics.registry, metrics_port)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)

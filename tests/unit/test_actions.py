@@ -76,3 +76,18 @@ def test_check_meta_rejects_what_can_never_run() -> None:
     assert "unknown API" in str(check_meta(action_meta(ApiAction(trajectory_id="t", api="zz"), 0), view))
     assert "NUMA" in str(check_meta(action_meta(CodeAction(trajectory_id="t", code="x", cpus=5), 0), view))
     assert check_meta(action_meta(CodeAction(trajectory_id="t", code="x", cpus="1..64"), 0), view) is None
+
+
+def test_client_rejects_malformed_reward_inputs_before_enqueue() -> None:
+    """A reward action whose inputs do not fit its model's backend is refused by the client."""
+    from tangram_celery.client import TangramClient
+    from tangram_celery.errors import ActionRejected
+
+    client = TangramClient.__new__(TangramClient)  # validation only: no broker needed
+    client.config, client._view = CFG, None
+    bad = RewardAction(trajectory_id="t", model="rm", inputs={"colour": "blue"})
+    meta = action_meta(bad, 0.0)
+    with pytest.raises(ActionRejected, match="inputs for 'rm'"):
+        client._check(bad, meta)
+    good = RewardAction(trajectory_id="t", model="rm", inputs={"prompt": "2+2?", "response": "4"})
+    client._check(good, action_meta(good, 0.0))

@@ -1,0 +1,73 @@
+"""Micro-batching of reward requests that wait together in one GPU worker.
+
+Each Celery task thread hands its request to `Batcher.submit` and blocks. Requests for the same
+(model, DoP) that arrive within `window_s` of the first one (or until `max_batch` of them) go
+to the reward service as one call; every caller gets its own row of the result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+ScoreFn = Callable[[str, list[Mapping[str, Any]], tuple[int, ...] | None], list[dict[str, Any]]]
+
+
+@dataclass
+class _Pending:
+    chunk: tuple[int, ...] | None
+    rows: list[Mapping[str, Any]] = field(default_factory=list)
+    futures: list[Future[dict[str, Any]]] = field(default_factory=list)
+
+
+class Batcher:
+    def __init__(
+        self, score: ScoreFn, window_s: Callable[[str], float], max_batch: Callable[[str], int]
+    ) -> None:
+        self.score = score
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self.calls = 0  # reward-service calls made (for tests and metrics)
+
+    def submit(self, model: str, row: Mapping[str, Any], chunk: tuple[int, ...] | None) -> dict[str, Any]:
+        """Score one request; blocks until its batch returns. Errors of the batch are raised."""
+        fut: Future[dict[str, Any]] = Future()
+        key = (model, len(chunk or ()))
+        flush_now: _Pending | None = None
+        with self._lock:
+            p = self._pending.get(key)
+            if p is None:
+                p = self._pending[key] = _Pending(chunk)
+                timer = threading.Timer(self.window_s(model), self._flush_key, args=(key, p))
+                timer.daemon = True
+                timer.start()
+            p.rows.append(row)
+            p.futures.append(fut)
+            if len(p.rows) >= self.max_batch(model):
+                flush_now = self._pending.pop(key)
+        if flush_now is not None:
+            self._run(model, flush_now)
+        return fut.result()
+
+    def _flush_key(self, key: tuple[str, int], p: _Pending) -> None:
+        with self._lock:
+            if self._pending.get(key) is not p:
+                return  # already flushed because it filled up
+            del self._pending[key]
+        self._run(key[0], p)
+
+    def _run(self, model: str, p: _Pending) -> None:
+        self.calls += 1
+        try:
+            out = self.score(model, p.rows, p.chunk)
+        except BaseException as e:
+            for f in p.futures:
+                f.set_exception(e)
+            return
+        for f, res in zip(p.futures, out, strict=True):
+            f.set_result(res)

@@ -1,0 +1,42 @@
+"""GPU worker: forwards reward actions to the node's Triton-hosted reward service.
+
+Requests for the same model that wait together in this worker go as one batch (see
+`Batcher`); replicas are loaded on the scheduler's GPU chunk on demand and evicted LRU by
+`reward_servers.replicas.ReplicaManager` (evict-on-execution).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tangram_celery.actions import ActionResult, ActionStatus, RewardAction
+from tangram_celery.config import GpuNodeConfig, TangramConfig
+from tangram_celery.workers.batcher import Batcher
+
+
+class GpuHandler:
+    def __init__(self, cfg: TangramConfig, node: GpuNodeConfig) -> None:
+        from reward_servers.service import RewardService
+
+        self.cfg = cfg
+        self.service = RewardService(cfg, node.name).start()
+        models = {m.name: m for m in cfg.reward_models}
+        self.batcher = Batcher(
+            lambda model, rows, chunk: self.service.score(model, rows, chunk),
+            window_s=lambda m: models[m].batch_window_ms / 1000.0,
+            max_batch=lambda m: models[m].max_batch,
+        )
+
+    def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+        from reward_servers.errors import InputRejected
+
+        action = RewardAction.model_validate(payload)
+        chunk = tuple(int(g) for g in alloc.get("unit_ids") or ()) or None
+        try:
+            out = self.batcher.submit(action.model, action.inputs, chunk)
+        except InputRejected as e:
+            return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
+        return ActionResult(action_id=action_id, status=ActionStatus.OK, output=out)
+
+    def close(self) -> None:
+        self.service.stop()

@@ -1,0 +1,51 @@
+"""Micro-batching of reward requests in the GPU worker."""
+
+import threading
+import time
+
+import pytest
+
+from tangram_celery.workers.batcher import Batcher
+
+pytestmark = pytest.mark.unit
+
+
+def test_requests_waiting_together_go_as_one_call() -> None:
+    """Given 8 concurrent requests for one model, the service sees one batched call and each
+    caller gets its own row back."""
+    calls: list[int] = []
+
+    def score(model, rows, chunk):
+        calls.append(len(rows))
+        return [{"score": float(r["x"]) * 2} for r in rows]
+
+    b = Batcher(score, window_s=lambda m: 0.2, max_batch=lambda m: 64)
+    out: dict[int, float] = {}
+
+    def one(i: int) -> None:
+        out[i] = b.submit("rm", {"x": i}, (0,))["score"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [8]
+    assert out == {i: 2.0 * i for i in range(8)}
+
+
+def test_full_batch_flushes_early_and_errors_reach_every_caller() -> None:
+    """A batch that reaches max_batch goes at once; a failing batch raises in each caller."""
+    b = Batcher(
+        lambda m, rows, c: [{"n": len(rows)} for _ in rows], window_s=lambda m: 30.0, max_batch=lambda m: 1
+    )
+    t0 = time.monotonic()
+    assert b.submit("rm", {}, None) == {"n": 1}
+    assert time.monotonic() - t0 < 5
+
+    def boom(model, rows, chunk):
+        raise RuntimeError("triton down")
+
+    bad = Batcher(boom, window_s=lambda m: 0.01, max_batch=lambda m: 8)
+    with pytest.raises(RuntimeError, match="triton down"):
+        bad.submit("rm", {}, None)
