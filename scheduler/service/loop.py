@@ -33,11 +33,12 @@ from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_q
 from scheduler.service.liveness import LivenessPolicy
 from scheduler.service.liveness import check as liveness_check
 from scheduler.service.record import RunRecorder
+from scheduler.service.recovery import recover
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, make_app, queue_name
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import BrokerError
-from tangram_celery.store import EVENTS, INTAKE, ActionState, IntakeEntry, Store
+from tangram_celery.store import EVENTS, INTAKE, IntakeEntry, Store
 
 log = logging.getLogger("tangram.scheduler")
 
@@ -94,7 +95,7 @@ class SchedulerService:
         self.store.ping()
         self.store.ensure_groups()
         self.store.publish_config(self.view)
-        self._recover()
+        recover(self)
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,11 +144,11 @@ class SchedulerService:
     def step(self, block_ms: int | None = 0) -> int:
         """Process what is readable (blocking up to block_ms) and dispatch; returns #dispatched."""
         intake, events = self.store.read(self.cfg.scheduler.batch_size, block_ms)
-        self._on_events(events)
-        self._on_intake(intake)
+        self.on_events(events)
+        self.on_intake(intake)
         return self._schedule()
 
-    def _on_events(self, events: list[IntakeEntry]) -> None:
+    def on_events(self, events: list[IntakeEntry]) -> None:
         if not events:
             return
         done: list[str] = []
@@ -169,7 +170,7 @@ class SchedulerService:
         self.store.ack(EVENTS, [e.stream_id for e in events])
         self._close_ready()
 
-    def _on_intake(self, intake: list[IntakeEntry]) -> None:
+    def on_intake(self, intake: list[IntakeEntry]) -> None:
         rejected: list[str] = []
         for e in intake:
             f = e.fields
@@ -216,13 +217,13 @@ class SchedulerService:
         started = {a.action_id for a in allocs}
         entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
         self.store.mark_dispatched(records, pins, entries, now)
-        self._send(allocs)
+        self.send(allocs)
         self.recorder.dispatched(allocs)
         self.waiting = [a for a in self.waiting if a.action_id not in started]
         self.dispatched_total += len(allocs)
         return len(allocs)
 
-    def _send(self, allocs: list[Allocation]) -> None:
+    def send(self, allocs: list[Allocation]) -> None:
         """Publish one Celery message per allocation, pipelined into one Redis round trip.
 
         Results flow through the Tangram store, so Celery's result backend is not involved
@@ -248,12 +249,7 @@ class SchedulerService:
         ttl_s = self.cfg.sandbox.idle_ttl_s
         for tid in list(self.state.trajectory_node):
             if self.active.get(tid, 0) == 0 and now_s - self.last_active.get(tid, now_s) > ttl_s:
-                node = self.state.trajectory_node.get(tid)
-                self.state.close_trajectory(tid)
-                self.store.forget_pin(tid)
-                self.last_active.pop(tid, None)
-                if node is not None:
-                    self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
+                self._release_trajectory(tid)
             elif tid not in self.last_active:
                 self.last_active[tid] = now_s
 
@@ -267,13 +263,17 @@ class SchedulerService:
         """Close trajectories whose close was requested and that have nothing queued or running."""
         for tid in [t for t in self.closing if self.active.get(t, 0) == 0]:
             stream_id = self.closing.pop(tid)
-            node = self.state.trajectory_node.get(tid)
-            self.state.close_trajectory(tid)
-            self.store.forget_pin(tid)
-            self.last_active.pop(tid, None)
-            if node is not None:
-                self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
+            self._release_trajectory(tid)
             self.store.ack(INTAKE, [stream_id])
+
+    def _release_trajectory(self, tid: str) -> None:
+        """Free the trajectory's memory and pin, and have its node remove its sandbox."""
+        node = self.state.trajectory_node.get(tid)
+        self.state.close_trajectory(tid)
+        self.store.forget_pin(tid)
+        self.last_active.pop(tid, None)
+        if node is not None:
+            self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
 
     # ---- faults (driven by scheduler.service.liveness) ----------------------------------------
     def set_offline(self, pools: set[str]) -> None:
@@ -312,7 +312,7 @@ class SchedulerService:
             log.warning("action %s: %s; retrying (attempt %d)", action_id, why, attempt + 1)
             self.attempt[action_id] = attempt + 1
             self.metrics.retries.inc()
-            self._send([alloc])
+            self.send([alloc])
 
     def reroute(self, action_id: str, worker: str, attempt: int, max_attempts: int) -> None:
         """The pool of `action_id` is gone: put it back at the front of the waiting queue."""
@@ -356,45 +356,6 @@ class SchedulerService:
             attempts=0,
         )
         self.store.finish_unrun(meta["id"], res.model_dump_json(), "")
-
-    # ---- recovery --------------------------------------------------------------------------
-    def _recover(self) -> None:
-        """Rebuild state from Redis after a restart: running allocations, pins, pending entries."""
-        running = self.store.load_running()
-        now = self.clock()
-        ids = list(running)
-        states = self.store.states(ids)
-        for (action_id, rec), st in zip(running.items(), states, strict=True):
-            qa = to_queued(rec["meta"], self.cfg)
-            self.estimator.annotate(qa)
-            self.active[qa.trajectory_id] += 1
-            self.attempt[action_id] = int(rec.get("attempt", 1))
-            if st == ActionState.QUEUED:  # re-routed, not yet placed again
-                self.waiting.append(qa)
-                continue
-            self.state.apply(Allocation.from_dict(rec["alloc"]), qa, now)
-            self.kind_of[action_id] = qa.kind
-            self.running_qa[action_id] = qa
-        self.waiting.sort(key=lambda a: a.submitted_s)
-        for tid, pin in self.store.load_pins().items():
-            if pin["node"] in self.state.cpu:
-                self.state.trajectory_node[tid] = pin["node"]
-                self.state.cpu[pin["node"]].trajectory_memory_mb[tid] = int(pin["memory_mb"])
-        # Allocated but maybe never sent (the previous run died between persist and send):
-        # send again; the worker's claim turns a duplicate into a no-op.
-        resend = [
-            Allocation.from_dict(running[i]["alloc"])
-            for i, st in zip(ids, states, strict=True)
-            if st == ActionState.DISPATCHED
-        ]
-        if resend:
-            log.info("re-sending %d dispatched action(s) after restart", len(resend))
-            self._send(resend)
-        # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
-        for events in self.store.read_pending(EVENTS):
-            self._on_events(events)
-        for intake in self.store.read_pending(INTAKE):
-            self._on_intake(intake)
 
 
 def _record(alloc: Allocation, qa: QueuedAction, attempt: int) -> dict[str, Any]:
