@@ -48,7 +48,7 @@ class EmbeddedRedis:
         data_dir: str | os.PathLike[str],
         port: int = 0,
         password: str | None = None,
-        fsync: str = "always",
+        fsync: str = "everysec",
     ):
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync

@@ -35,8 +35,13 @@ class BrokerConfig(_Model):
     )
     data_dir: str = Field(".tangram/redis", description="directory for the embedded Redis AOF")
     fsync: Literal["always", "everysec"] = Field(
-        "always",
-        description="embedded Redis AOF fsync: 'always' loses nothing on a crash, 'everysec' is faster",
+        "everysec",
+        description=(
+            "embedded Redis AOF fsync: 'everysec' (Redis writes the AOF before replying, so a "
+            "killed Redis process normally loses nothing; an OS crash, or a disk so slow that "
+            "Redis postpones writes, can lose 1-2 s) or 'always' (nothing lost even then, several "
+            "ms per write)"
+        ),
     )
 
     @field_validator("url")
