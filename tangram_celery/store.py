@@ -200,23 +200,30 @@ class Store:
     def control(self, fields: dict[str, str]) -> None:
         self.r.xadd(INTAKE, dict(fields.items()))
 
-    def wait_result(self, action_id: str, timeout_s: float | None) -> str | None:
+    def wait_result(self, action_id: str, timeout_s: float | None, poll_s: float = 2.0) -> str | None:
         """Block until the action's result exists; return its JSON, or None on timeout.
 
-        The completion script pushes the result onto `n:<id>`; it is pushed back after being
-        read so that every waiter (and every later call) sees it.
+        The completion script stores the result in the action's hash (the truth) and pushes a
+        copy onto `n:<id>` to wake the waiter. The push is consumed by whoever pops it, and a
+        pop whose reply was lost (Redis died mid-reply) consumes it too, so the waiter never
+        relies on it alone: every `poll_s` without a wake-up it reads the hash.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            if left > 0:
 
-        def pop() -> Any:
-            left = 0.0 if deadline is None else max(deadline - time.monotonic(), 0.001)
-            return self.r.blpop([nkey(action_id)], timeout=left)
+                def pop(t: float = left) -> Any:
+                    return self.r.blpop([nkey(action_id)], timeout=max(t, 0.001))
 
-        got = self.retrying("wait for result", pop, budget_s=timeout_s)
-        if got is None:
-            return None
-        self.retrying("wait for result", lambda: self.r.rpush(nkey(action_id), got[1]))
-        return str(got[1])
+                got = self.retrying("wait for result", pop)
+                if got is not None:
+                    return str(got[1])
+            res = self.retrying("wait for result", lambda: self.r.hget(akey(action_id), "result"))
+            if res is not None:
+                return str(res)
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def action_state(self, action_id: str) -> str | None:
         s = self.r.hget(akey(action_id), "state")
