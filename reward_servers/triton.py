@@ -132,6 +132,13 @@ class TritonServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
+    @classmethod
+    def attach(cls, info: ServerInfo, work_dir: str | os.PathLike[str]) -> TritonServer:
+        """Adopt a server started elsewhere (`tangram reward deploy`), tracked by its pid."""
+        server = cls(info.repository, work_dir)
+        server.info = info
+        return server
+
     @property
     def url(self) -> str:
         if self.info is None:
@@ -158,7 +165,7 @@ class TritonServer:
                 f"--metrics-port={ports[2]}",
                 "--allow-metrics=false",
                 "--pinned-memory-pool-byte-size=0",
-                "--exit-timeout-secs=5",
+                "--exit-timeout-secs=2",
                 "--strict-readiness=false",
             ]
             with open(log_path, "ab") as log:
@@ -171,7 +178,7 @@ class TritonServer:
                 if detach:
                     self._proc = None  # outlives us; tracked by pid
                 return info
-            self._kill(proc.pid)
+            kill_group(proc.pid)
             proc.wait(timeout=10)
             last = self.log_tail()
         raise RewardServerError(f"tritonserver did not start; log tail:\n{last}")
@@ -200,7 +207,9 @@ class TritonServer:
             if self.alive():
                 return False
             if self.info is not None:
-                self._kill(self.info.pid)
+                # Its Python stubs outlive it and hold the listening sockets (clients would hang):
+                # the whole process group goes.
+                kill_group(self.info.pid)
             self.restarts += 1
             self.start()
             return True
@@ -212,13 +221,6 @@ class TritonServer:
         except OSError:
             return ""
 
-    @staticmethod
-    def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM our server by pid, SIGKILL after `timeout_s`."""
         if self.info is None:
@@ -227,14 +229,22 @@ class TritonServer:
         self.info, self._proc = None, None
 
 
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group led by our tritonserver `pid` (its stubs included)."""
+    try:
+        os.killpg(pid, sig)  # started with its own session: pgid == pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def stop_pid(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Stop the tritonserver `pid` (SIGTERM, then SIGKILL), and its Python stubs with it."""
     if not pid_alive(pid):
+        kill_group(pid)  # leftover stubs of a crashed server
+        if proc is not None:
+            proc.wait(timeout=10)
         return
-    try:
-        os.killpg(pid, signal.SIGTERM)  # started with its own session: pgid == pid
-    except ProcessLookupError:
-        return
+    kill_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -242,10 +252,7 @@ def stop_pid(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | 
         if proc is None and not pid_alive(pid):
             return
         time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_group(pid)
     if proc is not None:
         proc.wait(timeout=10)
 
@@ -307,5 +314,5 @@ class TritonController:
 def _is_connection_error(e: Exception) -> bool:
     text = f"{type(e).__name__} {e}".lower()
     return isinstance(e, OSError | ConnectionError) or any(
-        w in text for w in ("connection refused", "connection reset", "broken pipe", "timed out", "eof")
+        w in text for w in ("connection", "broken pipe", "timed out", "eof", "remote end")
     )

@@ -1,0 +1,238 @@
+"""The reward service of one GPU node: the API the GPU worker calls.
+
+    svc = RewardService(cfg, node="gpu0")       # or attach=True after `tangram reward deploy`
+    svc.start()
+    scores = svc.score("rm", [{"prompt": ..., "response": ...}, ...], chunk=(0,))
+    svc.stop()
+
+`score` takes every request for one model that waited together and sends them as batches to a
+replica of the (model, DoP) service on the chunk, loading/evicting replicas on demand. A crashed
+tritonserver is detected (by the monitor thread or a failed call), restarted, and the call retried
+once; failures that remain raise a `RewardServerError` subclass whose `retryable` tells the
+worker whether to retry the actions elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from reward_servers import client
+from reward_servers.backends import input_errors
+from reward_servers.backends.rules import verify
+from reward_servers.errors import InputRejected, TritonCrashed
+from reward_servers.placement import ScalingPlan, ScalingPolicy
+from reward_servers.profile import DopProfile, batch_tokens
+from reward_servers.replicas import ReplicaManager
+from reward_servers.repository import build_repository
+from reward_servers.triton import ServerInfo, TritonController, TritonServer
+from tangram_celery.config import GpuNodeConfig, RewardModelConfig, TangramConfig
+
+log = logging.getLogger(__name__)
+
+
+def validate_request(cfg: TangramConfig, model: str, inputs: Any) -> str | None:
+    """Why a reward action for `model` with `inputs` must be rejected at submit, or None if valid."""
+    m = cfg.reward_model(model)
+    if m is None:
+        known = sorted(r.name for r in cfg.reward_models)
+        return f"unknown reward model {model!r}; declared: {known}"
+    errors = input_errors(m.backend, inputs)
+    return f"model {model!r}: " + "; ".join(errors) if errors else None
+
+
+def node_dir(cfg: TangramConfig, node: str) -> Path:
+    """Where the repository, logs and server.json of `node` live."""
+    return Path(cfg.state_dir).resolve() / "reward" / node
+
+
+class RewardService:
+    """Triton server + replica manager + DoP profiles of one GPU node."""
+
+    def __init__(
+        self,
+        cfg: TangramConfig,
+        node: str | None = None,
+        *,
+        attach: bool = False,
+        policy: ScalingPolicy = ScalingPolicy(),
+        profiles: Mapping[str, DopProfile] | None = None,
+        cpu_threads: int = 1,
+        monitor_interval_s: float | None = 2.0,
+        retries_on_crash: int = 1,
+    ) -> None:
+        nodes = {n.name: n for n in cfg.nodes.gpu}
+        if not nodes:
+            raise InputRejected("the config declares no GPU node (nodes.gpu)")
+        self.cfg = cfg
+        self.node: GpuNodeConfig = nodes[node] if node else next(iter(nodes.values()))
+        self.models: dict[str, RewardModelConfig] = {m.name: m for m in cfg.reward_models}
+        self.work_dir = node_dir(cfg, self.node.name)
+        self.attach = attach
+        self.policy = policy
+        self.profiles = dict(profiles or {})
+        self.cpu_threads = cpu_threads
+        self.monitor_interval_s = monitor_interval_s
+        self.retries_on_crash = retries_on_crash
+        self.server: TritonServer | None = None
+        self.controller: TritonController | None = None
+        self.manager: ReplicaManager | None = None
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> RewardService:
+        """Write the repository and start tritonserver (or attach to the deployed one)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        info_path = self.work_dir / "server.json"
+        if self.attach:
+            if not info_path.exists():
+                raise TritonCrashed(
+                    f"no deployed server for node {self.node.name!r}; run `tangram reward deploy`"
+                )
+            self.server = TritonServer.attach(ServerInfo.load(info_path), self.work_dir)
+        else:
+            build_repository(
+                self.models.values(), self.node, self.work_dir / "repo", cpu_threads=self.cpu_threads
+            )
+            self.server = TritonServer(self.work_dir / "repo", self.work_dir)
+            self.server.start()
+        self.controller = TritonController(self.server.url)
+        memory = {name: m.memory_mb for name, m in self.models.items() if m.backend != "rule"}
+        self.manager = ReplicaManager(
+            self.controller, self.node.num_gpus, self.node.gpu_memory_mb, memory, policy=self.policy
+        )
+        if self.monitor_interval_s:
+            self._stop.clear()
+            self._monitor = threading.Thread(target=self._watch, name="triton-monitor", daemon=True)
+            self._monitor.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the monitor and, unless attached to a deployed server, tritonserver."""
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=10)
+        if self.server is not None and not self.attach:
+            self.server.stop()
+
+    def __enter__(self) -> RewardService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- health -------------------------------------------------------------------------------
+    def check(self) -> bool:
+        """Restart tritonserver if it died (replicas then reload on demand); True if it restarted."""
+        assert self.server is not None and self.controller is not None and self.manager is not None
+        restarted = self.server.ensure_running()
+        if restarted:
+            log.warning("tritonserver restarted (restart #%d)", self.server.restarts)
+            self.controller.retarget(self.server.url)
+            self.manager.reset()
+            if self.attach and self.server.info is not None:
+                self.server.info.save(self.work_dir / "server.json")
+        return restarted
+
+    def _watch(self) -> None:
+        assert self.monitor_interval_s
+        while not self._stop.wait(self.monitor_interval_s):
+            try:
+                self.check()
+            except Exception:  # keep watching; the next call reports the error
+                log.exception("tritonserver health check failed")
+
+    def health(self) -> dict[str, Any]:
+        """Liveness, restart count, replica table and counters."""
+        assert self.server is not None and self.manager is not None
+        return {
+            "node": self.node.name,
+            "alive": self.server.alive(),
+            "url": self.server.info.url if self.server.info else None,
+            "pid": self.server.info.pid if self.server.info else None,
+            "restarts": self.server.restarts,
+            **self.manager.snapshot(),
+        }
+
+    # ---- scoring ------------------------------------------------------------------------------
+    def validate(self, model: str, inputs: Sequence[Mapping[str, Any]]) -> RewardModelConfig:
+        """The model's config; raises InputRejected naming the bad request and field."""
+        for i, row in enumerate(inputs):
+            why = validate_request(self.cfg, model, row)
+            if why:
+                raise InputRejected(f"request {i}: {why}")
+        m = self.models.get(model)
+        if m is None:
+            raise InputRejected(f"unknown reward model {model!r}")
+        return m
+
+    def pick_dop(self, model: str, inputs: Sequence[Mapping[str, Any]], max_dop: int | None = None) -> int:
+        """The DoP for this batch from the model's length profile (smallest option when unprofiled)."""
+        m = self.models[model]
+        prof = self.profiles.get(model)
+        options = [d for d in m.dop_options if d <= self.node.num_gpus]
+        if prof is None:
+            return min(options)
+        return prof.pick(batch_tokens(inputs), options, max_dop)
+
+    def score(
+        self,
+        model: str,
+        inputs: Sequence[Mapping[str, Any]],
+        chunk: tuple[int, ...] | None = None,
+        dop: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """One result dict per request, in order: {'score': float} or {'logprobs': [...], ...}.
+
+        `chunk` is the scheduler's GPU allocation (its size is the DoP); without it the DoP comes
+        from `dop` or the length profile and the manager picks the chunk.
+        """
+        m = self.validate(model, inputs)
+        rows = [dict(r) for r in inputs]
+        if m.backend == "rule":
+            assert m.rule is not None
+            return [verify(m.rule, r) for r in rows]
+        if not rows:
+            return []
+        dop = len(chunk) if chunk else dop or self.pick_dop(model, rows)
+        if dop not in m.dop_options:
+            raise InputRejected(f"model {model!r} has no DoP {dop} service; options {m.dop_options}")
+        assert self.manager is not None and self.controller is not None
+        for attempt in range(self.retries_on_crash + 1):
+            try:
+                with self.manager.lease(model, dop, chunk) as replica:
+                    return client.infer(
+                        self.controller, replica.name, rows, max_batch=m.max_batch, parallel=dop
+                    )
+            except TritonCrashed:
+                if attempt == self.retries_on_crash:
+                    raise
+                self.check()  # restarts a dead server; raises if it cannot
+        raise AssertionError("unreachable")
+
+    def score_many(
+        self, requests: Sequence[tuple[str, Mapping[str, Any]]], chunk: tuple[int, ...] | None = None
+    ) -> list[dict[str, Any]]:
+        """Score (model, inputs) pairs: grouped per model into batched calls, results in input order."""
+        groups: dict[str, list[int]] = {}
+        for i, (model, _) in enumerate(requests):
+            groups.setdefault(model, []).append(i)
+        out: list[dict[str, Any]] = [{} for _ in requests]
+        for model, idx in groups.items():
+            for i, res in zip(idx, self.score(model, [requests[i][1] for i in idx], chunk), strict=True):
+                out[i] = res
+        return out
+
+    def scale(self, demand: Mapping[tuple[str, int], int]) -> ScalingPlan:
+        """One autoscaling round: (model, dop) -> queued requests at the worker."""
+        assert self.manager is not None
+        return self.manager.scale(demand)
+
+    def resident(self) -> dict[tuple[int, ...], list[str]]:
+        """chunk -> cached services (for the scheduler's GpuNode.resident)."""
+        assert self.manager is not None
+        return self.manager.resident()
