@@ -173,6 +173,28 @@ class ReplicaManager:
                 pass  # growth is best effort; the failure is counted in stats
         return ScalingPlan(tuple(p for p, _ in started), shrink)
 
+    def adopt(self, names: list[str]) -> list[str]:
+        """Register replicas already loaded in Triton (e.g. preloaded by deploy); returns those kept.
+
+        A name this node cannot hold (unknown model, no memory left) is not adopted.
+        """
+        kept = []
+        with self._cond:
+            for name in sorted(names):
+                try:
+                    model, dop, chunk = parse_name(name)
+                except ValueError:
+                    continue
+                if model not in self.memory_mb or chunk is None or name in self.node.replicas:
+                    continue
+                mem = self.memory_mb[model]
+                if any(self.node.used_mb(g) + mem > self.node.gpu_memory_mb for g in chunk):
+                    continue
+                r = Replica(name, model, dop, chunk, mem, ReplicaState.READY, last_used_s=self.clock())
+                self.node.replicas[name] = r
+                kept.append(name)
+        return kept
+
     def reset(self) -> None:
         """Forget every replica (after a server restart nothing is resident)."""
         with self._cond:

@@ -105,6 +105,9 @@ class RewardService:
         self.manager = ReplicaManager(
             self.controller, self.node.num_gpus, self.node.gpu_memory_mb, memory, policy=self.policy
         )
+        if self.attach:
+            ready = [n for n, state in self.controller.loaded().items() if state == "READY"]
+            self.manager.adopt(ready)
         if self.monitor_interval_s:
             self._stop.clear()
             self._monitor = threading.Thread(target=self._watch, name="triton-monitor", daemon=True)

@@ -1,0 +1,41 @@
+"""Health and failure of the real tritonserver: failed loads, crashes, cached vs cold services."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_failed_model_load_is_reported(reward_service: Any) -> None:
+    """Given a model whose directory does not exist, when scored, then ModelLoadFailed says why and the server lives on."""
+    from reward_servers.errors import ModelLoadFailed
+
+    with pytest.raises(ModelLoadFailed, match=r"config\.json") as e:
+        reward_service.score("broken", [{"response": "x"}], chunk=(1,))
+    assert e.value.retryable
+    assert reward_service.health()["alive"]
+    assert all(r["name"] != "broken__dop1__g1" for r in reward_service.health()["replicas"])
+
+
+def test_cached_service_is_not_reloaded(reward_service: Any) -> None:
+    """Given a scored service, when scored again on the same chunk, then it is a cache hit, not a load."""
+    reward_service.score("rm", [{"response": "warm"}], chunk=(0,))
+    before = dict(reward_service.health()["stats"])
+    reward_service.score("rm", [{"response": "again"}], chunk=(0,))
+    after = reward_service.health()["stats"]
+    assert after["loads"] == before["loads"] and after["hits"] == before["hits"] + 1
+
+
+def test_crash_is_detected_restarted_and_retried(reward_service: Any) -> None:
+    """Given a killed tritonserver, when scoring, then the server restarts and the request still succeeds."""
+    restarts = reward_service.health()["restarts"]
+    os.kill(reward_service.server.info.pid, signal.SIGKILL)
+    out = reward_service.score("rm", [{"response": "after the crash"}], chunk=(0,))
+    assert "score" in out[0]
+    health = reward_service.health()
+    assert health["alive"] and health["restarts"] == restarts + 1
