@@ -3,6 +3,7 @@ cap, one wall-clock deadline, and `kill_all` for the whole process tree."""
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import selectors
@@ -164,6 +165,14 @@ class Action:
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EBADF):
+                raise
+            # The number no longer names this child's pipe (seen once in CI: EINVAL, as when
+            # reading a pidfd). Stop watching it; the child's end still comes by its pidfd.
+            if fd in self.sel.get_map():
+                self.sel.unregister(fd)
             return False
         if not chunk:
             self._close_fd(fd)
