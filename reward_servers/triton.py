@@ -170,7 +170,13 @@ class TritonServer:
             ]
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
-                    args, stdout=log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+                    args,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=server_env(),
+                    start_new_session=True,
+                    # Only from the main thread: PDEATHSIG fires when the spawning *thread* exits.
+                    preexec_fn=_die_with_parent if not detach and _on_main_thread() else None,
                 )
             info = ServerInfo(proc.pid, *ports, str(self.repository), str(log_path))
             if self._wait_live(proc, info):
@@ -227,6 +233,20 @@ class TritonServer:
             return
         stop_pid(self.info.pid, timeout_s, self._proc)
         self.info, self._proc = None, None
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that owns the server dies (Linux prctl)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
