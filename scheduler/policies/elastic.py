@@ -43,6 +43,7 @@ class PoolProblem:
     busy: list[Busy]
     rest: list[Waiting]
     depth: int
+    defer: bool = False  # the solver may hold an elastic candidate back for more cores
 
     @property
     def capacity(self) -> int:
@@ -60,6 +61,7 @@ def elastic_round(
     cpu_solver: PoolSolver,
     gpu_solver: PoolSolver,
     depth: int,
+    defer: bool = False,
 ) -> list[Allocation]:
     """Re-decide the units of `cands` pool by pool; returns the allocations in FCFS order."""
     if all(a.kind is ResourceKind.API for a in cands):
@@ -81,7 +83,7 @@ def elastic_round(
     decided: Decision = {}
     for key, mem in elastic.items():
         rest_w = waiting(rest_by_pool[key])
-        problem = PoolProblem(key, mem, state, now_s, busy.get(key, []), rest_w, depth)
+        problem = PoolProblem(key, mem, state, now_s, busy.get(key, []), rest_w, depth, defer)
         solver = cpu_solver if key[0] == "cpu" else gpu_solver
         decided.update(solver(problem))
     out = []

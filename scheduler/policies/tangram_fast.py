@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
-from scheduler.policies.common import core_group_index, rest_estimate_s, waiting
+from scheduler.policies.common import Busy, core_group_index, rest_estimate_s, waiting
 from scheduler.policies.elastic import (
     Decision,
     PoolProblem,
@@ -173,7 +173,114 @@ def greedy_cpu_solver(problem: PoolProblem) -> Decision:
         if obj >= best[0]:
             break
         best = (obj, keep, list(units))
-    return cpu_decision(problem, best[1], best[2])
+    keep, units = best[1], best[2]
+    if problem.defer:
+        keep, units = defer_for_cores(problem, keep, units)
+    return cpu_decision(problem, keep, units)
+
+
+def defer_for_cores(
+    problem: PoolProblem, keep: int, units: list[int], checks: int = 8
+) -> tuple[int, list[int]]:
+    """Hold back an elastic candidate that would finish sooner by waiting for more cores.
+
+    A running action keeps its DoP to the end, so a test suite started on the 3 cores that
+    happen to be free can run for many minutes while 32 cores free up seconds later. For the
+    first `checks` kept elastic candidates (FCFS order), the completion heap of the pool
+    (running actions at their expected ends, overdue ones left out since nobody knows when
+    they end, plus the other candidates) gives, per larger unit count u, the time t(u) at
+    which u cores are free. If some t(u) + dur(u) beats now + dur(units), the candidate waits
+    (0 units) and reserves u cores at t(u), EASY-backfilling style.
+
+    Actions behind it in the pool (later candidates, and the queued rest at their minimum
+    units) still start if they are expected to end by t(u), or fit in the cores free at t(u)
+    beyond the reservation; the others wait, each for up to t(u) - now. The candidate waits
+    only if what it gains exceeds that total delay (the objective is the sum of completion
+    times), so under contention it rarely does and the round is the plain marginal-gain split,
+    which maximises throughput there. Everything is re-decided next round.
+    """
+    now_s, members = problem.now_s, problem.members
+    out = [u if j < keep else 0 for j, u in enumerate(units)]
+    ends = [(now_s + members[j][0].duration_s(u), u) if u else None for j, u in enumerate(out)]
+    spare = len(cpu_free_ids(problem)) - sum(out)
+    rest = [(now_s + dur_s, n) for n, dur_s, _ in problem.rest]
+    for i in range(keep):
+        action, u = members[i][0], out[i]
+        if checks <= 0:
+            break
+        if u == 0 or not action.cost.units.is_elastic or u >= action.cost.units.max:
+            continue
+        checks -= 1
+        others = [e for j, e in enumerate(ends) if e is not None and j != i]
+        wait = _best_wait(problem.busy + others, spare + u, now_s, action, u, problem.capacity)
+        if wait is None or wait[0] >= ends[i][0]:  # type: ignore[index]
+            continue
+        done_s, t_s, extra = wait
+        # Who would wait for the reservation: actions behind it that end after t and do not fit
+        # in what is spare at t. Each is delayed by up to t - now; wait only if that costs less
+        # than the candidate gains (the objective is the sum of completion times).
+        held: list[int] = []
+        for j in range(i + 1, keep):
+            e = ends[j]
+            if e is None or e[0] <= t_s:
+                continue
+            if e[1] <= extra:
+                extra -= e[1]
+            else:
+                held.append(j)
+        n_rest = 0
+        for end_s, n in rest:
+            if end_s <= t_s:
+                continue
+            if n <= extra:
+                extra -= n
+            else:
+                n_rest += 1
+        if (len(held) + n_rest) * (t_s - now_s) >= ends[i][0] - done_s:  # type: ignore[index]
+            continue
+        for j in held:
+            out[j], ends[j] = 0, None
+        out[i] = 0
+        # Candidates the drop-tail held back start in the cores left free now, if they end
+        # before t, or are rigid and fit in what is still spare at t (an elastic one would be
+        # stuck at its minimum: it waits for its own turn).
+        free_now = spare + u
+        for j in range(keep, len(members)):
+            a = members[j][0]
+            n = a.cost.units.min
+            late = now_s + a.duration_s(n) > t_s
+            if n <= free_now and (not late or (n <= extra and not a.cost.units.is_elastic)):
+                out[j] = n
+                free_now -= n
+                extra -= n if late else 0
+        return len(members), out  # one reservation per pool and round
+    return keep, out
+
+
+def _best_wait(
+    busy: list[Busy], free: int, now_s: float, action: QueuedAction, units: int, capacity: int
+) -> tuple[float, float, int] | None:
+    """(completion, start, cores spare then) of the best *later* start with more cores, if any."""
+    ends = sorted(e for e in busy if e[0] > now_s)  # overdue ones: no telling when they end
+    best: tuple[float, float, int] | None = None
+    pos = 0
+    t_s = now_s
+    for u in action.cost.units.units:
+        if u <= units or u > capacity:
+            continue
+        while free < u and pos < len(ends):
+            end_s, n = ends[pos]
+            pos += 1
+            t_s = max(t_s, end_s)
+            free += n
+        if free < u:
+            break
+        if t_s <= now_s:
+            continue  # free now: the marginal-gain split already weighed it against the others
+        done = t_s + action.duration_s(u)
+        if best is None or done < best[0]:
+            best = (done, t_s, free - u)
+    return best
 
 
 def _push(heap: list[tuple[float, int, int]], action: QueuedAction, i: int, cur: int, cap: int) -> None:
@@ -194,9 +301,12 @@ class TangramFast:
 
     name = "tangram-fast"
 
-    def __init__(self, depth: int = 2) -> None:
+    def __init__(self, depth: int = 2, defer: bool = True) -> None:
         self.depth = depth
+        self.defer = defer
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands = fast_candidates(queue, state, now_s)
-        return elastic_round(queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth)
+        return elastic_round(
+            queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth, self.defer
+        )

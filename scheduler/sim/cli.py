@@ -10,12 +10,14 @@ tangram sim policies
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from scheduler.policies import available
+from scheduler.policies import available, get_policy
+from scheduler.sim.cluster import ClusterSpec
 from scheduler.sim.runner import simulate
 from scheduler.sim.scenarios import GENERATORS, Scenario, build
 from scheduler.sim.trace import load_workload, save_workload, write_results
@@ -53,12 +55,29 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[str]]:
         raise SystemExit(f"choose a scenario with --scenario: {', '.join(GENERATORS)}")
     params = {**cfg.get("params", {}), **_parse_sets(args.set or [])}
     policies = list(getattr(args, "policy", None) or cfg.get("policies", []))
-    return build(name, params), policies
+    cluster_over = {**cfg.get("cluster", {}), **_parse_sets(getattr(args, "cluster", None) or [])}
+    try:
+        scenario = build(name, params)
+        if cluster_over:
+            known = {f.name for f in dataclasses.fields(ClusterSpec)} - {"apis"}
+            bad = sorted(set(cluster_over) - known)
+            if bad:
+                raise ValueError(f"unknown cluster keys {bad}; known: {sorted(known)}")
+            cluster = dataclasses.replace(scenario.cluster, **cluster_over)
+            scenario = dataclasses.replace(scenario, cluster=cluster)
+        return scenario, policies
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"tangram sim: {e}") from None
 
 
 def _run(scenario: Scenario, policies: list[str], out: str | None) -> int:
     if not policies:
         raise SystemExit("give at least one --policy; see `tangram sim policies`")
+    for name in policies:
+        try:
+            get_policy(name)
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"tangram sim: {e.args[0] if e.args else e}") from None
     sink = open(out, "w") if out else None  # noqa: SIM115
     try:
         for name in policies:
@@ -85,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", help="YAML with scenario, params, policies (configs/sim/)")
         p.add_argument(
             "--set", action="append", metavar="KEY=VALUE", help="override a scenario parameter (JSON value)"
+        )
+        p.add_argument(
+            "--cluster",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a cluster field, e.g. cpu_nodes=5 (see scheduler/sim/cluster.py ClusterSpec)",
         )
     run.add_argument("--policy", action="append", help="policy name (repeatable)")
     run.add_argument("--out", help="write per-action results as JSONL")

@@ -160,7 +160,7 @@ def coding(p: CodingParams | None = None, cluster: ClusterSpec | None = None) ->
         "run": Prior(p.run_mean_s, p.run_p),
         "tests": Prior(p.tests_mean_s, p.tests_p),
     }
-    return Scenario("coding", trajs, cluster or ClusterSpec(), priors)
+    return Scenario("coding", trajs, cluster or ClusterSpec(cpu_nodes=15), priors)  # the paper's testbed
 
 
 def gpu_call(service: str, t1_s: float, model_mb: int) -> SimAction:

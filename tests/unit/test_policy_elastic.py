@@ -6,7 +6,7 @@ import pytest
 
 from scheduler.duration import Amdahl, Rigid
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
-from scheduler.policies import get_policy
+from scheduler.policies import TangramFast, get_policy
 from scheduler.resources import ClusterState, CpuNode, GpuNode
 
 ELASTIC = ["tangram-dp", "tangram-fast"]
@@ -45,8 +45,73 @@ def test_longer_action_gets_more_cores(name: str) -> None:
     Sum of durations 90/m + 10/(6-m) is smallest at m = 4 (22.5 + 5 = 27.5 s; m=5 gives 28).
     """
     queue = [cpu_action("long", 1, 6, 90.0), cpu_action("short", 1, 6, 10.0)]
-    allocs = {a.action_id: a.units for a in get_policy(name).decide(queue, one_node(6), 0.0)}
+    policy = TangramFast(defer=False) if name == "tangram-fast" else get_policy(name)
+    allocs = {a.action_id: a.units for a in policy.decide(queue, one_node(6), 0.0)}
     assert allocs == {"long": 4, "short": 2}
+
+
+@pytest.mark.unit
+def test_fast_defers_the_long_action_when_waiting_for_the_short_ones_cores_is_better() -> None:
+    """The same case with deferral (tangram-fast's default): "long" finishes at 5 + 90/6 = 20 s
+    by waiting for "short" (on 2 cores, 5 s) instead of 22.5 s on 4 cores now, and nobody is
+    delayed: the sum of completions drops from 27.5 s to 25 s."""
+    queue = [cpu_action("long", 1, 6, 90.0), cpu_action("short", 1, 6, 10.0)]
+    allocs = {a.action_id: a.units for a in get_policy("tangram-fast").decide(queue, one_node(6), 0.0)}
+    assert allocs == {"short": 2}
+
+
+def busy_node(cores: int, held: int, end_s: float) -> ClusterState:
+    """A node with `held` cores running one rigid action expected to end at `end_s`."""
+    state = one_node(cores)
+    holder = cpu_action("holder", held, held, end_s)
+    state.apply(Allocation("holder", ResourceKind.CPU, "n0", held, tuple(range(held))), holder)
+    return state
+
+
+@pytest.mark.unit
+def test_fast_makes_a_test_suite_wait_seconds_for_32_cores_instead_of_minutes_on_4() -> None:
+    """Given 4 free cores of 32, 28 held until t = 2 s, and a 300 s suite (p = 0.97):
+    now on 4 cores it takes 300 * (0.03 + 0.97/4) = 81.8 s; at 2 s on 32 cores it ends at
+    2 + 18.1 = 20.1 s. So it waits; a 1 s rigid action behind it backfills (ends before 2 s)."""
+    queue = [cpu_action("suite", 1, 32, 300.0, p=0.97), cpu_action("ls", 1, 1, 1.0)]
+    allocs = {
+        a.action_id: a.units for a in get_policy("tangram-fast").decide(queue, busy_node(32, 28, 2.0), 0.0)
+    }
+    assert allocs == {"ls": 1}
+
+
+@pytest.mark.unit
+def test_fast_weighs_the_suites_gain_against_the_delay_it_causes_behind_it() -> None:
+    """Same 4 free cores of 32. Waiting gains the suite 81.8 - 20.1 = 61.7 s. With one 10 s
+    command behind it (delayed by at most 2 s) it waits; with 40 of them (up to 80 s of delay
+    in all) it starts now."""
+    suite = cpu_action("suite", 1, 32, 300.0, p=0.97)
+    few = [suite, cpu_action("cmd0", 1, 1, 10.0)]
+    allocs = {a.action_id for a in get_policy("tangram-fast").decide(few, busy_node(32, 28, 2.0), 0.0)}
+    assert "suite" not in allocs
+    many = [suite] + [cpu_action(f"cmd{k}", 1, 1, 10.0) for k in range(40)]
+    allocs = {a.action_id for a in get_policy("tangram-fast").decide(many, busy_node(32, 28, 2.0), 0.0)}
+    assert "suite" in allocs
+
+
+@pytest.mark.unit
+def test_fast_reserves_and_lets_an_action_behind_use_the_cores_spare_at_the_reservation() -> None:
+    """With 36 cores (28 held until 2 s, 8 free), 36 are free at 2 s: 32 for the suite and 4
+    spare, so the 10 s build behind it starts now and the suite waits for its 32 cores."""
+    queue = [cpu_action("suite", 1, 32, 300.0, p=0.97), cpu_action("build", 4, 4, 10.0)]
+    allocs = {
+        a.action_id: a.units for a in get_policy("tangram-fast").decide(queue, busy_node(36, 28, 2.0), 0.0)
+    }
+    assert allocs == {"build": 4}
+
+
+@pytest.mark.unit
+def test_fast_does_not_wait_for_actions_that_are_already_overdue() -> None:
+    """An action past its expected end may run for any time yet: the suite does not bet on it."""
+    queue = [cpu_action("suite", 1, 32, 300.0, p=0.97)]
+    state = busy_node(32, 28, 2.0)
+    allocs = {a.action_id: a.units for a in get_policy("tangram-fast").decide(queue, state, 5.0)}
+    assert allocs == {"suite": 4}
 
 
 @pytest.mark.unit
