@@ -266,8 +266,8 @@ def _best_wait(
     pos = 0
     t_s = now_s
     for u in action.cost.units.units:
-        if u <= units or u > capacity:
-            continue
+        if u < 2 * units or u > capacity:
+            continue  # waiting for a core or two more is not worth a reservation
         while free < u and pos < len(ends):
             end_s, n = ends[pos]
             pos += 1
