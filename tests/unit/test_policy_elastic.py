@@ -52,12 +52,15 @@ def test_longer_action_gets_more_cores(name: str) -> None:
 
 @pytest.mark.unit
 def test_fast_defers_the_long_action_when_waiting_for_the_short_ones_cores_is_better() -> None:
-    """The same case with deferral (tangram-fast's default): "long" finishes at 5 + 90/6 = 20 s
-    by waiting for "short" (on 2 cores, 5 s) instead of 22.5 s on 4 cores now, and nobody is
-    delayed: the sum of completions drops from 27.5 s to 25 s."""
-    queue = [cpu_action("long", 1, 6, 90.0), cpu_action("short", 1, 6, 10.0)]
+    """Given 6 cores, a rigid 4-core 5 s action first in line and a 90 s p=1 action behind it:
+    without deferral "long" starts on the 2 spare cores and ends at 45 s; tangram-fast (whose
+    default is to defer) makes it wait for all 6 cores at 5 s, ending at 5 + 90/6 = 20 s, and
+    delays nobody (reservations are only for at least twice the cores it would get now)."""
+    queue = [cpu_action("short", 4, 4, 5.0), cpu_action("long", 1, 6, 90.0)]
+    eager = {a.action_id: a.units for a in TangramFast(defer=False).decide(queue, one_node(6), 0.0)}
+    assert eager == {"short": 4, "long": 2}
     allocs = {a.action_id: a.units for a in get_policy("tangram-fast").decide(queue, one_node(6), 0.0)}
-    assert allocs == {"short": 2}
+    assert allocs == {"short": 4}
 
 
 def busy_node(cores: int, held: int, end_s: float) -> ClusterState:
