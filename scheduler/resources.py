@@ -25,6 +25,7 @@ class CpuNode:
     memory_mb: int
     free: set[int] = field(default_factory=set)
     trajectory_memory_mb: dict[str, int] = field(default_factory=dict)
+    online: bool = True  # False while no worker serves the node: nothing is placed there
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -194,9 +195,22 @@ class ClusterState:
             node = self.cpu.get(pinned)
             return [node] if node is not None and node.max_block() >= units else []
         need = action.cost.memory_mb
-        nodes = [n for n in self.cpu.values() if n.max_block() >= units and n.memory_free_mb >= need]
+        nodes = [
+            n for n in self.cpu.values() if n.online and n.max_block() >= units and n.memory_free_mb >= need
+        ]
         # Balance memory: the node with the most free memory first.
         return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
+
+    def lacks_memory(self, action: QueuedAction) -> bool:
+        """True for a CPU action of a new trajectory that no node has the memory for.
+
+        Such an action waits for a trajectory to end, which only the actions of pinned
+        trajectories (they need no new memory) can bring about: FCFS must let those pass.
+        """
+        if action.cost.key is not ResourceKind.CPU or action.trajectory_id in self.trajectory_node:
+            return False
+        need = action.cost.memory_mb
+        return all(n.memory_free_mb < need for n in self.cpu.values() if n.online)
 
     def place(self, action: QueuedAction, units: int, now_s: float = 0.0) -> Allocation | None:
         """A concrete allocation of `units` for `action`, or None when it does not fit now."""
@@ -304,6 +318,7 @@ def _copy_cpu(n: CpuNode) -> CpuNode:
     out = CpuNode(name=n.name, numa=n.numa, memory_mb=n.memory_mb)
     out.free = set(n.free)
     out.trajectory_memory_mb = dict(n.trajectory_memory_mb)
+    out.online = n.online
     return out
 
 

@@ -49,16 +49,23 @@ class EmbeddedRedis:
         port: int = 0,
         password: str | None = None,
         fsync: str = "everysec",
+        bind: str = "127.0.0.1",
+        netns: str | None = None,
     ):
+        """`bind`: the address to listen on (loopback by default; a multi-host deployment binds
+        the host's private address and relies on the password plus a firewall). `netns`: run
+        the server inside that network namespace (`ip netns exec`), as the multi-node tests do."""
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
+        self.bind = bind
+        self.netns = netns
         self.port = port or _free_port()
         self.password = password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{self.bind}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -66,7 +73,7 @@ class EmbeddedRedis:
         conf.write_text(
             "\n".join(
                 [
-                    "bind 127.0.0.1",
+                    f"bind {self.bind}",
                     f"port {self.port}",
                     "protected-mode yes",
                     f"requirepass {self.password}",
@@ -82,8 +89,11 @@ class EmbeddedRedis:
             + "\n"
         )
         os.chmod(conf, 0o600)
+        log_file = self.data_dir / "redis.log"
+        seen = log_file.stat().st_size if log_file.exists() else 0
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(
-            [redis_server_binary(), str(conf)],
+            [*prefix, redis_server_binary(), str(conf)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -95,18 +105,29 @@ class EmbeddedRedis:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
                 raise BrokerError(f"redis-server exited with {self.proc.returncode}: {err.strip()}")
-            try:
-                if client.ping():
-                    break
-            except redis.RedisError:
-                pass
+            if self._ready(client, log_file, seen):
+                break
             if time.monotonic() > deadline:
                 self.stop()
-                raise BrokerError(f"redis-server did not answer on 127.0.0.1:{self.port} in {timeout_s}s")
+                raise BrokerError(f"redis-server did not answer on {self.bind}:{self.port} in {timeout_s}s")
             time.sleep(0.02)
         client.close()
-        log.info("embedded redis on 127.0.0.1:%d (data %s)", self.port, self.data_dir)
+        log.info("embedded redis on %s:%d (data %s)", self.bind, self.port, self.data_dir)
         return self
+
+    def _ready(self, client: redis.Redis, log_file: Path, seen: int) -> bool:
+        """Answers PING; inside another network namespace, says so in its log instead."""
+        if self.netns:
+            try:
+                with open(log_file, "rb") as f:
+                    f.seek(seen)
+                    return b"Ready to accept connections" in f.read()
+            except FileNotFoundError:
+                return False
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
 
     def kill(self) -> None:
         """SIGKILL the server (fault injection); AOF keeps what was fsynced."""

@@ -2,4 +2,5 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.docker",
     "tests.fixtures.triton",
+    "tests.fixtures.netns",
 ]

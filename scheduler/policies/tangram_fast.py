@@ -48,7 +48,7 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
     picked: list[Allocation] = []
     gpu: list[QueuedAction] = []
     api: list[QueuedAction] = []
-    cpu_blocked = False
+    cpu_blocked = no_memory = False
     cpu_kind, gpu_kind = ResourceKind.CPU, ResourceKind.GPU
     for action in queue:
         kind = action.cost.key
@@ -64,9 +64,11 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
         gi = -1
         if node is not None:
             gi = _best_group(groups[node], units, elastic) if node in state.cpu else -1
+        elif no_memory:
+            continue  # a new trajectory before it waits for memory: no overtaking among new ones
         else:
             if not mem_free:
-                mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items()})
+                mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items() if c.online})
             need = action.cost.memory_mb
             for name in sorted(mem_free, key=lambda n: (-mem_free[n], n)):
                 if mem_free[name] < need:
@@ -77,6 +79,9 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
                     pins[tid] = name
                     mem_free[name] -= need
                     break
+            if node is None and max(mem_free.values(), default=0) < need:
+                no_memory = True  # see `fcfs_prefix`: pinned trajectories behind it go on
+                continue
         if gi < 0 or node is None:
             cpu_blocked = True
             continue

@@ -73,6 +73,8 @@ class SchedulerService:
         self.recorder = RunRecorder(Path(cfg.state_dir) / "actions.jsonl" if record else None)
         self.metrics = self.recorder.metrics
         self.dispatched_total = 0
+        self.progress_s = time.monotonic()  # last dispatch or completion
+        self._stall_logged_s = 0.0
         self._reset()
         self._stop = threading.Event()
 
@@ -130,6 +132,7 @@ class SchedulerService:
                 if time.monotonic() >= next_check:
                     liveness_check(self, self.liveness)
                     self.expire_idle(self.clock())
+                    self.warn_if_stalled()
                     self.recorder.snapshot(self.waiting, self.state, self.offline)
                     self.recorder.flush()
                     next_check = time.monotonic() + self.liveness.check_every_s
@@ -155,7 +158,7 @@ class SchedulerService:
         for e in events:
             action_id = e.fields["id"]
             ev = json.loads(e.fields.get("event", "{}"))
-            alloc = self.state.release(action_id)
+            alloc = self._release(action_id)
             if alloc is not None:
                 done.append(action_id)
                 self.attempt.pop(action_id, None)
@@ -168,6 +171,7 @@ class SchedulerService:
                     self._trajectory_done(tid)
         self.store.forget_running(done)
         self.store.ack(EVENTS, [e.stream_id for e in events])
+        self.progress_s = time.monotonic()
         self._close_ready()
 
     def on_intake(self, intake: list[IntakeEntry]) -> None:
@@ -221,6 +225,7 @@ class SchedulerService:
         self.recorder.dispatched(allocs)
         self.waiting = [a for a in self.waiting if a.action_id not in started]
         self.dispatched_total += len(allocs)
+        self.progress_s = time.monotonic()
         return len(allocs)
 
     def send(self, allocs: list[Allocation]) -> None:
@@ -241,6 +246,30 @@ class SchedulerService:
                     argsrepr=f"[{alloc.action_id!r}, units={alloc.units}]",
                     kwargsrepr="{}",
                 )
+
+    def warn_if_stalled(self, after_s: float = 30.0) -> None:
+        """Say why nothing moves when actions wait and nothing ran or ended for `after_s`."""
+        now = time.monotonic()
+        if not self.waiting or now - self.progress_s < after_s or now - self._stall_logged_s < after_s:
+            return
+        self._stall_logged_s = now
+        head = self.waiting[0]
+        pin = self.state.trajectory_node.get(head.trajectory_id, "-")
+        cpu = {n: (len(c.free), c.memory_free_mb) for n, c in self.state.cpu.items()}
+        log.warning(
+            "no progress for %.0f s with %d waiting: head %s (trajectory %s pinned to %s, %s %s units); "
+            "cpu free (cores, MiB)=%s; offline=%s; running=%d",
+            now - self.progress_s,
+            len(self.waiting),
+            head.action_id,
+            head.trajectory_id,
+            pin,
+            head.cost.key,
+            head.cost.units.min,
+            cpu,
+            sorted(self.offline),
+            len(self.state.running),
+        )
 
     # ---- trajectories ----------------------------------------------------------------------
     def expire_idle(self, now_s: float) -> None:
@@ -280,6 +309,16 @@ class SchedulerService:
         """Take CPU/GPU pools without live workers out of placement; bring returning ones back."""
         for key in pools - self.offline:
             log.warning("pool %s has no live worker: offline", key)
+            kind, _, name = key.partition(":")
+            if kind == "cpu":
+                # Its trajectories start over elsewhere: otherwise their next actions would wait
+                # for the node forever, and under FCFS everything behind them with them.
+                lost = [t for t, n in self.state.trajectory_node.items() if n == name]
+                for tid in lost:
+                    self.state.close_trajectory(tid)
+                    self.store.forget_pin(tid)
+                if lost:
+                    log.warning("%d trajectories pinned to %s unpinned", len(lost), name)
         for key in self.offline - pools:
             log.info("pool %s is back", key)
         self.offline = set(pools)
@@ -290,7 +329,8 @@ class SchedulerService:
                 if a.pool == name and a.kind is ResourceKind.CPU
                 for c in a.unit_ids
             }
-            node.free = set() if f"cpu:{name}" in self.offline else {c for g in node.numa for c in g} - held
+            node.online = f"cpu:{name}" not in self.offline
+            node.free = {c for g in node.numa for c in g} - held if node.online else set()
         for name, gnode in self.state.gpu.items():
             held = {
                 c
@@ -299,6 +339,16 @@ class SchedulerService:
                 for c in a.unit_ids
             }
             gnode.free = set() if f"gpu:{name}" in self.offline else set(range(gnode.num_gpus)) - held
+
+    def _release(self, action_id: str) -> Allocation | None:
+        """Free the units of `action_id`; on an offline pool they stay out of placement."""
+        alloc = self.state.release(action_id)
+        if alloc is not None and f"{alloc.kind}:{alloc.pool}" in self.offline:
+            if alloc.kind is ResourceKind.CPU:
+                self.state.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
+            elif alloc.kind is ResourceKind.GPU:
+                self.state.gpu[alloc.pool].free.difference_update(alloc.unit_ids)
+        return alloc
 
     def retry(self, action_id: str, worker: str, attempt: int, max_attempts: int) -> None:
         """The worker running `action_id` died, or its message was lost before any worker claimed
@@ -322,7 +372,7 @@ class SchedulerService:
         qa = self.running_qa.get(action_id)
         if qa is None or not self.store.requeue(action_id, worker, "queued", attempt, self.clock()):
             return
-        alloc = self.state.release(action_id)
+        alloc = self._release(action_id)
         log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
         self.running_qa.pop(action_id, None)
         self.kind_of.pop(action_id, None)

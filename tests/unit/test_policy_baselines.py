@@ -116,3 +116,35 @@ def test_per_trajectory_api_ignores_the_quota() -> None:
     state = ClusterState(api={"search": pool})
     allocs = get_policy("per-trajectory-api").decide([api("1"), api("2")], state, 0.0)
     assert len(allocs) == 2
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast", "fixed-dop-4"])
+def test_a_new_trajectory_waiting_for_memory_does_not_block_pinned_ones(name: str) -> None:
+    """Given a node whose memory is all held by two idle pinned trajectories (200 of 200 MiB),
+    when a new trajectory's action is first in line and actions of the pinned ones follow, then
+    the pinned ones start (only they can end a trajectory and free memory) and the new ones
+    wait, in order: the second new trajectory does not overtake the first. The memory of a node
+    that is offline does not count."""
+    offline = CpuNode.uniform("gone", 8, 10_000)
+    offline.online, offline.free = False, set()  # a lost node's memory is no way out
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 8, 200), "gone": offline})
+    for traj in ("t1", "t2"):
+        state.trajectory_node[traj] = "n"
+        state.cpu["n"].trajectory_memory_mb[traj] = 100
+    queue = [cpu("new", "t9"), cpu("p1", "t1"), cpu("new2", "t8"), cpu("p2", "t2")]
+    started = {a.action_id for a in get_policy(name).decide(queue, state, 0.0)}
+    assert started == {"p1", "p2"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast"])
+def test_an_action_waiting_for_cores_still_blocks_the_ones_behind_it(name: str) -> None:
+    """Given 1 free core and memory to spare, when a 2-core rigid action is first in line, then
+    the 1-core actions behind it wait (FCFS: cores free up as running actions end)."""
+    big = QueuedAction(
+        "big", "t1", CostVector(ResourceKind.CPU, Elastic.range(2, 2), memory_mb=100), 0.0, t1_s=10.0
+    )
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    started = get_policy(name).decide([big, cpu("small", "t2")], state, 0.0)
+    assert started == []
