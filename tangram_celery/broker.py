@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -166,10 +167,27 @@ def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:
     return path
 
 
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(url: str) -> str:
+    """Replace `${VAR}` in a broker URL by the environment's value (so that the password lives in
+    the environment or a secret, not in the config file). A missing variable is an error."""
+
+    def one(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value is None:
+            raise BrokerError(f"broker.url refers to ${{{m.group(1)}}}, which is not set in the environment")
+        return value
+
+    return _VAR.sub(one, url)
+
+
 def resolve_url(cfg: TangramConfig) -> str:
-    """The broker URL: the configured one, or the running embedded server's from the state dir."""
+    """The broker URL: the configured one (with `${VAR}` expanded), or the running embedded
+    server's (TANGRAM_BROKER_URL, else the URL file in the state dir)."""
     if cfg.broker.url != "embedded":
-        return cfg.broker.url
+        return expand_env(cfg.broker.url)
     env = os.environ.get("TANGRAM_BROKER_URL")
     if env:
         return env

@@ -26,6 +26,13 @@ def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="deployment YAML (default: configs/local.yaml)")
 
 
+def _add_metrics(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint port (0 = off)")
+    p.add_argument(
+        "--metrics-addr", default="127.0.0.1", help="address of the endpoint (default loopback only)"
+    )
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.file)
     print(json.dumps(cfg.model_dump(mode="json"), indent=2))
@@ -40,7 +47,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     svc = SchedulerService(cfg, resolve_url(cfg))
-    serve(svc.metrics.registry, args.metrics_port)
+    serve(svc.metrics.registry, args.metrics_port, args.metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: svc.stop())
     try:
         svc.run()
@@ -58,6 +65,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         args.node or args.name,
         concurrency=args.concurrency,
         metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
     )
     return 0
 
@@ -117,9 +125,12 @@ def cmd_flower(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     password = cfg.flower.password or secrets.token_urlsafe(12)
-    print(f"flower on http://127.0.0.1:{cfg.flower.port} (user {cfg.flower.user}, password {password})")
+    password = os.environ.get("TANGRAM_FLOWER_PASSWORD") or password
+    where = f"http://{cfg.flower.address}:{cfg.flower.port}"
+    shown = "from TANGRAM_FLOWER_PASSWORD" if os.environ.get("TANGRAM_FLOWER_PASSWORD") else password
+    print(f"flower on {where} (user {cfg.flower.user}, password {shown})")
     cmd = [sys.executable, "-m", "celery", "-b", resolve_url(cfg), "flower", f"--port={cfg.flower.port}",
-           "--address=127.0.0.1", f"--basic-auth={cfg.flower.user}:{password}"]  # fmt: skip
+           f"--address={cfg.flower.address}", f"--basic-auth={cfg.flower.user}:{password}"]  # fmt: skip
     os.execv(sys.executable, cmd)
 
 
@@ -170,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scheduler", help="run the central scheduler")
     _add_config(s)
-    s.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint on 127.0.0.1 (0 = off)")
+    _add_metrics(s)
     s.set_defaults(fn=cmd_scheduler)
 
     w = sub.add_parser("worker", help="run a worker for one pool")
@@ -178,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--node", help="CPU/GPU node name")
     w.add_argument("--name", help="API name")
     w.add_argument("--concurrency", type=int, default=None, help="slots (default: from the pool)")
-    w.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint on 127.0.0.1 (0 = off)")
+    _add_metrics(w)
     _add_config(w)
     w.set_defaults(fn=cmd_worker)
 

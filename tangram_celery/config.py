@@ -48,7 +48,9 @@ class BrokerConfig(_Model):
     @classmethod
     def _url(cls, v: str) -> str:
         if v != "embedded" and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("use 'embedded' or a redis://host:port/db URL")
+            raise ValueError(
+                "use 'embedded' or a redis://host:port/db URL (${VAR} is taken from the environment)"
+            )
         return v
 
 
@@ -185,6 +187,7 @@ class SchedulerConfig(_Model):
 
 class FlowerConfig(_Model):
     port: int = Field(5555, ge=0, le=65535, description="0 picks a free port")
+    address: str = Field("127.0.0.1", description="listen address (0.0.0.0 only behind a trusted network)")
     user: str = Field("tangram", description="basic-auth user")
     password: str | None = Field(None, description="basic-auth password; generated when empty")
 

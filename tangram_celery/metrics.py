@@ -74,10 +74,13 @@ class WorkerMetrics:
         )
 
 
-def serve(registry: CollectorRegistry, port: int) -> None:
-    """Serve `registry` on 127.0.0.1:`port` in a background thread (no-op when port is 0)."""
+def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
+    """Serve `registry` on `addr`:`port` in a background thread (no-op when port is 0).
+
+    Loopback by default; a container that Prometheus scrapes from outside passes 0.0.0.0 and
+    publishes the port only on the network it trusts."""
     if port:
-        start_http_server(port, addr="127.0.0.1", registry=registry)
+        start_http_server(port, addr=addr, registry=registry)
 
 
 def write_targets(state_dir: str | Path, targets: dict[str, int]) -> Path:

@@ -24,6 +24,7 @@ def run_worker(
     loglevel: str = "INFO",
     concurrency: int | None = None,
     metrics_port: int = 0,
+    metrics_addr: str = "127.0.0.1",
 ) -> None:
     """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C)."""
     url = resolve_url(cfg)
@@ -57,7 +58,7 @@ def run_worker(
         tasks.register(app, runtime, gpu=handler_gpu)
         slots = concurrency or gnode.num_gpus  # every reward action holds at least one GPU
     runtime.start(app)
-    serve(runtime.metrics.registry, metrics_port)
+    serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     app.worker_main(
         [

@@ -1,0 +1,109 @@
+"""compose/docker-compose.yml and configs/multinode.example.yaml agree with the code.
+
+No Docker Compose or image registry here: this checks what can go stale without running them,
+namely every service's command against the real CLI parser, the config against the real schema
+(with the environment it gets in the containers), and the security defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tangram_celery.broker import expand_env
+from tangram_celery.cli import build_parser
+from tangram_celery.config import load_config
+from tangram_celery.errors import BrokerError
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+EXAMPLE = ROOT / "configs" / "multinode.example.yaml"
+ENV = {"TANGRAM_REDIS_PASSWORD": "s3cret"}  # node and API names: the file's defaults
+
+
+def _interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} for the values used here."""
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        if name in env:
+            return env[name]
+        if op == ":-":
+            return arg
+        raise AssertionError(f"{name} unset: {arg}")
+
+    return re.sub(r"\$\{([A-Z_]+)(:[-?])?([^}]*)\}", one, value)
+
+
+def _services() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+@pytest.mark.unit
+def test_every_tangram_service_command_is_accepted_by_the_cli() -> None:
+    """Given each service that runs the image (entrypoint `tangram`), when its command is parsed
+    by the real argument parser, then it parses, and worker nodes/APIs exist in the config."""
+    cfg = load_config(EXAMPLE)
+    parser = build_parser()
+    checked = []
+    for name, svc in _services().items():
+        if "command" not in svc or svc.get("image", "").startswith("redis"):
+            continue
+        argv = [_interpolate(str(a), ENV) for a in svc["command"]]
+        args = parser.parse_args(argv)
+        assert args.config == "/etc/tangram/tangram.yaml", name
+        if args.cmd == "worker" and args.kind == "cpu":
+            assert args.node in {n.name for n in cfg.nodes.cpu}, name
+        if args.cmd == "worker" and args.kind == "gpu":
+            assert args.node in {n.name for n in cfg.nodes.gpu}, name
+        if args.cmd == "worker" and args.kind == "api":
+            assert args.name in {a.name for a in cfg.apis}
+        checked.append(args.cmd if args.cmd != "worker" else f"worker-{args.kind}")
+    assert sorted(checked) == ["flower", "scheduler", "worker-api", "worker-cpu", "worker-gpu"]
+
+
+@pytest.mark.unit
+def test_the_example_config_validates_and_takes_its_secrets_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given the example config, then it validates, holds no password, and its broker URL gets
+    the password and host from the environment (a missing one is a clear error)."""
+    cfg = load_config(EXAMPLE)
+    assert "${TANGRAM_REDIS_PASSWORD}" in cfg.broker.url
+    assert cfg.sandbox.network is False
+    monkeypatch.delenv("TANGRAM_REDIS_PASSWORD", raising=False)
+    with pytest.raises(BrokerError, match="TANGRAM_REDIS_PASSWORD"):
+        expand_env(cfg.broker.url)
+    monkeypatch.setenv("TANGRAM_REDIS_PASSWORD", "s3cret")
+    monkeypatch.setenv("TANGRAM_REDIS_HOST", "10.0.0.5")
+    assert expand_env(cfg.broker.url) == "redis://:s3cret@10.0.0.5:6379/0"
+
+
+@pytest.mark.unit
+def test_compose_security_defaults() -> None:
+    """Redis requires a password and keeps an AOF; Flower requires one; every published port is
+    on TANGRAM_BIND, loopback unless the operator says otherwise."""
+    services = _services()
+    redis_cmd = [str(a) for a in services["redis"]["command"]]
+    assert redis_cmd[redis_cmd.index("--requirepass") + 1].startswith("${TANGRAM_REDIS_PASSWORD:?")
+    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    assert services["flower"]["environment"]["TANGRAM_FLOWER_PASSWORD"].startswith(
+        "${TANGRAM_FLOWER_PASSWORD:?"
+    )
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            assert port.startswith("${TANGRAM_BIND:-127.0.0.1}:"), (name, port)
+    assert services["worker-cpu"]["environment"]["TANGRAM_REDIS_PASSWORD"].startswith("${")
+
+
+@pytest.mark.unit
+def test_the_dockerfile_copies_every_package_the_project_installs() -> None:
+    """Given pyproject's package list, then the image build copies each of them."""
+    text = (ROOT / "compose" / "Dockerfile").read_text()
+    for pkg in ("tangram_celery", "scheduler", "reward_servers", "requirements", "configs"):
+        assert f"COPY {pkg} " in text, pkg
+    assert 'ENTRYPOINT ["tangram"]' in text
