@@ -122,6 +122,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
     import secrets
 
     from tangram_celery.broker import resolve_url
+    from tangram_celery.deploy import flower_command
 
     cfg = _config(args)
     password = cfg.flower.password or secrets.token_urlsafe(12)
@@ -129,9 +130,10 @@ def cmd_flower(args: argparse.Namespace) -> int:
     where = f"http://{cfg.flower.address}:{cfg.flower.port}"
     shown = "from TANGRAM_FLOWER_PASSWORD" if os.environ.get("TANGRAM_FLOWER_PASSWORD") else password
     print(f"flower on {where} (user {cfg.flower.user}, password {shown})")
-    cmd = [sys.executable, "-m", "celery", "-b", resolve_url(cfg), "flower", f"--port={cfg.flower.port}",
-           f"--address={cfg.flower.address}", f"--basic-auth={cfg.flower.user}:{password}"]  # fmt: skip
-    os.execv(sys.executable, cmd)
+    cmd, extra = flower_command(
+        resolve_url(cfg), cfg.flower.port, cfg.flower.address, (cfg.flower.user, password)
+    )
+    os.execve(sys.executable, cmd, dict(os.environ, **extra))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -137,12 +137,8 @@ class Deployment:
         self.flower_auth = (self.cfg.flower.user, password)
         self.flower_url = f"http://127.0.0.1:{port}"
         logs = self.state_dir / "logs"
-        env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="")
-        cmd = [
-            sys.executable, "-m", "celery", "-b", self.url, "flower",
-            f"--port={port}", "--address=127.0.0.1",
-            f"--basic-auth={self.flower_auth[0]}:{password}",
-        ]  # fmt: skip
+        cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth)
+        env = dict(os.environ, **extra)
         with open(logs / "flower.log", "ab") as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -221,3 +217,21 @@ class Deployment:
 def write_config(cfg: TangramConfig, path: Path) -> Path:
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return path
+
+
+def flower_command(
+    broker_url: str, port: int, address: str, auth: tuple[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """Flower on `address`:`port` with basic auth always on: (argv, extra environment).
+
+    The broker URL and the credentials go through the environment (Celery's BROKER_URL,
+    Flower's FLOWER_BASIC_AUTH), so that no password shows in the process list.
+    """
+    argv = [sys.executable, "-m", "celery", "flower", f"--port={port}", f"--address={address}"]
+    env = {
+        "BROKER_URL": broker_url,
+        "FLOWER_BASIC_AUTH": f"{auth[0]}:{auth[1]}",
+        "FLOWER_UNAUTHENTICATED_API": "",
+        "FLOWER_INSPECT_TIMEOUT": "5000",  # ms; the 1 s default misses workers on a busy host
+    }
+    return argv, env

@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.fixtures.docker",
     "tests.fixtures.triton",
     "tests.fixtures.netns",
+    "tests.fixtures.browser",
 ]
