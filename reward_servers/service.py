@@ -239,3 +239,11 @@ class RewardService:
         """chunk -> cached services (for the scheduler's GpuNode.resident)."""
         assert self.manager is not None
         return self.manager.resident()
+
+    def resident_models(self) -> dict[str, list[str]]:
+        """What the scheduler places by: "0,1" (a chunk) -> models cached there, least recently
+        used first. The chunk's size is the service's DoP, so the model name is enough."""
+        return {
+            ",".join(map(str, chunk)): [s.rsplit("__dop", 1)[0] for s in services]
+            for chunk, services in self.resident().items()
+        }

@@ -100,6 +100,17 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'attempt', ARGV[3], 'dispatched_s'
 return 1
 """
 
+# running (by this worker, this attempt) -> queued, and tell the scheduler to place it again:
+# a retryable infrastructure failure (e.g. a reward server that crashed mid-batch).
+_GIVE_BACK = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if s ~= 'running' or redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1]
+   or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'queued')
+redis.call('XADD', KEYS[2], '*', 'id', ARGV[3], 'event', ARGV[4])
+return 1
+"""
+
 _HEARTBEAT = """
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[1], ARGV[1], t[1] + t[2] / 1e6)
@@ -138,6 +149,7 @@ class Store:
         self._claim = self.r.register_script(_CLAIM)
         self._complete = self.r.register_script(_COMPLETE)
         self._requeue = self.r.register_script(_REQUEUE)
+        self._give_back = self.r.register_script(_GIVE_BACK)
         self._heartbeat = self.r.register_script(_HEARTBEAT)
 
     def retrying(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
@@ -375,6 +387,19 @@ class Store:
     def requeue(self, action_id: str, worker: str, to_state: str, attempt: int, now_s: float) -> bool:
         """Take an action back from a worker presumed dead (or a pool that is gone)."""
         return bool(self._requeue(keys=[akey(action_id)], args=[worker, to_state, str(attempt), repr(now_s)]))
+
+    def give_back(self, action_id: str, worker: str, attempt: int, event: dict[str, Any]) -> bool:
+        """Hand a running action back to the scheduler to place again (no result for the client).
+        False if this worker's attempt no longer owns it."""
+        ev = json.dumps(event)
+        return bool(
+            self.retrying(
+                "give_back",
+                lambda: self._give_back(
+                    keys=[akey(action_id), EVENTS], args=[worker, str(attempt), action_id, ev]
+                ),
+            )
+        )
 
     def finish_unrun(self, action_id: str, result_json: str, trajectory_id: str) -> None:
         """Final result for an action the scheduler refused or gave up on (no worker ran it)."""

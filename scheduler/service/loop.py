@@ -158,7 +158,15 @@ class SchedulerService:
         for e in events:
             action_id = e.fields["id"]
             ev = json.loads(e.fields.get("event", "{}"))
+            if ev.get("status") == "retry":
+                self._retry_elsewhere(action_id, str(ev.get("error", "")))
+                continue
             alloc = self._release(action_id)
+            if alloc is not None and alloc.kind is ResourceKind.GPU and "resident" in ev:
+                self.state.gpu[alloc.pool].resident = {
+                    tuple(int(g) for g in chunk.split(",")): list(models)
+                    for chunk, models in ev["resident"].items()
+                }
             if alloc is not None:
                 done.append(action_id)
                 self.attempt.pop(action_id, None)
@@ -372,16 +380,36 @@ class SchedulerService:
         qa = self.running_qa.get(action_id)
         if qa is None or not self.store.requeue(action_id, worker, "queued", attempt, self.clock()):
             return
-        alloc = self._release(action_id)
+        alloc = self._back_to_queue(action_id)
         log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
-        self.running_qa.pop(action_id, None)
-        self.kind_of.pop(action_id, None)
         self.metrics.reroutes.inc()
         if alloc is not None and alloc.kind is ResourceKind.CPU:
             self.state.close_trajectory(qa.trajectory_id)  # its sandbox is gone with the node
             self.store.forget_pin(qa.trajectory_id)
-        self.waiting.append(qa)
-        self.waiting.sort(key=lambda a: a.submitted_s)
+
+    def _retry_elsewhere(self, action_id: str, error: str) -> None:
+        """A worker handed `action_id` back after a retryable failure (its reward server crashed
+        mid-batch, a replica failed to load): place it again, within the attempt bound."""
+        if action_id not in self.state.running:
+            return  # already re-placed (an event replayed after a restart)
+        attempt = self.attempt.get(action_id, 1)
+        if attempt >= self.liveness.max_attempts:
+            self._give_up(action_id, f"{attempt} attempt(s) failed, last: {error}")
+            return
+        alloc = self._back_to_queue(action_id)
+        log.warning("action %s failed on %s (%s); placing it again", action_id, alloc and alloc.pool, error)
+        self.metrics.retries.inc()
+
+    def _back_to_queue(self, action_id: str) -> Allocation | None:
+        """Release the units of a dispatched action and put it back in the waiting queue, in
+        FCFS order (its Redis state is already 'queued')."""
+        alloc = self._release(action_id)
+        qa = self.running_qa.pop(action_id, None)
+        self.kind_of.pop(action_id, None)
+        if qa is not None:
+            self.waiting.append(qa)
+            self.waiting.sort(key=lambda a: a.submitted_s)
+        return alloc
 
     def _give_up(self, action_id: str, why: str) -> None:
         qa = self.running_qa.get(action_id)

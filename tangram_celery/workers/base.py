@@ -112,6 +112,22 @@ class WorkerRuntime:
         try:
             result = handler(action_id, payload, alloc)
         except Exception as e:  # an infrastructure failure: the user's code never raises here
+            attempt = int(alloc.get("attempt", 1))
+            if getattr(e, "retryable", False) and self.store.give_back(
+                action_id,
+                self.name,
+                attempt,
+                {
+                    "status": "retry",
+                    "error": f"{type(e).__name__}: {e}",
+                    "trajectory_id": meta["trajectory_id"],
+                },
+            ):
+                log.warning(
+                    "action %s: %s: %s; handed back to be placed again", action_id, type(e).__name__, e
+                )
+                self.metrics.outcomes.labels(pool=self.pool_key, status="retry").inc()
+                return "retry"
             log.exception("action %s failed in the worker", action_id)
             result = ActionResult(
                 action_id=action_id, status=ActionStatus.ERROR, error=f"{type(e).__name__}: {e}"
@@ -135,6 +151,9 @@ class WorkerRuntime:
             "attempt": result.attempts,
             "trajectory_id": result.trajectory_id,
         }
+        extra = getattr(handler, "event_extra", None)
+        if extra is not None:
+            event.update(extra())
         self.metrics.outcomes.labels(pool=self.pool_key, status=str(result.status)).inc()
         self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
         self.store.complete(action_id, result.model_dump_json(), event)

@@ -38,5 +38,10 @@ class GpuHandler:
             return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
         return ActionResult(action_id=action_id, status=ActionStatus.OK, output=out)
 
+    def event_extra(self) -> dict[str, Any]:
+        """Sent with each completion: the node's cached services, so that the scheduler prefers
+        chunks that already hold an action's model (evict-on-execution)."""
+        return {"resident": self.service.resident_models()}
+
     def close(self) -> None:
         self.service.stop()

@@ -16,3 +16,21 @@ def record(request: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.close(fd)
     return {"tag": request["tag"]}
+
+
+class ProviderUnavailable(Exception):
+    """An infrastructure failure that may succeed on another try (like a provider's 503)."""
+
+    retryable = True
+
+
+def flaky(request: dict[str, Any]) -> dict[str, Any]:
+    """Raise ProviderUnavailable for the first `fail_times` calls of a tag, then `record` it.
+    Every call appends `<tag> try` to `<log>.tries`."""
+    with open(str(request["log"]) + ".tries", "a") as f:
+        f.write(f"{request['tag']}\n")
+    with open(str(request["log"]) + ".tries") as f:
+        tries = sum(1 for line in f if line.strip() == str(request["tag"]))
+    if tries <= int(request.get("fail_times", 1)):
+        raise ProviderUnavailable(f"try {tries} of {request['tag']}: provider unavailable")
+    return record(request)

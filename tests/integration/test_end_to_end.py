@@ -18,6 +18,7 @@ CALC_AND_RECORD = [
     {"name": "calc", "handler": "tangram_celery.apis.builtin:calculator", "max_concurrency": 4},
     RECORD_API,
 ]
+FLAKY_API = {**RECORD_API, "name": "flaky", "handler": "tests.integration.support:flaky"}
 
 
 def test_code_action_runs_in_sandbox_and_returns(client) -> None:
@@ -85,6 +86,31 @@ def test_bad_input_is_rejected_and_nothing_enqueued(deployment, client) -> None:
     with pytest.raises(ActionRejected, match="twice"):
         client.submit_many([good, good])
     assert client.submit(good).result(timeout=60).output == {"value": 2}
+
+
+@pytest.mark.deploy(apis=[FLAKY_API], nodes={"cpu": []})
+def test_retryable_infrastructure_failures_are_placed_again_within_a_bound(client, tmp_path: Path) -> None:
+    """Given a handler that fails with a retryable infrastructure error (what a reward worker
+    raises when Triton crashed mid-batch), when actions hit it, then the worker hands them back,
+    the scheduler places them again and each completes once, on its second attempt; one that
+    keeps failing ends as `error` after the attempt bound (5), and is executed no more."""
+    log = tmp_path / "executions.log"
+    n = 6
+    handles = client.submit_many(
+        ApiAction(trajectory_id=f"t{i}", api="flaky", request={"tag": i, "log": str(log)}) for i in range(n)
+    )
+    hopeless = client.submit(
+        ApiAction(trajectory_id="tx", api="flaky", request={"tag": 99, "log": str(log), "fail_times": 100})
+    )
+    results = [h.result(timeout=120) for h in handles]
+    last = hopeless.result(timeout=120)
+    executed = Counter(int(x) for x in log.read_text().split())
+    tries = Counter(int(x) for x in Path(str(log) + ".tries").read_text().split())
+    print(f"submitted={n + 1} ok={sum(r.ok for r in results)} tries={dict(tries)} hopeless={last.status}")
+    assert all(r.status is ActionStatus.OK and r.attempts == 2 for r in results), results
+    assert executed == Counter(range(n)), "each succeeded exactly once"
+    assert last.status is ActionStatus.ERROR and "attempt" in (last.error or ""), last
+    assert tries[99] == 5
 
 
 @pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
