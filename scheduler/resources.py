@@ -78,6 +78,8 @@ class GpuNode:
     free: set[int] = field(default_factory=set)
     # chunk (tuple of gpu ids) -> services resident there, most recently used last
     resident: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
+    # chunk -> actions riding on it besides the one it was allocated to (one batch, see `share`)
+    riders: dict[tuple[int, ...], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -175,6 +177,8 @@ class ClusterState:
     # action -> expected end time (s), recorded by `apply` from the action's duration estimate;
     # policies use it to estimate when units come back (the completion heap of Algorithm 2).
     expected_end_s: dict[str, float] = field(default_factory=dict)
+    # actions sharing a GPU chunk allocated to another action of the same model (`share`)
+    shared: set[str] = field(default_factory=set)
 
     def copy(self) -> ClusterState:
         """An independent copy, much cheaper than deepcopy (allocations are immutable)."""
@@ -185,6 +189,7 @@ class ClusterState:
             trajectory_node=dict(self.trajectory_node),
             running=dict(self.running),
             expected_end_s=dict(self.expected_end_s),
+            shared=set(self.shared),
         )
 
     # ---- fit -------------------------------------------------------------------------------
@@ -264,16 +269,49 @@ class ClusterState:
         self.running[alloc.action_id] = alloc
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
+    def share(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
+        """Let `action` ride on a GPU chunk that is already allocated (to another action of the
+        same model): the worker scores them as one batch on that chunk. The chunk is freed when
+        the last of them is released. Raises ValueError if the chunk is not held."""
+        if alloc.kind is not ResourceKind.GPU or alloc.action_id in self.running:
+            raise ValueError(f"cannot share {alloc}")
+        gnode = self.gpu[alloc.pool]
+        chunk = alloc.unit_ids
+        if gnode.free.intersection(chunk) or not any(
+            a.kind is ResourceKind.GPU and a.pool == alloc.pool and a.unit_ids == chunk
+            for a in self.running.values()
+        ):
+            raise ValueError(f"gpus {chunk} on {alloc.pool} are not held by a batch to join")
+        gnode.riders[chunk] = gnode.riders.get(chunk, 0) + 1
+        self.shared.add(alloc.action_id)
+        self.running[alloc.action_id] = alloc
+        self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
+
+    def hold(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
+        """`apply`, or `share` when a GPU chunk is already held (rebuilding state after a restart)."""
+        if alloc.kind is ResourceKind.GPU and not self.gpu[alloc.pool].free.issuperset(alloc.unit_ids):
+            self.share(alloc, action, now_s)
+        else:
+            self.apply(alloc, action, now_s)
+
     def release(self, action_id: str) -> Allocation | None:
         """Give back the units held by `action_id`; unknown ids are ignored (idempotent)."""
         alloc = self.running.pop(action_id, None)
         self.expected_end_s.pop(action_id, None)
+        self.shared.discard(action_id)
         if alloc is None:
             return None
         if alloc.kind is ResourceKind.CPU:
             self.cpu[alloc.pool].free.update(alloc.unit_ids)
         elif alloc.kind is ResourceKind.GPU:
-            self.gpu[alloc.pool].free.update(alloc.unit_ids)
+            gnode = self.gpu[alloc.pool]
+            riders = gnode.riders.get(alloc.unit_ids, 0)
+            if riders > 1:
+                gnode.riders[alloc.unit_ids] = riders - 1
+            elif riders == 1:
+                del gnode.riders[alloc.unit_ids]
+            else:
+                gnode.free.update(alloc.unit_ids)
         else:
             self.api[alloc.pool].in_flight -= 1
         return alloc
@@ -304,7 +342,11 @@ class ClusterState:
             if alloc.kind is ResourceKind.CPU and alloc.pool in self.cpu:
                 self.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
             elif alloc.kind is ResourceKind.GPU and alloc.pool in self.gpu:
-                self.gpu[alloc.pool].free.difference_update(alloc.unit_ids)
+                gnode = self.gpu[alloc.pool]
+                if not gnode.free.issuperset(alloc.unit_ids):  # a rider on a held chunk
+                    gnode.riders[alloc.unit_ids] = gnode.riders.get(alloc.unit_ids, 0) + 1
+                    self.shared.add(alloc.action_id)
+                gnode.free.difference_update(alloc.unit_ids)
             elif alloc.kind is ResourceKind.API and alloc.pool in self.api:
                 self.api[alloc.pool].in_flight += 1
             self.running[alloc.action_id] = alloc
@@ -326,4 +368,5 @@ def _copy_gpu(g: GpuNode) -> GpuNode:
     out = GpuNode(name=g.name, num_gpus=g.num_gpus, gpu_memory_mb=g.gpu_memory_mb)
     out.free = set(g.free)
     out.resident = {c: list(v) for c, v in g.resident.items()}
+    out.riders = dict(g.riders)
     return out

@@ -65,9 +65,10 @@ def busy_by_pool(
     ends = state.expected_end_s
     cpu, api = ResourceKind.CPU, ResourceKind.API
     groups: dict[str, dict[int, int]] = {}
+    shared = state.shared
     for aid, alloc in state.running.items():
         kind, pool, ids = alloc.kind, alloc.pool, alloc.unit_ids
-        if kind is api or not ids or (nodes is not None and pool not in nodes):
+        if kind is api or not ids or (nodes is not None and pool not in nodes) or aid in shared:
             continue
         end_s = ends.get(aid, now_s)
         if end_s < now_s:

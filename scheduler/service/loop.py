@@ -213,6 +213,7 @@ class SchedulerService:
         if not allocs:
             return 0
         by_id = {a.action_id: a for a in self.waiting}
+        riders = self._riders(allocs, by_id)
         pins: dict[str, dict[str, Any]] = {}
         records: list[tuple[str, dict[str, Any]]] = []
         for alloc in allocs:
@@ -226,6 +227,15 @@ class SchedulerService:
             records.append((alloc.action_id, _record(alloc, qa, attempt)))
             self.kind_of[alloc.action_id] = qa.kind
             self.running_qa[alloc.action_id] = qa
+        for alloc in riders:
+            qa = by_id[alloc.action_id]
+            self.state.share(alloc, qa, now)
+            attempt = self.attempt.get(alloc.action_id, 0) + 1
+            self.attempt[alloc.action_id] = attempt
+            records.append((alloc.action_id, _record(alloc, qa, attempt)))
+            self.kind_of[alloc.action_id] = qa.kind
+            self.running_qa[alloc.action_id] = qa
+        allocs = allocs + riders
         started = {a.action_id for a in allocs}
         entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
         self.store.mark_dispatched(records, pins, entries, now)
@@ -235,6 +245,36 @@ class SchedulerService:
         self.dispatched_total += len(allocs)
         self.progress_s = time.monotonic()
         return len(allocs)
+
+    def _riders(self, allocs: list[Allocation], by_id: dict[str, QueuedAction]) -> list[Allocation]:
+        """Batch reward actions: each GPU allocation takes along up to `max_batch - 1` waiting
+        actions of the same model that run at the same DoP, on the same chunk (FCFS among them).
+
+        They need no units of their own: the worker scores them in one batch with the action the
+        chunk was allocated to, which is what a GPU does best. Other waiting actions lose nothing,
+        since no units are taken from them."""
+        leaders = [a for a in allocs if a.kind is ResourceKind.GPU]
+        if not leaders:
+            return []
+        started = {a.action_id for a in allocs}
+        room: dict[str, list[Allocation]] = {}
+        for a in leaders:
+            model = self.cfg.reward_model(by_id[a.action_id].target)
+            if model is not None and model.max_batch > 1:
+                room.setdefault(model.name, []).extend([a] * (model.max_batch - 1))
+        out: list[Allocation] = []
+        for qa in self.waiting:
+            seats = room.get(qa.target) if qa.cost.key is ResourceKind.GPU else None
+            if not seats or qa.action_id in started:
+                continue
+            for k, lead in enumerate(seats):
+                if lead.units in qa.cost.units.units:
+                    del seats[k]
+                    out.append(
+                        Allocation(qa.action_id, ResourceKind.GPU, lead.pool, lead.units, lead.unit_ids)
+                    )
+                    break
+        return out
 
     def send(self, allocs: list[Allocation]) -> None:
         """Publish one Celery message per allocation, pipelined into one Redis round trip.

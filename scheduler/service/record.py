@@ -52,6 +52,7 @@ class RunRecorder:
             "target": qa.target,
             "allowed": list(qa.cost.units.units),
             "units": alloc.units,
+            "unit_ids": list(alloc.unit_ids),
             "pool": f"{alloc.kind}:{alloc.pool}",
             "memory_mb": qa.cost.memory_mb,
             "api_quota": qa.cost.api_quota,

@@ -29,7 +29,7 @@ def recover(svc: SchedulerService) -> None:
         if st == ActionState.QUEUED:  # re-routed, not yet placed again
             svc.waiting.append(qa)
             continue
-        svc.state.apply(Allocation.from_dict(rec["alloc"]), qa, now)
+        svc.state.hold(Allocation.from_dict(rec["alloc"]), qa, now)
         svc.kind_of[action_id] = qa.kind
         svc.running_qa[action_id] = qa
     svc.waiting.sort(key=lambda a: a.submitted_s)

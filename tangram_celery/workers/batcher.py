@@ -1,8 +1,9 @@
 """Micro-batching of reward requests that wait together in one GPU worker.
 
 Each Celery task thread hands its request to `Batcher.submit` and blocks. Requests for the same
-(model, DoP) that arrive within `window_s` of the first one (or until `max_batch` of them) go
-to the reward service as one call; every caller gets its own row of the result.
+model on the same GPU chunk (the scheduler sends a batch of actions on one chunk together, see
+`SchedulerService._riders`) that arrive within `window_s` of the first one (or until
+`max_batch` of them) go to the reward service as one call; every caller gets its own row.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ class Batcher:
         self.window_s = window_s
         self.max_batch = max_batch
         self._lock = threading.Lock()
-        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._pending: dict[tuple[str, tuple[int, ...] | None], _Pending] = {}
         self.calls = 0  # reward-service calls made (for tests and metrics)
 
     def submit(self, model: str, row: Mapping[str, Any], chunk: tuple[int, ...] | None) -> dict[str, Any]:
         """Score one request; blocks until its batch returns. Errors of the batch are raised."""
         fut: Future[dict[str, Any]] = Future()
-        key = (model, len(chunk or ()))
+        key = (model, chunk)
         flush_now: _Pending | None = None
         with self._lock:
             p = self._pending.get(key)
@@ -54,7 +55,7 @@ class Batcher:
             self._run(model, flush_now)
         return fut.result()
 
-    def _flush_key(self, key: tuple[str, int], p: _Pending) -> None:
+    def _flush_key(self, key: tuple[str, tuple[int, ...] | None], p: _Pending) -> None:
         with self._lock:
             if self._pending.get(key) is not p:
                 return  # already flushed because it filled up

@@ -56,7 +56,9 @@ def run_worker(
 
         handler_gpu = GpuHandler(cfg, gnode)
         tasks.register(app, runtime, gpu=handler_gpu)
-        slots = concurrency or gnode.num_gpus  # every reward action holds at least one GPU
+        # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
+        most = max((m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1)
+        slots = concurrency or min(256, gnode.num_gpus * most)
     runtime.start(app)
     serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
