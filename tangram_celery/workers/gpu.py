@@ -7,18 +7,26 @@ Requests for the same model that wait together in this worker go as one batch (s
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
 
 from tangram_celery.actions import ActionResult, ActionStatus, RewardAction
 from tangram_celery.config import GpuNodeConfig, TangramConfig
 from tangram_celery.workers.batcher import Batcher
 
+if TYPE_CHECKING:
+    from tangram_celery.metrics import WorkerMetrics
+
 
 class GpuHandler:
-    def __init__(self, cfg: TangramConfig, node: GpuNodeConfig) -> None:
+    def __init__(self, cfg: TangramConfig, node: GpuNodeConfig, metrics: WorkerMetrics | None = None) -> None:
         from reward_servers.service import RewardService
 
         self.cfg = cfg
+        self.node = node.name
+        self.metrics = metrics
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
         self.service = RewardService(cfg, node.name).start()
         models = {m.name: m for m in cfg.reward_models}
         self.batcher = Batcher(
@@ -36,7 +44,21 @@ class GpuHandler:
             out = self.batcher.submit(action.model, action.inputs, chunk)
         except InputRejected as e:
             return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
+        finally:
+            self._count_replica_changes()
         return ActionResult(action_id=action_id, status=ActionStatus.OK, output=out)
+
+    def _count_replica_changes(self) -> None:
+        """Carry the replica manager's eviction and load counts into the Prometheus counters."""
+        manager = self.service.manager
+        if self.metrics is None or manager is None:
+            return
+        with self._lock:
+            for stat, counter in (("evictions", self.metrics.evictions), ("loads", self.metrics.restores)):
+                now = int(manager.stats.get(stat, 0))
+                if now > self._seen.get(stat, 0):
+                    counter.labels(node=self.node).inc(now - self._seen.get(stat, 0))
+                self._seen[stat] = now
 
     def event_extra(self) -> dict[str, Any]:
         """Sent with each completion: the node's cached services, so that the scheduler prefers

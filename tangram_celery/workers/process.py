@@ -54,7 +54,7 @@ def run_worker(
             raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
         from tangram_celery.workers.gpu import GpuHandler
 
-        handler_gpu = GpuHandler(cfg, gnode)
+        handler_gpu = GpuHandler(cfg, gnode, runtime.metrics)
         tasks.register(app, runtime, gpu=handler_gpu)
         # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
         most = max((m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1)

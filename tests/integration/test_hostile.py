@@ -37,9 +37,12 @@ def healthy(box: Any, traj: str) -> None:
 
 
 def test_fork_bomb_hits_pids_limit(sandbox_backend: Any) -> None:
-    """Given a bash fork bomb, when run, then PIDS_LIMIT and the sandbox serves the next action."""
+    """Given a bash fork bomb, when run, then PIDS_LIMIT and the sandbox serves the next action.
+
+    The script stays alive while the bomb grows: the bare `:(){ :|:& };:` exits at once, and on a
+    loaded machine the runner may kill the bomb (end of action) before it reaches the limit."""
     traj = tid()
-    res = run(sandbox_backend, traj, language="bash", code=":(){ :|:& };:", timeout_s=5)
+    res = run(sandbox_backend, traj, language="bash", code=":(){ :|:& };:; sleep 2", timeout_s=5)
     assert res.status is ActionStatus.PIDS_LIMIT, res
     healthy(sandbox_backend, traj)
 

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,12 @@ def test_reward_actions_are_scored_by_triton_through_the_scheduler(gpu_deploymen
     print(f"reward actions={len(results)} widest batch on one GPU={widest}")
     assert widest >= 2, "actions for the same model that wait together go as one batch"
     assert verdict.ok and verdict.output["score"] == 1.0, verdict  # type: ignore[index]
+    # The GPU worker counts replicas loaded on demand (evict-on-execution) for Prometheus.
+    port = dep.metrics_ports["worker-gpu-g0"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    loads = [line for line in text.splitlines() if line.startswith('tangram_gpu_restores_total{node="g0"}')]
+    assert loads and float(loads[0].split()[-1]) >= 1, loads
 
 
 def test_triton_killed_mid_batch_loses_nothing(gpu_deployment: Any) -> None:
