@@ -63,7 +63,9 @@ class CostVector:
 
     `memory_mb` is host memory the action's sandbox needs (for CPU actions it is reserved for
     the whole trajectory on its node); `gpu_memory_mb` is the footprint of the service on GPU;
-    `api_quota` is the number of quota tokens one call consumes.
+    `api_quota` is the number of quota tokens one call consumes. `sandbox` is False for a CPU
+    action that needs no trajectory sandbox (a rule-based verifier): it runs on any node, and
+    neither pins its trajectory nor reserves memory.
     """
 
     key: ResourceKind
@@ -71,6 +73,7 @@ class CostVector:
     memory_mb: int = 0
     gpu_memory_mb: int = 0
     api_quota: int = 0
+    sandbox: bool = True
 
 
 @dataclass(slots=True)

@@ -195,11 +195,11 @@ class ClusterState:
     # ---- fit -------------------------------------------------------------------------------
     def cpu_candidates(self, action: QueuedAction, units: int) -> list[CpuNode]:
         """CPU nodes that can take `action` at `units` cores now (stickiness, memory included)."""
-        pinned = self.trajectory_node.get(action.trajectory_id)
+        pinned = self.trajectory_node.get(action.trajectory_id) if action.cost.sandbox else None
         if pinned is not None:
             node = self.cpu.get(pinned)
             return [node] if node is not None and node.max_block() >= units else []
-        need = action.cost.memory_mb
+        need = action.cost.memory_mb if action.cost.sandbox else 0
         nodes = [
             n for n in self.cpu.values() if n.online and n.max_block() >= units and n.memory_free_mb >= need
         ]
@@ -212,7 +212,11 @@ class ClusterState:
         Such an action waits for a trajectory to end, which only the actions of pinned
         trajectories (they need no new memory) can bring about: FCFS must let those pass.
         """
-        if action.cost.key is not ResourceKind.CPU or action.trajectory_id in self.trajectory_node:
+        if (
+            action.cost.key is not ResourceKind.CPU
+            or not action.cost.sandbox
+            or action.trajectory_id in self.trajectory_node
+        ):
             return False
         need = action.cost.memory_mb
         return all(n.memory_free_mb < need for n in self.cpu.values() if n.online)
@@ -252,7 +256,7 @@ class ClusterState:
             if not node.free.issuperset(alloc.unit_ids):
                 raise ValueError(f"cores {alloc.unit_ids} not free on {node.name}")
             node.free.difference_update(alloc.unit_ids)
-            if action.trajectory_id not in self.trajectory_node:
+            if action.cost.sandbox and action.trajectory_id not in self.trajectory_node:
                 self.trajectory_node[action.trajectory_id] = node.name
                 node.trajectory_memory_mb[action.trajectory_id] = action.cost.memory_mb
         elif alloc.kind is ResourceKind.GPU:

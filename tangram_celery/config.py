@@ -223,9 +223,12 @@ class TangramConfig(_Model):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"{what}: duplicate name(s) {sorted(dup)}; names must be unique")
-        if self.reward_models and not self.nodes.gpu:
+        models = [m for m in self.reward_models if m.backend != "rule"]
+        if models and not self.nodes.gpu:
             raise ValueError("reward_models are declared but nodes.gpu is empty; add a GPU node")
-        for m in self.reward_models:
+        if len(models) < len(self.reward_models) and not self.nodes.cpu:
+            raise ValueError("rule reward models run as CPU actions, but nodes.cpu is empty; add a CPU node")
+        for m in models:
             for node in self.nodes.gpu:
                 if max(m.dop_options) > node.num_gpus:
                     raise ValueError(

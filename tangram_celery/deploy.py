@@ -76,7 +76,7 @@ class Deployment:
         for a in self.cfg.apis:
             self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
         for g in self.cfg.nodes.gpu:
-            if self.cfg.reward_models:
+            if any(m.backend != "rule" for m in self.cfg.reward_models):
                 self.spawn(f"worker-gpu-{g.name}", ["worker", "gpu", "--node", g.name])
         if self.with_flower:
             self._start_flower()

@@ -31,7 +31,11 @@ def fcfs_prefix(
         family = (str(action.cost.key), action.target)
         if family in blocked:
             continue
-        fresh = action.cost.key is ResourceKind.CPU and action.trajectory_id not in work.trajectory_node
+        fresh = (
+            action.cost.key is ResourceKind.CPU
+            and action.cost.sandbox
+            and action.trajectory_id not in work.trajectory_node
+        )
         if no_memory and fresh:
             continue
         units = action.cost.units.min if units_of is None else units_of(action)

@@ -60,24 +60,26 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
         units = action.cost.units.min
         elastic = action.cost.units.is_elastic
         tid = action.trajectory_id
-        node = state.trajectory_node.get(tid) or pins.get(tid)
+        sandbox = action.cost.sandbox
+        node = (state.trajectory_node.get(tid) or pins.get(tid)) if sandbox else None
         gi = -1
         if node is not None:
             gi = _best_group(groups[node], units, elastic) if node in state.cpu else -1
-        elif no_memory:
+        elif no_memory and sandbox:
             continue  # a new trajectory before it waits for memory: no overtaking among new ones
         else:
             if not mem_free:
                 mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items() if c.online})
-            need = action.cost.memory_mb
+            need = action.cost.memory_mb if sandbox else 0
             for name in sorted(mem_free, key=lambda n: (-mem_free[n], n)):
                 if mem_free[name] < need:
                     break
                 gi = _best_group(groups[name], units, elastic)
                 if gi >= 0:
                     node = name
-                    pins[tid] = name
-                    mem_free[name] -= need
+                    if sandbox:
+                        pins[tid] = name
+                        mem_free[name] -= need
                     break
             if node is None and max(mem_free.values(), default=0) < need:
                 no_memory = True  # see `fcfs_prefix`: pinned trajectories behind it go on

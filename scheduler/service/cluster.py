@@ -85,7 +85,10 @@ def to_queued(meta: dict[str, Any], cfg: TangramConfig) -> QueuedAction:
     elif t == "reward":
         m = cfg.reward_model(meta["model"])
         assert m is not None
-        cost = CostVector(ResourceKind.GPU, Elastic(m.dop_options), gpu_memory_mb=m.memory_mb)
+        if m.backend == "rule":  # a pure function of strings: one core, no sandbox, no pin
+            cost = CostVector(ResourceKind.CPU, Elastic.fixed(1), sandbox=False)
+        else:
+            cost = CostVector(ResourceKind.GPU, Elastic(m.dop_options), gpu_memory_mb=m.memory_mb)
         kind, target = f"reward:{m.name}", m.name
     else:
         cost = CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1)

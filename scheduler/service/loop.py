@@ -220,7 +220,7 @@ class SchedulerService:
             qa = by_id[alloc.action_id]
             fresh = qa.trajectory_id not in self.state.trajectory_node
             self.state.apply(alloc, qa, now)
-            if fresh and alloc.kind is ResourceKind.CPU:
+            if fresh and alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
                 pins[qa.trajectory_id] = {"node": alloc.pool, "memory_mb": qa.cost.memory_mb}
             attempt = self.attempt.get(alloc.action_id, 0) + 1
             self.attempt[alloc.action_id] = attempt
@@ -423,7 +423,7 @@ class SchedulerService:
         alloc = self._back_to_queue(action_id)
         log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
         self.metrics.reroutes.inc()
-        if alloc is not None and alloc.kind is ResourceKind.CPU:
+        if alloc is not None and alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
             self.state.close_trajectory(qa.trajectory_id)  # its sandbox is gone with the node
             self.store.forget_pin(qa.trajectory_id)
 
@@ -485,10 +485,10 @@ def _record(alloc: Allocation, qa: QueuedAction, attempt: int) -> dict[str, Any]
         "job_id": qa.job_id,
         "priority": qa.priority,
     }
-    if qa.cost.key is ResourceKind.CPU:
-        meta.update(type="code", cpus=[lo, hi], memory_mb=qa.cost.memory_mb, has_tests=qa.kind == "tests")
-    elif qa.cost.key is ResourceKind.GPU:
+    if qa.kind.startswith("reward:"):
         meta.update(type="reward", model=qa.target)
+    elif qa.cost.key is ResourceKind.CPU:
+        meta.update(type="code", cpus=[lo, hi], memory_mb=qa.cost.memory_mb, has_tests=qa.kind == "tests")
     else:
         meta.update(type="api", api=qa.target)
     return {"alloc": alloc.to_dict(), "meta": meta, "attempt": attempt}

@@ -1,10 +1,11 @@
-"""CPU worker: runs code actions in the trajectory's sandbox on the cores the scheduler granted."""
+"""CPU worker: runs code actions in the trajectory's sandbox on the cores the scheduler granted,
+and rule-based reward verifiers (pure functions of strings, no sandbox needed) in-process."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tangram_celery.actions import ActionResult, CodeAction
+from tangram_celery.actions import ActionResult, ActionStatus, CodeAction, RewardAction
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, Sandbox
 
@@ -12,11 +13,14 @@ from tangram_celery.sandbox import ExecRequest, Sandbox
 class CpuHandler:
     """Turns a CodeAction + allocation into a sandbox exec and its result into an ActionResult."""
 
-    def __init__(self, sandbox: Sandbox, cfg: SandboxConfig) -> None:
+    def __init__(self, sandbox: Sandbox, cfg: SandboxConfig, rules: dict[str, str] | None = None) -> None:
         self.sandbox = sandbox
         self.cfg = cfg
+        self.rules = dict(rules or {})  # rule reward model name -> rule
 
     def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+        if payload.get("type") == "reward":
+            return self._verify(action_id, RewardAction.model_validate(payload))
         action = CodeAction.model_validate(payload)
         cores = tuple(int(c) for c in alloc.get("unit_ids") or ()) or (0,)
         req = ExecRequest(
@@ -39,6 +43,20 @@ class CpuHandler:
             stderr=res.stderr,
             tests=res.tests,
             exec_s=res.exec_s,
+        )
+
+    def _verify(self, action_id: str, action: RewardAction) -> ActionResult:
+        from reward_servers.backends.rules import verify
+
+        rule = self.rules.get(action.model)
+        if rule is None:
+            return ActionResult(
+                action_id=action_id,
+                status=ActionStatus.REJECTED,
+                error=f"{action.model!r} is not a rule reward model here ({sorted(self.rules)})",
+            )
+        return ActionResult(
+            action_id=action_id, status=ActionStatus.OK, output=verify(rule, dict(action.inputs))
         )
 
     def close_trajectory(self, trajectory_id: str) -> None:

@@ -37,7 +37,8 @@ def run_worker(
         from tangram_celery.sandbox import open_sandbox
         from tangram_celery.workers.cpu import CpuHandler
 
-        handler = CpuHandler(open_sandbox(cfg.sandbox), cfg.sandbox)
+        rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
+        handler = CpuHandler(open_sandbox(cfg.sandbox), cfg.sandbox, rules)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
         slots = concurrency or node.cores
     elif kind == "api":
@@ -57,7 +58,9 @@ def run_worker(
         handler_gpu = GpuHandler(cfg, gnode, runtime.metrics)
         tasks.register(app, runtime, gpu=handler_gpu)
         # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
-        most = max((m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1)
+        most = max(
+            (m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1
+        )  # rules run on CPU
         slots = concurrency or min(256, gnode.num_gpus * most)
     runtime.start(app)
     serve(runtime.metrics.registry, metrics_port, metrics_addr)

@@ -32,7 +32,7 @@ def gpu_deployment(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[Any
 
     cfg = reward_config_dict(tmp_path / "state", tiny_models)
     cfg["reward_models"] = [m for m in cfg["reward_models"] if m["name"] in ("rm", "math")]
-    cfg["nodes"]["cpu"] = []
+    cfg["nodes"]["cpu"] = [{"name": "n0", "cores": 2, "memory_mb": 4096}]  # rule verifiers run here
     cfg["sandbox"] = {"backend": "namespace"}
     path = tmp_path / "tangram.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -88,8 +88,8 @@ def _rows(n: int) -> list[dict[str, str]]:
 def test_reward_actions_are_scored_by_triton_through_the_scheduler(gpu_deployment: Any) -> None:
     """Given a GPU node (2 GPUs, CPU-kind Triton) with a transformer reward model and a math
     verifier, when reward actions are submitted, then each comes back scored by the model (equal
-    inputs give equal scores), rule actions are verified, and unknown models are rejected at
-    submit with nothing enqueued."""
+    inputs give equal scores), rule actions are verified on a CPU node, and unknown models are
+    rejected at submit with nothing enqueued."""
     from tangram_celery import ActionRejected, RewardAction, TangramClient
 
     dep = gpu_deployment
@@ -126,6 +126,7 @@ def test_reward_actions_are_scored_by_triton_through_the_scheduler(gpu_deploymen
     print(f"reward actions={len(results)} widest batch on one GPU={widest}")
     assert widest >= 2, "actions for the same model that wait together go as one batch"
     assert verdict.ok and verdict.output["score"] == 1.0, verdict  # type: ignore[index]
+    assert verdict.node == "n0", "a rule verifier is a CPU action, not a GPU one"
     # The GPU worker counts replicas loaded on demand (evict-on-execution) for Prometheus.
     port = dep.metrics_ports["worker-gpu-g0"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:

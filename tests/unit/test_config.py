@@ -52,3 +52,19 @@ def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(bad)
+
+
+@pytest.mark.unit
+def test_rule_verifiers_need_a_cpu_node_and_model_servers_a_gpu_node() -> None:
+    """Rule reward models run as CPU actions: a config with only rules and CPU nodes is valid;
+    rules without CPU nodes, or a model without GPU nodes, are errors that say what to add."""
+    rule = {"name": "math", "backend": "rule", "rule": "math-equiv"}
+    cpu = {"cpu": [{"name": "n0", "cores": 2, "memory_mb": 1024}]}
+    assert parse_config({"nodes": cpu, "reward_models": [rule]}).reward_models[0].name == "math"
+    with pytest.raises(ConfigError, match="add a CPU node"):
+        parse_config(
+            {"nodes": {"gpu": [{"name": "g", "num_gpus": 1, "gpu_memory_mb": 1024}]}, "reward_models": [rule]}
+        )
+    model = {"name": "rm", "backend": "hf-seq-cls", "path": "/models/rm"}
+    with pytest.raises(ConfigError, match="add a GPU node"):
+        parse_config({"nodes": cpu, "reward_models": [model]})

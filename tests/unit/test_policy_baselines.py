@@ -148,3 +148,22 @@ def test_an_action_waiting_for_cores_still_blocks_the_ones_behind_it(name: str) 
     state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
     started = get_policy(name).decide([big, cpu("small", "t2")], state, 0.0)
     assert started == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast"])
+def test_a_rule_verifier_runs_anywhere_without_pinning_or_memory(name: str) -> None:
+    """Given a trajectory pinned to a node with no free core and another node whose memory is
+    all reserved, when the trajectory's rule verifier (a CPU action with no sandbox) is decided,
+    then it runs on the other node, and neither pins the trajectory there nor reserves memory."""
+    full = CpuNode.uniform("full", 1, 10_000)
+    full.free = set()
+    state = ClusterState(cpu={"full": full, "m": CpuNode.uniform("m", 2, 100)})
+    state.trajectory_node["t1"] = "full"
+    state.cpu["m"].trajectory_memory_mb["other"] = 100
+    cost = CostVector(ResourceKind.CPU, Elastic.fixed(1), sandbox=False)
+    rule = QueuedAction("rule", "t1", cost, 0.0, t1_s=0.01, kind="reward:math", target="math")
+    allocs = get_policy(name).decide([rule], state, 0.0)
+    assert [(a.action_id, a.pool) for a in allocs] == [("rule", "m")]
+    state.apply(allocs[0], rule)
+    assert state.trajectory_node["t1"] == "full" and state.cpu["m"].memory_free_mb == 0
