@@ -94,7 +94,15 @@ def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) ->
         stderr=facts.get("stderr", ""),
         tests=[TestOutcome(**t) for t in facts.get("tests", [])],
         exec_s=float(facts.get("exec_s", 0.0)),
+        detail=_rolled_back_detail(facts.get("rolled_back")),
     )
+
+
+def _rolled_back_detail(paths: list[str] | None) -> str:
+    if not paths:
+        return ""
+    shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+    return f"disk quota filled: removed {len(paths)} file(s) the action wrote: {shown}"
 
 
 def counter_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int]:

@@ -56,10 +56,12 @@ def _run_argv(req: dict) -> list[str] | None:
 
 def handle(req: dict) -> dict:
     """Run one request to completion and return its facts."""
-    t0, t_wall = time.monotonic(), time.time() - 0.001
+    t0, t_wall = time.monotonic(), time.time()
+    marks = _inode_marks(req)
     act = Action(req)
     procs: list[Proc] = []
     tests: list[dict] = []
+    facts: dict = {}
     try:
         _write_files(req)
         dop = max(1, len(req["cores"]))
@@ -77,7 +79,8 @@ def handle(req: dict) -> dict:
                     {"name": c["name"], "passed": False, "detail": "compile failed"}
                     for c in req.get("test_cases", [])
                 ]
-                return _facts(req, act, procs, tests, t0, compile_failed=True)
+                facts = _facts(req, act, procs, tests, t0, compile_failed=True)
+                return facts
         if req.get("test_command"):
             cmd = req["test_command"]
             if dop > 1 and " -n " not in cmd:
@@ -92,25 +95,71 @@ def handle(req: dict) -> dict:
             py = [(UNITS["python"], code)] if lang == "python" else None
             procs.append(act.spawn("main", req.get("stdin"), argv=_run_argv(req), python=py))
             act.wait_any()
-        return _facts(req, act, procs, tests, t0)
+        facts = _facts(req, act, procs, tests, t0)
+        return facts
     finally:
         kill_all()
         act.close()
         if _disk_full(req):
-            _roll_back(req, t_wall)
+            facts["rolled_back"] = _roll_back(req, marks, t_wall)
 
 
-def _roll_back(req: dict, since: float) -> None:
-    """Delete what the action wrote once it filled the quota, so the trajectory can go on."""
+def _inode_marks(req: dict) -> dict[str, tuple[int, int]]:
+    """(device, inode number) of a file created now in the workdir and in /tmp. Both are tmpfs
+    mounts, which number inodes from a per-mount counter that only grows: a larger number on the
+    same device is a file created later. This needs no clock (a stepped wall clock would make an
+    mtime test delete older files)."""
+    marks = {}
     for top in (req["workdir"], "/tmp"):
+        path = os.path.join(top, ".tangram-mark")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+                os.unlink(path)
+        except OSError:  # full already: every file there predates this action
+            st = os.stat(top)
+            marks[top] = (st.st_dev, 1 << 62)
+            continue
+        marks[top] = (st.st_dev, st.st_ino)
+    return marks
+
+
+def _roll_back(req: dict, marks: dict[str, tuple[int, int]], since: float) -> list[str]:
+    """Once the action filled the quota, delete the files it created, so the trajectory can go on.
+    Only if that frees too little, older files it wrote to since it started go too, largest first.
+    Returns the removed paths."""
+    created: list[str] = []
+    grown: list[tuple[int, str]] = []
+    for top, (dev, mark) in marks.items():
         for root, _dirs, names in os.walk(top):
             for name in names:
                 path = os.path.join(root, name)
                 try:
-                    if os.lstat(path).st_mtime >= since:
-                        os.unlink(path)
+                    st = os.lstat(path)
                 except OSError:
-                    pass
+                    continue
+                if st.st_dev == dev and st.st_ino > mark:
+                    created.append(path)
+                elif st.st_mtime >= since:
+                    grown.append((st.st_size, path))
+    removed = [p for p in created if _unlink(p)]
+    for _size, path in sorted(grown, reverse=True):
+        if not _disk_full(req):
+            break
+        if _unlink(path):
+            removed.append(path)
+    return removed
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def _run_tests(req: dict, act: Action, dop: int, procs: list[Proc]) -> list[dict]:
