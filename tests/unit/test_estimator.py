@@ -1,4 +1,4 @@
-"""DurationEstimator: prior, online EWMA, Amdahl fit, persistence."""
+"""DurationEstimator: prior, online running mean, Amdahl fit, persistence."""
 
 from __future__ import annotations
 
@@ -50,3 +50,28 @@ def test_annotate_sets_duration_model_and_roundtrip_keeps_state() -> None:
     again.annotate(b)
     assert a.duration_s(4) == pytest.approx(b.duration_s(4))
     assert a.duration_s(8) < a.duration_s(1)
+
+
+@pytest.mark.unit
+def test_samples_arriving_shortest_first_do_not_bias_the_mean() -> None:
+    """Given one step's lognormal durations (mean 300 s) completing shortest first, as a rollout
+    step's actions do, when observed, then T1 is their mean, not the last (longest) samples'."""
+    import random
+
+    rng = random.Random(5)
+    durations = sorted(rng.lognormvariate(0.0, 0.8) for _ in range(150))
+    scale = 300.0 / (sum(durations) / len(durations))
+    est = DurationEstimator(priors={"tests": Prior(300.0)})
+    for d in durations:
+        est.observe("tests", 1, d * scale)
+    assert est.estimate("tests")[0] == pytest.approx(300.0, rel=0.03)
+
+
+@pytest.mark.unit
+def test_the_running_mean_follows_drift_once_the_window_is_full() -> None:
+    """Given 1000 runs of 10 s and then 1000 of 20 s, when observed, then T1 is near 20 s (the
+    10 s prior keeps a weight of 3 against 20 for the measurements)."""
+    est = DurationEstimator(priors={"shell": Prior(10.0)})
+    for d in [10.0] * 1000 + [20.0] * 1000:
+        est.observe("shell", 1, d)
+    assert est.estimate("shell")[0] == pytest.approx((3 * 10.0 + 20 * 20.0) / 23, rel=0.01)
