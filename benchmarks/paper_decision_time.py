@@ -4,6 +4,8 @@ One round = `policy.decide(queue, state, now)` on a 256-core node (2 NUMA groups
 are all free, with a queue of coding actions (70% rigid shell, 25% runs elastic 1..8, 5% test
 suites elastic 1..32, T1 drawn as in the coding scenario). Median of 21 rounds per point.
 Then the time to simulate ~10^5 actions (coding, batch 6400 on 25 x 256 cores, tangram-fast).
+Both are absolute times, so the JSON also records how fast this machine runs plain Python
+(`machine_us`: best of 5 of `sum(range(10000))`; about 120-150 us on a current 3 GHz core).
 
     .venv/bin/python benchmarks/paper_decision_time.py
 """
@@ -54,7 +56,20 @@ def median_ms(policy: str, queue: list[QueuedAction], cores: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def machine_us() -> float:
+    """Best-of-5 microseconds for `sum(range(10000))`: a yardstick for comparing machines."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            sum(range(10000))
+        best = min(best, (time.perf_counter() - t0) / 200)
+    return 1e6 * best
+
+
 def main() -> None:
+    speed = machine_us()
+    print(f"  machine: sum(range(10000)) in {speed:.0f} us")
     lengths = [80, 160, 320, 640, 1280]
     cores = [64, 128, 256, 512]
     by_len = {p: [median_ms(p, make_queue(n), 256) for n in lengths] for p in POLICIES}
@@ -100,6 +115,7 @@ def main() -> None:
             "by_cores_ms": by_cores,
             "headline": headline,
             "simulation": sim,
+            "machine_us": speed,
         },
     )
 
