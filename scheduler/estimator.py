@@ -1,8 +1,8 @@
 """Online duration learning: T1 and an Amdahl parallel fraction per action kind.
 
 The paper profiles T_ori offline ("historical averages"). We start from a prior per kind (from
-the config) and learn from completed actions: a running mean of the measured execution time per (kind, units),
-then a weighted least-squares fit of Amdahl's law
+the config) and learn from completed actions: a running mean of the measured execution time per
+(kind, units), then a weighted least-squares fit of Amdahl's law
 
     dur(m) = T1 * ((1 - p) + p / m) = a + b / m,   a = T1 (1 - p),  b = T1 p
 
@@ -37,14 +37,9 @@ class Prior:
 
 
 @dataclass(slots=True)
-class _Ewma:
+class _Mean:
     mean_s: float
     count: int
-
-
-def _point(units: int, dur_s: float, samples: float) -> tuple[float, float, float]:
-    """A fit point (1/units, duration, weight): weight = samples, at most 20."""
-    return 1.0 / units, dur_s, min(samples, 20.0)
 
 
 @dataclass
@@ -52,7 +47,8 @@ class DurationEstimator:
     """Learns (T1, curve) per action kind from `observe` calls.
 
     `alpha` is the smallest weight of a new sample in a running mean (1/n before that);
-    `prior_weight` is how many samples the prior is worth in the fit; `default` is used for kinds with neither prior nor samples.
+    `prior_weight` is how many samples the prior is worth in the fit; `default` is used for
+    kinds with neither prior nor samples.
     """
 
     priors: dict[str, Prior] = field(default_factory=dict)
@@ -60,7 +56,7 @@ class DurationEstimator:
     prior_weight: float = 3.0
     prior_units_hi: int = 8
     default: Prior = field(default_factory=lambda: Prior(t1_s=1.0, p=0.0))
-    _stats: dict[str, dict[int, _Ewma]] = field(default_factory=dict)
+    _stats: dict[str, dict[int, _Mean]] = field(default_factory=dict)
     _cache: dict[str, tuple[float, Amdahl]] = field(default_factory=dict)
 
     def observe(self, kind: str, units: int, exec_s: float) -> None:
@@ -70,7 +66,7 @@ class DurationEstimator:
         per_units = self._stats.setdefault(kind, {})
         st = per_units.get(units)
         if st is None:
-            per_units[units] = _Ewma(exec_s, 1)
+            per_units[units] = _Mean(exec_s, 1)
         else:
             st.count += 1
             st.mean_s += max(self.alpha, 1.0 / st.count) * (exec_s - st.mean_s)
@@ -94,14 +90,14 @@ class DurationEstimator:
     def _fit(self, kind: str) -> tuple[float, Amdahl]:
         prior = self.priors.get(kind, self.default)
         # Points (x = 1/m, y = dur, weight): prior pseudo-points plus means.
-        pts: list[tuple[float, float, float]] = [_point(1, prior.t1_s, self.prior_weight)]
+        pts: list[tuple[float, float, float]] = [(1.0, prior.t1_s, self.prior_weight)]
         if prior.p > 0.0:
             hi = self.prior_units_hi
             y_hi = prior.t1_s * ((1.0 - prior.p) + prior.p / hi)
-            pts.append(_point(hi, y_hi, self.prior_weight))
+            pts.append((1.0 / hi, y_hi, self.prior_weight))
         stats = self._stats.get(kind, {})
         for units, st in stats.items():
-            pts.append(_point(units, st.mean_s, st.count))
+            pts.append((1.0 / units, st.mean_s, float(min(st.count, 20))))
         xs = {x for x, _, _ in pts}
         if len(xs) == 1:
             # Only one unit count seen: scale T1, keep the prior's p.
@@ -145,7 +141,7 @@ class DurationEstimator:
             default=Prior(float(d["default"]["t1_s"]), float(d["default"]["p"])),
         )
         for kind, per in d.get("stats", {}).items():
-            est._stats[kind] = {int(u): _Ewma(float(m), int(c)) for u, (m, c) in per.items()}
+            est._stats[kind] = {int(u): _Mean(float(m), int(c)) for u, (m, c) in per.items()}
         return est
 
     @classmethod

@@ -112,39 +112,43 @@ def test_huge_stdout_hits_output_limit(sandbox_backend: Any) -> None:
     healthy(sandbox_backend, traj)
 
 
-def test_filling_the_disk_hits_disk_limit(sandbox_backend: Any) -> None:
-    """Given code writing past the 16 MiB quota, then DISK_LIMIT, and the next action can write."""
-    traj = tid()
-    first = run(sandbox_backend, traj, language="bash", code="echo keep > old.txt")
-    assert first.status is ActionStatus.OK, first
-    code = "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"
-    res = run(sandbox_backend, traj, language="python", code=code, timeout_s=20)
-    assert res.status is ActionStatus.DISK_LIMIT, res
-    assert "/work/big" in res.detail and "old.txt" not in res.detail, res.detail
-    after = run(
-        sandbox_backend,
-        traj,
-        language="bash",
-        code="cat old.txt; test ! -e big && head -c 1000000 /dev/zero > new && echo ok",
-    )
-    assert (after.status, after.stdout) == (ActionStatus.OK, "keep\nok\n")
+WRITE_FOREVER = "with open({name!r}, {mode!r}) as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"
 
 
-def test_growing_an_older_file_past_the_quota_frees_the_disk(sandbox_backend: Any) -> None:
-    """Given a file from an earlier action appended to until the quota is full, then DISK_LIMIT,
-    the grown file goes (nothing the action created is left to free), untouched files stay, and the
+@pytest.mark.parametrize(
+    ("setup", "writer", "removed", "after"),
+    [
+        pytest.param(
+            "echo keep > old.txt",
+            WRITE_FOREVER.format(name="big", mode="wb"),
+            "/work/big",
+            "cat old.txt; test ! -e big && head -c 1000000 /dev/zero > new && echo ok",
+            id="new-file",
+        ),
+        pytest.param(
+            "echo keep > old.txt; echo x > log.txt",
+            WRITE_FOREVER.format(name="log.txt", mode="ab"),
+            "/work/log.txt",
+            "cat old.txt; head -c 1000000 /dev/zero > new && echo ok",
+            id="grown-older-file",
+        ),
+    ],
+)
+def test_filling_the_disk_hits_disk_limit(
+    sandbox_backend: Any, setup: str, writer: str, removed: str, after: str
+) -> None:
+    """Given code writing past the 16 MiB quota (into a new file, or appending to a file from an
+    earlier action), then DISK_LIMIT; the written file is removed (a grown older file only
+    because nothing the action created is left to free), untouched files stay, and the
     trajectory can write again."""
     traj = tid()
-    first = run(sandbox_backend, traj, language="bash", code="echo keep > old.txt; echo x > log.txt")
+    first = run(sandbox_backend, traj, language="bash", code=setup)
     assert first.status is ActionStatus.OK, first
-    code = "with open('log.txt', 'ab') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"
-    res = run(sandbox_backend, traj, language="python", code=code, timeout_s=20)
+    res = run(sandbox_backend, traj, language="python", code=writer, timeout_s=20)
     assert res.status is ActionStatus.DISK_LIMIT, res
-    assert "/work/log.txt" in res.detail, res.detail
-    after = run(
-        sandbox_backend, traj, language="bash", code="cat old.txt; head -c 1000000 /dev/zero > new && echo ok"
-    )
-    assert (after.status, after.stdout) == (ActionStatus.OK, "keep\nok\n")
+    assert removed in res.detail and "old.txt" not in res.detail, res.detail
+    nxt = run(sandbox_backend, traj, language="bash", code=after)
+    assert (nxt.status, nxt.stdout) == (ActionStatus.OK, "keep\nok\n")
 
 
 def test_filling_tmp_hits_disk_limit(sandbox_backend: Any) -> None:
