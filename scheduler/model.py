@@ -102,11 +102,13 @@ class QueuedAction:
         return self.t1_s / (self.efficiency.efficiency(units) * units)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Allocation:
     """A policy decision: start `action_id` on `pool` with `units` units (the DoP).
 
     `unit_ids` are the concrete core ids (CPU) or GPU ids (a buddy chunk); empty for API pools.
+    A value: never changed once made (hashable for that reason). Not `frozen=True` only because
+    a frozen dataclass costs 4x as much to build, and a round builds one per decision.
     """
 
     action_id: str

@@ -7,6 +7,7 @@ A *pool* is the unit of elastic allocation: one NUMA group of one CPU node
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable, Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
@@ -147,52 +148,76 @@ def rest_estimate_s(
     Algorithm 2's estimate: every still-queued action takes its minimum units as soon as enough
     units are back; the first one may try its first `depth` unit counts and keeps the one that
     finishes earliest. `busy` holds the running and just-started allocations of the pool.
+
+    The heap holds one end time per busy *unit* (an allocation of u units is u entries), as
+    plain floats: an action needing u units starts at the u-th earliest time a unit is back,
+    which is what popping whole allocations gives too, and float comparisons are several
+    times cheaper than tuple ones in this, the hottest loop of a round.
     """
-    heap = list(busy)
+    heap = [e for e, u in busy for _ in range(u)]
     heapq.heapify(heap)
-    free = capacity - sum(u for _, u in busy)
+    free = capacity - len(heap)
     t_s = now_s
     total_s = 0.0
-    pop, push = heapq.heappop, heapq.heappush
-    for i, (units, dur_s, action) in enumerate(rest):
-        if units > capacity:
-            continue
-        if i == 0 and depth > 1 and len(action.cost.units.units) > 1:
-            best: tuple[float, int, list[Busy], int, float] | None = None
+    todo: Iterable[Waiting] = rest
+    pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
+    if rest and depth > 1 and len(rest[0][2].cost.units.units) > 1:
+        todo = itertools.islice(rest, 1, None)
+        units, _, action = rest[0]
+        best: tuple[float, int, list[float], int, float] | None = None
+        if units <= capacity:
             for units in [u for u in action.cost.units.units if u <= capacity][:depth]:
                 h = list(heap)
-                got = _wait_for(h, free, t_s, units)
-                if got is None:
-                    continue
-                end_s = got[1] + action.duration_s(units)
+                got_free, got_s = _wait_for(h, free, t_s, units)
+                end_s = got_s + action.duration_s(units)
                 if best is None or end_s < best[0]:
-                    best = (end_s, units, h, got[0], got[1])
-            if best is None:
-                continue
+                    best = (end_s, units, h, got_free, got_s)
+        if best is not None:
             end_s, units, heap, free, t_s = best
-        else:
-            # Hot loop: inlined `_wait_for`.
-            while free < units and heap:
-                end_s, u = pop(heap)
-                if end_s > t_s:
-                    t_s = end_s
-                free += u
-            if free < units:
-                continue
+            for _ in range(units):
+                push(heap, end_s)
+            free -= units
+            total_s += end_s - now_s
+    for units, dur_s, _ in todo:
+        if units == 1 and not free and heap:  # common: the next unit back is this one's
+            top_s = heap[0]
+            if top_s > t_s:
+                t_s = top_s
             end_s = t_s + dur_s
-        push(heap, (end_s, units))
-        free -= units
+            replace(heap, end_s)
+            total_s += end_s - now_s
+            continue
+        if free >= units:
+            end_s = t_s + dur_s
+            free -= units
+            push(heap, end_s)
+        elif units > capacity:
+            continue  # never fits this pool
+        else:
+            # Take units back until `units` are free; the last one is replaced by the new end.
+            for _ in range(units - free - 1):
+                top_s = pop(heap)
+                if top_s > t_s:
+                    t_s = top_s
+            top_s = heap[0]
+            if top_s > t_s:
+                t_s = top_s
+            end_s = t_s + dur_s
+            replace(heap, end_s)
+            free = 0
+        if units > 1:
+            for _ in range(units - 1):
+                push(heap, end_s)
         total_s += end_s - now_s
     return total_s
 
 
-def _wait_for(heap: list[Busy], free: int, t_s: float, units: int) -> tuple[int, float] | None:
-    """Pop completions until `units` are free: (free units, time) or None if they never are."""
-    while free < units and heap:
-        end_s, u = heapq.heappop(heap)
-        t_s = max(t_s, end_s)
-        free += u
-    return (free, t_s) if free >= units else None
+def _wait_for(heap: list[float], free: int, t_s: float, units: int) -> tuple[int, float]:
+    """Pop unit completions until `units` are free (`units` <= capacity): (free, time)."""
+    while free < units:
+        t_s = max(t_s, heapq.heappop(heap))
+        free += 1
+    return free, t_s
 
 
 def pick_gpu_chunks(

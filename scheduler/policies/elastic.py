@@ -99,9 +99,15 @@ def cpu_free_ids(problem: PoolProblem) -> list[int]:
     return sorted(c for c in node.numa[problem.key[2]] if c in node.free)
 
 
-def cpu_decision(problem: PoolProblem, keep: int, units: Sequence[int]) -> Decision:
-    """Allocations for the first `keep` members with `units` cores each (0: wait); rest dropped."""
-    ids = cpu_free_ids(problem)
+def cpu_decision(
+    problem: PoolProblem, keep: int, units: Sequence[int], ids: Sequence[int] | None = None
+) -> Decision:
+    """Allocations for the first `keep` members with `units` cores each (0: wait); rest dropped.
+
+    `ids`: the pool's free core ids, ascending (`cpu_free_ids`), if the caller has them.
+    """
+    if ids is None:
+        ids = cpu_free_ids(problem)
     out: Decision = {}
     pos = 0
     for i, (action, alloc) in enumerate(problem.members):

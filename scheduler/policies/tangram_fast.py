@@ -131,63 +131,70 @@ def _best_group(groups: list[list[int]], units: int, elastic: bool) -> int:
 
 
 def greedy_cpu_solver(problem: PoolProblem) -> Decision:
-    """Drop-tail over greedy marginal-gain allocations of one NUMA group's free cores."""
+    """Drop-tail over greedy marginal-gain allocations of one NUMA group's free cores.
+
+    Incremental: dropping the tail candidate returns its cores, and the greedy heap goes on
+    from where it stopped. Heap entries popped earlier because their step did not fit are put
+    back, so the heap holds exactly each kept candidate's next step, as if rebuilt.
+    """
     members, now_s = problem.members, problem.now_s
-    free = len(cpu_free_ids(problem))
+    ids = cpu_free_ids(problem)
+    free = len(ids)
     actions = [a for a, _ in members]
     units = [a.cost.units.min for a in actions]
+    durs = [a.duration_s(u) for a, u in zip(actions, units, strict=True)]
     left = free - sum(units)
     keep = len(actions)
-    heap: list[tuple[float, int, int]] = []
-
-    def rebuild() -> None:
-        heap.clear()
-        for i in range(keep):
-            _push(heap, actions[i], i, units[i], free)
+    heap: list[tuple[float, int, int, float]] = []
+    for i in range(keep):
+        _push(heap, actions[i], i, units[i], durs[i], free)
+    skipped: list[tuple[float, int, int, float]] = []
+    pop = heapq.heappop
 
     def fill() -> None:
         nonlocal left
         while left > 0 and heap:
-            _, i, nxt = heapq.heappop(heap)
+            entry = pop(heap)
+            i, nxt = entry[1], entry[2]
             if i >= keep or nxt <= units[i]:
                 continue
             step = nxt - units[i]
             if step > left:
+                skipped.append(entry)
                 continue
             units[i] = nxt
+            durs[i] = entry[3]
             left -= step
-            _push(heap, actions[i], i, nxt, free)
+            _push(heap, actions[i], i, nxt, entry[3], free)
 
     def objective() -> float:
-        total_s = 0.0
-        ends = []
-        for i in range(keep):
-            d = actions[i].duration_s(units[i])
-            total_s += d
-            ends.append((now_s + d, units[i]))
+        kept = durs[:keep]
+        ends = [(now_s + d, u) for d, u in zip(kept, units, strict=False)]
         wait = waiting(actions[keep:]) + problem.rest
-        return total_s + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
+        return sum(kept) + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
 
-    rebuild()
     fill()
-    best = (objective(), keep, list(units))
+    best = (objective(), keep, list(units), list(durs))
     while keep > 1:
         keep -= 1
         left += units[keep]
-        rebuild()
+        for entry in skipped:
+            if entry[1] < keep:
+                heapq.heappush(heap, entry)
+        skipped.clear()
         fill()
         obj = objective()
         if obj >= best[0]:
             break
-        best = (obj, keep, list(units))
-    keep, units = best[1], best[2]
+        best = (obj, keep, list(units), list(durs))
+    keep, units, durs = best[1], best[2], best[3]
     if problem.defer:
-        keep, units = defer_for_cores(problem, keep, units)
-    return cpu_decision(problem, keep, units)
+        keep, units = defer_for_cores(problem, keep, units, durs, free)
+    return cpu_decision(problem, keep, units, ids)
 
 
 def defer_for_cores(
-    problem: PoolProblem, keep: int, units: list[int], checks: int = 8
+    problem: PoolProblem, keep: int, units: list[int], durs: list[float], free: int, checks: int = 8
 ) -> tuple[int, list[int]]:
     """Hold back an elastic candidate that would finish sooner by waiting for more cores.
 
@@ -205,12 +212,19 @@ def defer_for_cores(
     only if what it gains exceeds that total delay (the objective is the sum of completion
     times), so under contention it rarely does and the round is the plain marginal-gain split,
     which maximises throughput there. Everything is re-decided next round.
+
+    `durs[j]` is candidate j's duration at `units[j]`; `free` the pool's free cores.
     """
     now_s, members = problem.now_s, problem.members
     out = [u if j < keep else 0 for j, u in enumerate(units)]
-    ends = [(now_s + members[j][0].duration_s(u), u) if u else None for j, u in enumerate(out)]
-    spare = len(cpu_free_ids(problem)) - sum(out)
-    rest = [(now_s + dur_s, n) for n, dur_s, _ in problem.rest]
+    ends = [(now_s + durs[j], u) if u else None for j, u in enumerate(out)]
+    spare = free - sum(out)
+    # Expected ends of the running actions and the kept candidates, soonest first (overdue
+    # ones left out: no telling when they end); j = candidate index, -1 for running ones.
+    timeline = sorted(
+        [(e_s, n, -1) for e_s, n in problem.busy if e_s > now_s]
+        + [(e[0], e[1], j) for j, e in enumerate(ends) if e is not None and e[0] > now_s]
+    )
     for i in range(keep):
         action, u = members[i][0], out[i]
         if checks <= 0:
@@ -218,8 +232,7 @@ def defer_for_cores(
         if u == 0 or not action.cost.units.is_elastic or u >= action.cost.units.max:
             continue
         checks -= 1
-        others = [e for j, e in enumerate(ends) if e is not None and j != i]
-        wait = _best_wait(problem.busy + others, spare + u, now_s, action, u, problem.capacity)
+        wait = _best_wait(timeline, i, spare + u, now_s, action, u, problem.capacity)
         if wait is None or wait[0] >= ends[i][0]:  # type: ignore[index]
             continue
         done_s, t_s, extra = wait
@@ -236,8 +249,8 @@ def defer_for_cores(
             else:
                 held.append(j)
         n_rest = 0
-        for end_s, n in rest:
-            if end_s <= t_s:
+        for n, dur_s, _ in problem.rest:
+            if now_s + dur_s <= t_s:
                 continue
             if n <= extra:
                 extra -= n
@@ -265,19 +278,30 @@ def defer_for_cores(
 
 
 def _best_wait(
-    busy: list[Busy], free: int, now_s: float, action: QueuedAction, units: int, capacity: int
+    timeline: list[tuple[float, int, int]],
+    skip: int,
+    free: int,
+    now_s: float,
+    action: QueuedAction,
+    units: int,
+    capacity: int,
 ) -> tuple[float, float, int] | None:
-    """(completion, start, cores spare then) of the best *later* start with more cores, if any."""
-    ends = sorted(e for e in busy if e[0] > now_s)  # overdue ones: no telling when they end
+    """(completion, start, cores spare then) of the best *later* start with more cores, if any.
+
+    `timeline`: (end, units, candidate index) of what holds the pool's cores, soonest first;
+    the entry of candidate `skip` (the one asking) is left out.
+    """
     best: tuple[float, float, int] | None = None
     pos = 0
     t_s = now_s
     for u in action.cost.units.units:
         if u < 2 * units or u > capacity:
             continue  # waiting for a core or two more is not worth a reservation
-        while free < u and pos < len(ends):
-            end_s, n = ends[pos]
+        while free < u and pos < len(timeline):
+            end_s, n, j = timeline[pos]
             pos += 1
+            if j == skip:
+                continue
             t_s = max(t_s, end_s)
             free += n
         if free < u:
@@ -290,15 +314,21 @@ def _best_wait(
     return best
 
 
-def _push(heap: list[tuple[float, int, int]], action: QueuedAction, i: int, cur: int, cap: int) -> None:
-    """Push the candidate's next unit step keyed by its duration gain per extra unit."""
+def _push(
+    heap: list[tuple[float, int, int, float]], action: QueuedAction, i: int, cur: int, cur_s: float, cap: int
+) -> None:
+    """Push the candidate's next unit step keyed by its duration gain per extra unit.
+
+    `cur_s` is its duration at `cur` units; the entry carries the duration at the next step.
+    """
     for nxt in action.cost.units.units:
         if nxt > cur:
             if nxt > cap:
                 return
-            gain = (action.duration_s(cur) - action.duration_s(nxt)) / (nxt - cur)
+            nxt_s = action.duration_s(nxt)
+            gain = (cur_s - nxt_s) / (nxt - cur)
             if gain > 0:
-                heapq.heappush(heap, (-gain, i, nxt))
+                heapq.heappush(heap, (-gain, i, nxt, nxt_s))
             return
 
 
