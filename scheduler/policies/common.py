@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode
@@ -21,9 +21,10 @@ Waiting = tuple[int, float, QueuedAction]  # (min units, duration at min units i
 def waiting(actions: Iterable[QueuedAction]) -> list[Waiting]:
     """Precompute what the completion-heap estimate needs per waiting action."""
     out = []
+    append = out.append
     for a in actions:
         units = a.cost.units.units[0]
-        out.append((units, a.duration_s(units), a))
+        append((units, a.t1_s / (a.efficiency.efficiency(units) * units), a))  # a.duration_s(units)
     return out
 
 
@@ -46,11 +47,14 @@ def core_group_index(numa: tuple[tuple[int, ...], ...]) -> dict[int, int]:
     return index
 
 
-def pool_of(alloc: Allocation, state: ClusterState) -> PoolKey:
-    """The pool an allocation draws from."""
+def pool_of(alloc: Allocation, state: ClusterState, groups: dict[str, dict[int, int]] | None = None) -> PoolKey:
+    """The pool an allocation draws from. `groups`: a cache of `core_group_index` per node."""
     if alloc.kind is ResourceKind.CPU:
-        node = state.cpu[alloc.pool]
-        gidx = core_group_index(node.numa)
+        gidx = groups.get(alloc.pool) if groups is not None else None
+        if gidx is None:
+            gidx = core_group_index(state.cpu[alloc.pool].numa)
+            if groups is not None:
+                groups[alloc.pool] = gidx
         return ("cpu", alloc.pool, gidx[alloc.unit_ids[0]] if alloc.unit_ids else 0)
     return (str(alloc.kind), alloc.pool, 0)
 
@@ -106,33 +110,30 @@ def distribute_rest(
     left out (they do not compete for elastic units).
     """
     out: dict[PoolKey, list[QueuedAction]] = {p: [] for p in pools}
+
+    def round_robin(choices: list[PoolKey]) -> Iterator[Callable[[QueuedAction], None]] | None:
+        return itertools.cycle([out[p].append for p in choices]) if choices else None
+
     by_node: dict[str, list[PoolKey]] = {}
     for p in pools:
         if p[0] == "cpu":
             by_node.setdefault(p[1], []).append(p)
-    cpu_pools = [p for p in pools if p[0] == "cpu"]
-    gpu_pools = [p for p in pools if p[0] == "gpu"]
+    any_cpu = round_robin([p for p in pools if p[0] == "cpu"])
+    any_gpu = round_robin([p for p in pools if p[0] == "gpu"])
+    on_node = {n: round_robin(ps) for n, ps in by_node.items()}
     pins = state.trajectory_node
-    rr: dict[str, int] = {}
     cpu, gpu = ResourceKind.CPU, ResourceKind.GPU
     for action in rest:
         kind = action.cost.key
         if kind is cpu:
             pinned = pins.get(action.trajectory_id)
-            if pinned is None:
-                choices, key = cpu_pools, "cpu"
-            else:
-                choices, key = by_node.get(pinned, []), pinned
+            to = any_cpu if pinned is None else on_node.get(pinned)
         elif kind is gpu:
-            choices, key = gpu_pools, "gpu"
+            to = any_gpu
         else:
             continue
-        if len(choices) == 1:
-            out[choices[0]].append(action)
-        elif choices:
-            i = rr.get(key, 0)
-            out[choices[i % len(choices)]].append(action)
-            rr[key] = i + 1
+        if to is not None:
+            next(to)(action)
     return out
 
 
@@ -154,7 +155,11 @@ def rest_estimate_s(
     which is what popping whole allocations gives too, and float comparisons are several
     times cheaper than tuple ones in this, the hottest loop of a round.
     """
-    heap = [e for e, u in busy for _ in range(u)]
+    heap = [e for e, u in busy if u == 1]
+    if len(heap) < len(busy):
+        for e, u in busy:
+            if u != 1:
+                heap += [e] * u
     heapq.heapify(heap)
     free = capacity - len(heap)
     t_s = now_s

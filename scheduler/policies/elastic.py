@@ -67,17 +67,22 @@ def elastic_round(
     if all(a.kind is ResourceKind.API for a in cands):
         return cands
     wanted = {a.action_id for a in cands}
-    by_id = {a.action_id: a for a in queue if a.action_id in wanted}
+    by_id: dict[str, QueuedAction] = {}
+    rest: list[QueuedAction] = []  # the queued actions that are not candidates
+    for a in queue:
+        if a.action_id in wanted:
+            by_id[a.action_id] = a
+        else:
+            rest.append(a)
     members: dict[PoolKey, list[Member]] = {}
+    groups: dict[str, dict[int, int]] = {}
     for alloc in cands:
         if alloc.kind is ResourceKind.API:
             continue
-        members.setdefault(pool_of(alloc, state), []).append((by_id[alloc.action_id], alloc))
+        members.setdefault(pool_of(alloc, state, groups), []).append((by_id[alloc.action_id], alloc))
     elastic = {k: m for k, m in members.items() if any(a.cost.units.is_elastic for a, _ in m)}
     if not elastic:
         return cands
-    cand_ids = {a.action_id for a in cands}
-    rest = (a for a in queue if a.action_id not in cand_ids)
     rest_by_pool = distribute_rest(rest, state, list(members))
     busy = busy_by_pool(state, now_s, {k[1] for k in elastic})
     decided: Decision = {}

@@ -19,6 +19,7 @@ solved differently where the cost is:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 
@@ -57,8 +58,9 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
             continue
         if cpu_blocked:
             continue
-        units = action.cost.units.min
-        elastic = action.cost.units.is_elastic
+        options = action.cost.units.units
+        units = options[0]
+        elastic = len(options) > 1
         tid = action.trajectory_id
         sandbox = action.cost.sandbox
         node = (state.trajectory_node.get(tid) or pins.get(tid)) if sandbox else None
@@ -71,7 +73,8 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
             if not mem_free:
                 mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items() if c.online})
             need = action.cost.memory_mb if sandbox else 0
-            for name in sorted(mem_free, key=lambda n: (-mem_free[n], n)):
+            order = mem_free if len(mem_free) == 1 else sorted(mem_free, key=lambda n: (-mem_free[n], n))
+            for name in order:
                 if mem_free[name] < need:
                     break
                 gi = _best_group(groups[name], units, elastic)
@@ -225,6 +228,9 @@ def defer_for_cores(
         [(e_s, n, -1) for e_s, n in problem.busy if e_s > now_s]
         + [(e[0], e[1], j) for j, e in enumerate(ends) if e is not None and e[0] > now_s]
     )
+    rest_ends: list[float] | None = None  # the queued rest's ends at minimum units, if needed
+    rest_sorted: list[float] = []
+    rest_unit = True
     for i in range(keep):
         action, u = members[i][0], out[i]
         if checks <= 0:
@@ -248,14 +254,23 @@ def defer_for_cores(
                 extra -= e[1]
             else:
                 held.append(j)
-        n_rest = 0
-        for n, dur_s, _ in problem.rest:
-            if now_s + dur_s <= t_s:
-                continue
-            if n <= extra:
-                extra -= n
-            else:
-                n_rest += 1
+        if rest_ends is None:
+            rest_ends = [now_s + dur_s for _, dur_s, _ in problem.rest]
+            rest_sorted = sorted(rest_ends)
+            rest_unit = all(n == 1 for n, _, _ in problem.rest)
+        if rest_unit:  # the common case, counted by bisection: each takes one spare core or waits
+            late_n = len(rest_sorted) - bisect.bisect_right(rest_sorted, t_s)
+            n_rest = max(0, late_n - extra)
+            extra = max(0, extra - late_n)
+        else:
+            n_rest = 0
+            for (n, _, _), end_s in zip(problem.rest, rest_ends, strict=True):
+                if end_s <= t_s:
+                    continue
+                if n <= extra:
+                    extra -= n
+                else:
+                    n_rest += 1
         if (len(held) + n_rest) * (t_s - now_s) >= ends[i][0] - done_s:  # type: ignore[index]
             continue
         for j in held:
