@@ -62,8 +62,12 @@ def elastic_round(
     gpu_solver: PoolSolver,
     depth: int,
     defer: bool = False,
+    pools: Sequence[PoolKey | None] | None = None,
 ) -> list[Allocation]:
-    """Re-decide the units of `cands` pool by pool; returns the allocations in FCFS order."""
+    """Re-decide the units of `cands` pool by pool; returns the allocations in FCFS order.
+
+    `pools[i]`, if given and not None, is the pool of `cands[i]` (the candidate pass knew it).
+    """
     if all(a.kind is ResourceKind.API for a in cands):
         return cands
     wanted = {a.action_id for a in cands}
@@ -76,10 +80,13 @@ def elastic_round(
             rest.append(a)
     members: dict[PoolKey, list[Member]] = {}
     groups: dict[str, dict[int, int]] = {}
-    for alloc in cands:
+    for i, alloc in enumerate(cands):
         if alloc.kind is ResourceKind.API:
             continue
-        members.setdefault(pool_of(alloc, state, groups), []).append((by_id[alloc.action_id], alloc))
+        key = pools[i] if pools is not None else None
+        if key is None:
+            key = pool_of(alloc, state, groups)
+        members.setdefault(key, []).append((by_id[alloc.action_id], alloc))
     elastic = {k: m for k, m in members.items() if any(a.cost.units.is_elastic for a, _ in m)}
     if not elastic:
         return cands
@@ -111,18 +118,16 @@ def cpu_decision(
 
     `ids`: the pool's free core ids, ascending (`cpu_free_ids`), if the caller has them.
     """
-    if ids is None:
-        ids = cpu_free_ids(problem)
+    free = tuple(cpu_free_ids(problem) if ids is None else ids)
     out: Decision = {}
     pos = 0
+    cpu = ResourceKind.CPU
     for i, (action, alloc) in enumerate(problem.members):
-        if i >= keep or units[i] == 0:
+        u = units[i] if i < keep else 0
+        if u == 0:
             out[action.action_id] = None
             continue
-        u = units[i]
-        out[action.action_id] = Allocation(
-            action.action_id, ResourceKind.CPU, alloc.pool, u, tuple(ids[pos : pos + u])
-        )
+        out[action.action_id] = Allocation(action.action_id, cpu, alloc.pool, u, free[pos : pos + u])
         pos += u
     return out
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
-from scheduler.policies.common import Busy, core_group_index, rest_estimate_s, waiting
+from scheduler.policies.common import Busy, PoolKey, core_group_index, rest_estimate_s, waiting
 from scheduler.policies.elastic import (
     Decision,
     PoolProblem,
@@ -38,15 +38,19 @@ from scheduler.policies.gpu_aware import gpu_candidates, residency_gpu_solver
 from scheduler.resources import ClusterState
 
 
-def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
+def fast_candidates(
+    queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+) -> tuple[list[Allocation], list[PoolKey | None]]:
     """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions.
 
     Per-node views are built lazily (only nodes the scan touches), from the free cores only.
+    Also returns each candidate's pool where the pass knows it (CPU), else None.
     """
     groups = _LazyGroups(state)
     mem_free: dict[str, int] = {}
     pins: dict[str, str] = {}
     picked: list[Allocation] = []
+    pools: list[PoolKey | None] = []
     gpu: list[QueuedAction] = []
     api: list[QueuedAction] = []
     cpu_blocked = no_memory = False
@@ -94,12 +98,14 @@ def fast_candidates(queue: Sequence[QueuedAction], state: ClusterState, now_s: f
         ids = tuple(free[:units])
         del free[:units]
         picked.append(Allocation(action.action_id, cpu_kind, node, units, ids))
+        pools.append(("cpu", node, gi))
     # Families are independent, so CPU, then GPU, then API allocations apply in any order.
     if gpu:
         picked += gpu_candidates(gpu, state, now_s)
     if api:
         picked += fcfs_prefix(api, state, now_s)[0]
-    return picked
+    pools += [None] * (len(picked) - len(pools))
+    return picked, pools
 
 
 class _LazyGroups(dict[str, list[list[int]]]):
@@ -257,7 +263,7 @@ def defer_for_cores(
         if rest_ends is None:
             rest_ends = [now_s + dur_s for _, dur_s, _ in problem.rest]
             rest_sorted = sorted(rest_ends)
-            rest_unit = all(n == 1 for n, _, _ in problem.rest)
+            rest_unit = sum(n for n, _, _ in problem.rest) == len(problem.rest)  # all 1 (n >= 1)
         if rest_unit:  # the common case, counted by bisection: each takes one spare core or waits
             late_n = len(rest_sorted) - bisect.bisect_right(rest_sorted, t_s)
             n_rest = max(0, late_n - extra)
@@ -358,7 +364,7 @@ class TangramFast:
         self.defer = defer
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
-        cands = fast_candidates(queue, state, now_s)
+        cands, pools = fast_candidates(queue, state, now_s)
         return elastic_round(
-            queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth, self.defer
+            queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth, self.defer, pools
         )
