@@ -179,6 +179,25 @@ class ClusterState:
     expected_end_s: dict[str, float] = field(default_factory=dict)
     # actions sharing a GPU chunk allocated to another action of the same model (`share`)
     shared: set[str] = field(default_factory=set)
+    # index of `running` per (kind, pool), in start order; kept by apply/share/release/restore
+    by_pool: dict[tuple[ResourceKind, str], dict[str, Allocation]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        for alloc in self.running.values():
+            self._track(alloc)
+
+    def _track(self, alloc: Allocation) -> None:
+        key = (alloc.kind, alloc.pool)
+        on_pool = self.by_pool.get(key)
+        if on_pool is None:
+            self.by_pool[key] = on_pool = {}
+        on_pool[alloc.action_id] = alloc
+
+    def running_on(self, kind: ResourceKind, pool: str) -> dict[str, Allocation]:
+        """The running allocations of one pool (action id -> allocation), in start order."""
+        return self.by_pool.get((kind, pool), {})
 
     def copy(self) -> ClusterState:
         """An independent copy, much cheaper than deepcopy (allocations are immutable)."""
@@ -271,6 +290,7 @@ class ClusterState:
             if pool.quota_per_window is not None:
                 pool.tokens -= action.cost.api_quota
         self.running[alloc.action_id] = alloc
+        self._track(alloc)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
     def share(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
@@ -289,6 +309,7 @@ class ClusterState:
         gnode.riders[chunk] = gnode.riders.get(chunk, 0) + 1
         self.shared.add(alloc.action_id)
         self.running[alloc.action_id] = alloc
+        self._track(alloc)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
     def hold(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
@@ -305,6 +326,7 @@ class ClusterState:
         self.shared.discard(action_id)
         if alloc is None:
             return None
+        self.by_pool[(alloc.kind, alloc.pool)].pop(action_id, None)
         if alloc.kind is ResourceKind.CPU:
             self.cpu[alloc.pool].free.update(alloc.unit_ids)
         elif alloc.kind is ResourceKind.GPU:
@@ -354,6 +376,7 @@ class ClusterState:
             elif alloc.kind is ResourceKind.API and alloc.pool in self.api:
                 self.api[alloc.pool].in_flight += 1
             self.running[alloc.action_id] = alloc
+            self._track(alloc)
         self.expected_end_s = {
             k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in self.running
         }

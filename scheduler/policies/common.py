@@ -71,9 +71,15 @@ def busy_by_pool(
     cpu, api = ResourceKind.CPU, ResourceKind.API
     groups: dict[str, dict[int, int]] = {}
     shared = state.shared
-    for aid, alloc in state.running.items():
+    if nodes is None:
+        running: Iterable[tuple[str, Allocation]] = state.running.items()
+    else:  # only the pools asked for, through the state's per-pool index
+        running = itertools.chain.from_iterable(
+            state.running_on(kind, n).items() for n in sorted(nodes) for kind in (cpu, ResourceKind.GPU)
+        )
+    for aid, alloc in running:
         kind, pool, ids = alloc.kind, alloc.pool, alloc.unit_ids
-        if kind is api or not ids or (nodes is not None and pool not in nodes) or aid in shared:
+        if kind is api or not ids or aid in shared:
             continue
         end_s = ends.get(aid, now_s)
         if end_s < now_s:
@@ -143,6 +149,7 @@ def rest_estimate_s(
     busy: Sequence[Busy],
     rest: Sequence[Waiting],
     depth: int,
+    base_heap: list[float] | None = None,
 ) -> float:
     """Sum over `rest` of (start - now + duration), simulated FCFS on a completion heap.
 
@@ -153,14 +160,19 @@ def rest_estimate_s(
     The heap holds one end time per busy *unit* (an allocation of u units is u entries), as
     plain floats: an action needing u units starts at the u-th earliest time a unit is back,
     which is what popping whole allocations gives too, and float comparisons are several
-    times cheaper than tuple ones in this, the hottest loop of a round.
+    times cheaper than tuple ones in this, the hottest loop of a round. `base_heap`, if given,
+    is `unit_heap` of further busy allocations (the pool's running ones, shared by every call
+    of a round), to which `busy` is added.
     """
-    heap = [e for e, u in busy if u == 1]
-    if len(heap) < len(busy):
+    if base_heap is None:
+        heap = unit_heap(busy)
+    elif 4 * len(busy) < len(base_heap):  # a few more on a big heap: push them
+        heap = list(base_heap)
         for e, u in busy:
-            if u != 1:
-                heap += [e] * u
-    heapq.heapify(heap)
+            for _ in range(u):
+                heapq.heappush(heap, e)
+    else:
+        heap = unit_heap([*busy, *((e, 1) for e in base_heap)])
     free = capacity - len(heap)
     t_s = now_s
     total_s = 0.0
@@ -215,6 +227,17 @@ def rest_estimate_s(
                 push(heap, end_s)
         total_s += end_s - now_s
     return total_s
+
+
+def unit_heap(busy: Sequence[Busy]) -> list[float]:
+    """A heap of one end time per busy unit (see `rest_estimate_s`)."""
+    heap = [e for e, u in busy if u == 1]
+    if len(heap) < len(busy):
+        for e, u in busy:
+            if u != 1:
+                heap += [e] * u
+    heapq.heapify(heap)
+    return heap
 
 
 def _wait_for(heap: list[float], free: int, t_s: float, units: int) -> tuple[int, float]:

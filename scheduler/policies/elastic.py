@@ -9,7 +9,7 @@ Pools without elastic candidates keep everyone at the minimum.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.dp import GpuBuddy, arrange, cpu_arrange
 from scheduler.model import Allocation, QueuedAction, ResourceKind
@@ -24,6 +24,7 @@ from scheduler.policies.common import (
     pool_capacity,
     pool_of,
     rest_estimate_s,
+    unit_heap,
     waiting,
 )
 from scheduler.resources import ClusterState
@@ -44,6 +45,14 @@ class PoolProblem:
     rest: list[Waiting]
     depth: int
     defer: bool = False  # the solver may hold an elastic candidate back for more cores
+    busy_heap: list[float] = field(init=False, repr=False, compare=False)  # unit_heap(busy)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "busy_heap", unit_heap(self.busy))
+
+    def rest_estimate_s(self, ends: list[Busy], rest: list[Waiting]) -> float:
+        """Algorithm 2's estimate for the pool with `ends` started now and `rest` queued."""
+        return rest_estimate_s(self.now_s, self.capacity, ends, rest, self.depth, self.busy_heap)
 
     @property
     def capacity(self) -> int:
@@ -108,7 +117,7 @@ def elastic_round(
 
 def cpu_free_ids(problem: PoolProblem) -> list[int]:
     node = problem.state.cpu[problem.key[1]]
-    return sorted(c for c in node.numa[problem.key[2]] if c in node.free)
+    return sorted(node.free.intersection(node.numa[problem.key[2]]))
 
 
 def cpu_decision(
@@ -183,7 +192,7 @@ def drop_tail(
         total_s, units = res
         ends = [(now_s + cost_s(a, u), u) for (a, _), u in zip(kept, units, strict=True)]
         wait = waiting(a for a, _ in members[keep:]) + problem.rest
-        obj = total_s + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
+        obj = total_s + problem.rest_estimate_s(ends, wait)
         if best is not None and obj >= best[0]:
             break
         best = (obj, keep, units)

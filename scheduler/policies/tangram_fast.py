@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
-from scheduler.policies.common import Busy, PoolKey, core_group_index, rest_estimate_s, waiting
+from scheduler.policies.common import PoolKey, core_group_index, waiting
 from scheduler.policies.elastic import (
     Decision,
     PoolProblem,
@@ -180,7 +180,7 @@ def greedy_cpu_solver(problem: PoolProblem) -> Decision:
         kept = durs[:keep]
         ends = [(now_s + d, u) for d, u in zip(kept, units, strict=False)]
         wait = waiting(actions[keep:]) + problem.rest
-        return sum(kept) + rest_estimate_s(now_s, problem.capacity, problem.busy + ends, wait, problem.depth)
+        return sum(kept) + problem.rest_estimate_s(ends, wait)
 
     fill()
     best = (objective(), keep, list(units), list(durs))
