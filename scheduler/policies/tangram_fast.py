@@ -53,21 +53,21 @@ def fast_candidates(
     pools: list[PoolKey | None] = []
     gpu: list[QueuedAction] = []
     api: list[QueuedAction] = []
-    cpu_blocked = no_memory = False
+    no_memory = False
+    blocked_at = -1  # queue position of the first CPU action that does not fit
     cpu_kind, gpu_kind = ResourceKind.CPU, ResourceKind.GPU
-    for action in queue:
+    pinned = state.trajectory_node
+    for pos, action in enumerate(queue):
         kind = action.cost.key
         if kind is not cpu_kind:
             (gpu if kind is gpu_kind else api).append(action)
-            continue
-        if cpu_blocked:
             continue
         options = action.cost.units.units
         units = options[0]
         elastic = len(options) > 1
         tid = action.trajectory_id
         sandbox = action.cost.sandbox
-        node = (state.trajectory_node.get(tid) or pins.get(tid)) if sandbox else None
+        node = (pinned.get(tid) or pins.get(tid)) if sandbox else None
         gi = -1
         if node is not None:
             gi = _best_group(groups[node], units, elastic) if node in state.cpu else -1
@@ -92,13 +92,17 @@ def fast_candidates(
                 no_memory = True  # see `fcfs_prefix`: pinned trajectories behind it go on
                 continue
         if gi < 0 or node is None:
-            cpu_blocked = True
-            continue
+            blocked_at = pos
+            break
         free = groups[node][gi]
         ids = tuple(free[:units])
         del free[:units]
         picked.append(Allocation(action.action_id, cpu_kind, node, units, ids))
         pools.append(("cpu", node, gi))
+    if blocked_at >= 0:  # no CPU action passes it (FCFS); GPU and API ones behind it go on
+        tail = queue[blocked_at + 1 :]
+        gpu += [a for a in tail if a.cost.key is gpu_kind]
+        api += [a for a in tail if a.cost.key is not gpu_kind and a.cost.key is not cpu_kind]
     # Families are independent, so CPU, then GPU, then API allocations apply in any order.
     if gpu:
         picked += gpu_candidates(gpu, state, now_s)
