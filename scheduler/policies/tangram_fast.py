@@ -101,8 +101,10 @@ def fast_candidates(
         pools.append(("cpu", node, gi))
     if blocked_at >= 0:  # no CPU action passes it (FCFS); GPU and API ones behind it go on
         tail = queue[blocked_at + 1 :]
-        gpu += [a for a in tail if a.cost.key is gpu_kind]
-        api += [a for a in tail if a.cost.key is not gpu_kind and a.cost.key is not cpu_kind]
+        if state.gpu:
+            gpu += [a for a in tail if a.cost.key is gpu_kind]
+        if state.api:
+            api += [a for a in tail if a.cost.key is not gpu_kind and a.cost.key is not cpu_kind]
     # Families are independent, so CPU, then GPU, then API allocations apply in any order.
     if gpu:
         picked += gpu_candidates(gpu, state, now_s)
