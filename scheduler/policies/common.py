@@ -20,7 +20,7 @@ Waiting = tuple[int, float, QueuedAction]  # (min units, duration at min units i
 
 def waiting(actions: Iterable[QueuedAction]) -> list[Waiting]:
     """Precompute what the completion-heap estimate needs per waiting action."""
-    out = []
+    out: list[Waiting] = []
     append = out.append
     for a in actions:
         units = a.cost.units.units[0]
@@ -47,7 +47,9 @@ def core_group_index(numa: tuple[tuple[int, ...], ...]) -> dict[int, int]:
     return index
 
 
-def pool_of(alloc: Allocation, state: ClusterState, groups: dict[str, dict[int, int]] | None = None) -> PoolKey:
+def pool_of(
+    alloc: Allocation, state: ClusterState, groups: dict[str, dict[int, int]] | None = None
+) -> PoolKey:
     """The pool an allocation draws from. `groups`: a cache of `core_group_index` per node."""
     if alloc.kind is ResourceKind.CPU:
         gidx = groups.get(alloc.pool) if groups is not None else None
@@ -172,7 +174,7 @@ def rest_estimate_s(
             for _ in range(u):
                 heapq.heappush(heap, e)
     else:
-        heap = unit_heap([*busy, *((e, 1) for e in base_heap)])
+        heap = unit_heap(busy, base_heap)
     free = capacity - len(heap)
     t_s = now_s
     total_s = 0.0
@@ -229,13 +231,14 @@ def rest_estimate_s(
     return total_s
 
 
-def unit_heap(busy: Sequence[Busy]) -> list[float]:
-    """A heap of one end time per busy unit (see `rest_estimate_s`)."""
+def unit_heap(busy: Sequence[Busy], more: Sequence[float] = ()) -> list[float]:
+    """A heap of one end time per busy unit (see `rest_estimate_s`), plus the unit ends `more`."""
     heap = [e for e, u in busy if u == 1]
     if len(heap) < len(busy):
         for e, u in busy:
             if u != 1:
                 heap += [e] * u
+    heap += more
     heapq.heapify(heap)
     return heap
 

@@ -162,7 +162,8 @@ def greedy_cpu_solver(problem: PoolProblem) -> Decision:
     keep = len(actions)
     heap: list[tuple[float, int, int, float]] = []
     for i in range(keep):
-        _push(heap, actions[i], i, units[i], durs[i], free)
+        if len(actions[i].cost.units.units) > 1:  # a rigid one has no next step
+            _push(heap, actions[i], i, units[i], durs[i], free)
     skipped: list[tuple[float, int, int, float]] = []
     pop = heapq.heappop
 
