@@ -62,6 +62,15 @@ class PoolProblem:
 PoolSolver = Callable[[PoolProblem], Decision]
 
 
+@dataclass(slots=True)
+class Known:
+    """What a candidate pass already knows of each candidate `i`: its queued action, and its
+    pool (None where it did not work that out)."""
+
+    actions: list[QueuedAction]
+    pools: list[PoolKey | None]
+
+
 def elastic_round(
     queue: Sequence[QueuedAction],
     state: ClusterState,
@@ -71,34 +80,31 @@ def elastic_round(
     gpu_solver: PoolSolver,
     depth: int,
     defer: bool = False,
-    pools: Sequence[PoolKey | None] | None = None,
+    known: Known | None = None,
 ) -> list[Allocation]:
     """Re-decide the units of `cands` pool by pool; returns the allocations in FCFS order.
 
-    `pools[i]`, if given and not None, is the pool of `cands[i]` (the candidate pass knew it).
+    `known`: what the candidate pass knows of `cands` (saves a pass over the queue when no
+    candidate is elastic, the common round of a busy cluster).
     """
     if all(a.kind is ResourceKind.API for a in cands):
         return cands
     wanted = {a.action_id for a in cands}
-    by_id: dict[str, QueuedAction] = {}
-    rest: list[QueuedAction] = []  # the queued actions that are not candidates
-    for a in queue:
-        if a.action_id in wanted:
-            by_id[a.action_id] = a
-        else:
-            rest.append(a)
+    if known is None:
+        by_id = {a.action_id: a for a in queue if a.action_id in wanted}
+        known = Known([by_id[a.action_id] for a in cands], [None] * len(cands))
     members: dict[PoolKey, list[Member]] = {}
     groups: dict[str, dict[int, int]] = {}
-    for i, alloc in enumerate(cands):
+    for alloc, action, key in zip(cands, known.actions, known.pools, strict=True):
         if alloc.kind is ResourceKind.API:
             continue
-        key = pools[i] if pools is not None else None
         if key is None:
             key = pool_of(alloc, state, groups)
-        members.setdefault(key, []).append((by_id[alloc.action_id], alloc))
+        members.setdefault(key, []).append((action, alloc))
     elastic = {k: m for k, m in members.items() if any(a.cost.units.is_elastic for a, _ in m)}
     if not elastic:
         return cands
+    rest = [a for a in queue if a.action_id not in wanted]
     rest_by_pool = distribute_rest(rest, state, list(members))
     busy = busy_by_pool(state, now_s, {k[1] for k in elastic})
     decided: Decision = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
@@ -28,6 +29,7 @@ from scheduler.policies.base import register
 from scheduler.policies.common import PoolKey, core_group_index, waiting
 from scheduler.policies.elastic import (
     Decision,
+    Known,
     PoolProblem,
     cpu_decision,
     cpu_free_ids,
@@ -40,17 +42,18 @@ from scheduler.resources import ClusterState
 
 def fast_candidates(
     queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-) -> tuple[list[Allocation], list[PoolKey | None]]:
+) -> tuple[list[Allocation], Known]:
     """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions.
 
     Per-node views are built lazily (only nodes the scan touches), from the free cores only.
-    Also returns each candidate's pool where the pass knows it (CPU), else None.
+    Also returns each candidate's action, and its pool where the pass knows it (CPU).
     """
     groups = _LazyGroups(state)
     mem_free: dict[str, int] = {}
     pins: dict[str, str] = {}
     picked: list[Allocation] = []
     pools: list[PoolKey | None] = []
+    actions: list[QueuedAction] = []
     gpu: list[QueuedAction] = []
     api: list[QueuedAction] = []
     no_memory = False
@@ -99,6 +102,7 @@ def fast_candidates(
         del free[:units]
         picked.append(Allocation(action.action_id, cpu_kind, node, units, ids))
         pools.append(("cpu", node, gi))
+        actions.append(action)
     if blocked_at >= 0:  # no CPU action passes it (FCFS); GPU and API ones behind it go on
         tail = queue[blocked_at + 1 :]
         if state.gpu:
@@ -106,12 +110,15 @@ def fast_candidates(
         if state.api:
             api += [a for a in tail if a.cost.key is not gpu_kind and a.cost.key is not cpu_kind]
     # Families are independent, so CPU, then GPU, then API allocations apply in any order.
-    if gpu:
-        picked += gpu_candidates(gpu, state, now_s)
-    if api:
-        picked += fcfs_prefix(api, state, now_s)[0]
-    pools += [None] * (len(picked) - len(pools))
-    return picked, pools
+    others = (gpu_candidates(gpu, state, now_s) if gpu else []) + (
+        fcfs_prefix(api, state, now_s)[0] if api else []
+    )
+    if others:
+        by_id = {a.action_id: a for a in itertools.chain(gpu, api)}
+        picked += others
+        pools += [None] * len(others)
+        actions += [by_id[a.action_id] for a in others]
+    return picked, Known(actions, pools)
 
 
 class _LazyGroups(dict[str, list[list[int]]]):
@@ -371,7 +378,7 @@ class TangramFast:
         self.defer = defer
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
-        cands, pools = fast_candidates(queue, state, now_s)
+        cands, known = fast_candidates(queue, state, now_s)
         return elastic_round(
-            queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth, self.defer, pools
+            queue, state, now_s, cands, greedy_cpu_solver, residency_gpu_solver, self.depth, self.defer, known
         )
