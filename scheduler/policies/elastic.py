@@ -113,12 +113,8 @@ def elastic_round(
         problem = PoolProblem(key, mem, state, now_s, busy.get(key, []), rest_w, depth, defer)
         solver = cpu_solver if key[0] == "cpu" else gpu_solver
         decided.update(solver(problem))
-    out = []
-    for alloc in cands:
-        new = decided.get(alloc.action_id, alloc) if alloc.action_id in decided else alloc
-        if new is not None:
-            out.append(new)
-    return out
+    get = decided.get  # id -> new allocation, or None: dropped; not decided: keep as it is
+    return [new for new in (get(a.action_id, a) for a in cands) if new is not None]
 
 
 def cpu_free_ids(problem: PoolProblem) -> list[int]:

@@ -266,6 +266,7 @@ def defer_for_cores(
         # in what is spare at t. Each is delayed by up to t - now; wait only if that costs less
         # than the candidate gains (the objective is the sum of completion times).
         held: list[int] = []
+        gain_s, delay_s = ends[i][0] - done_s, t_s - now_s  # type: ignore[index]
         for j in range(i + 1, keep):
             e = ends[j]
             if e is None or e[0] <= t_s:
@@ -274,6 +275,10 @@ def defer_for_cores(
                 extra -= e[1]
             else:
                 held.append(j)
+                if len(held) * delay_s >= gain_s:
+                    break  # already costs more than it gains: the test below fails anyway
+        if len(held) * delay_s >= gain_s:
+            continue
         if rest_ends is None:
             rest_ends = [now_s + dur_s for _, dur_s, _ in problem.rest]
             rest_sorted = sorted(rest_ends)
@@ -291,7 +296,7 @@ def defer_for_cores(
                     extra -= n
                 else:
                     n_rest += 1
-        if (len(held) + n_rest) * (t_s - now_s) >= ends[i][0] - done_s:  # type: ignore[index]
+        if (len(held) + n_rest) * delay_s >= gain_s:
             continue
         for j in held:
             out[j], ends[j] = 0, None
