@@ -8,14 +8,25 @@ Then the time to simulate ~10^5 actions (coding, batch 6400 on 25 x 256 cores, t
 Both are absolute times, so the JSON also records how fast this machine runs plain Python
 (`machine_us`: best of 5 of `sum(range(10000))`; about 120-150 us on a current 3 GHz core).
 
-    .venv/bin/python benchmarks/paper_decision_time.py
+    .venv/bin/python benchmarks/paper_decision_time.py [--against GIT-REV]
+
+`--against REV` also times git revision REV's code side by side (a temporary worktree), the
+headline round alternating between the two trees: absolute times on a shared VM drift within
+minutes, ratios measured together do not.
 """
 
 from __future__ import annotations
 
+import argparse
+import inspect
+import json
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 from paper_common import png, save
@@ -78,7 +89,81 @@ def machine_us() -> float:
     return 1e6 * best
 
 
+_IN_TREE = """
+import json, random, statistics, sys, time
+sys.path.insert(0, {root!r})
+import scheduler
+assert scheduler.__file__.startswith({root!r}), scheduler.__file__
+from scheduler.duration import Amdahl
+from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
+from scheduler.policies import get_policy
+from scheduler.resources import ClusterState, CpuNode
+from scheduler.sim import ClusterSpec, build, simulate
+{make_queue}
+if {sim!r}:
+    sc = build("coding", {{"batch": 6400}}, cluster=ClusterSpec(cpu_nodes=25))
+    t0 = time.perf_counter()
+    simulate(sc, "tangram-fast")
+    print(json.dumps(time.perf_counter() - t0))
+else:
+    queue = make_queue(1280)
+    state = ClusterState(cpu={{"n0": CpuNode.uniform("n0", 256, 10_000_000, 2)}})
+    pol = get_policy("tangram-fast")
+    times = []
+    for _ in range({rounds}):
+        t0 = time.perf_counter()
+        pol.decide(queue, state, 1.0)
+        times.append(time.perf_counter() - t0)
+    print(json.dumps(1000 * statistics.median(times)))
+"""
+
+
+def _in_tree(root: Path, sim: bool) -> float:
+    """The headline round (median ms) or the 10^5 simulation (s), with the code under `root`."""
+    code = _IN_TREE.format(root=str(root), make_queue=inspect.getsource(make_queue), sim=sim, rounds=ROUNDS)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def against(rev: str, runs: int = 3) -> dict[str, object]:
+    """This tree against git revision `rev`, side by side: the headline round `runs` times each,
+    alternating (the machine's speed drifts), then the 10^5-action simulation once each."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "add", "--detach", str(other), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            trees = {"this": root, rev: other}
+            rounds: dict[str, list[float]] = {name: [] for name in trees}
+            for i in range(runs):
+                for name, tree in trees.items():
+                    rounds[name].append(_in_tree(tree, sim=False))
+                    print(f"  against {rev}: run {i + 1}, {name}: {rounds[name][-1]:.2f} ms", flush=True)
+            sims = {}
+            for name, tree in trees.items():
+                sims[name] = _in_tree(tree, sim=True)
+                print(f"  against {rev}: 10^5 simulated actions, {name}: {sims[name]:.1f} s", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(other)], check=False)
+    ours, theirs = statistics.median(rounds["this"]), statistics.median(rounds[rev])
+    return {
+        "rev": rev,
+        "round_ms": rounds,
+        "round_speedup": theirs / ours,
+        "sim_s": sims,
+        "sim_speedup": sims[rev] / sims["this"],
+        "machine_us": machine_us(),
+    }
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--against", metavar="REV", help="also time git revision REV side by side")
+    args = parser.parse_args()
     speed = machine_us()
     print(f"  machine: sum(range(10000)) in {speed:.0f} us")
     lengths = [80, 160, 320, 640, 1280]
@@ -128,6 +213,7 @@ def main() -> None:
             "headline": headline,
             "simulation": sim,
             "machine_us": speed,
+            **({"against": against(args.against)} if args.against else {}),
         },
     )
 
