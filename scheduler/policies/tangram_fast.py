@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
-from scheduler.policies.common import PoolKey, core_group_index, waiting
+from scheduler.policies.common import PoolKey, waiting
 from scheduler.policies.elastic import (
     Decision,
     Known,
@@ -130,10 +130,7 @@ class _LazyGroups(dict[str, list[list[int]]]):
 
     def __missing__(self, node: str) -> list[list[int]]:
         cpu = self._state.cpu[node]
-        gidx = core_group_index(cpu.numa)
-        out: list[list[int]] = [[] for _ in cpu.numa]
-        for c in sorted(cpu.free):
-            out[gidx[c]].append(c)
+        out = [sorted(cpu.free.intersection(group)) for group in cpu.numa]
         self[node] = out
         return out
 
