@@ -18,9 +18,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from reward_servers._deps import require
 from reward_servers.errors import ModelLoadFailed, TritonCrashed
@@ -169,15 +171,14 @@ class TritonServer:
                 "--strict-readiness=false",
             ]
             with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    args,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=server_env(),
-                    start_new_session=True,
-                    # Only from the main thread: PDEATHSIG fires when the spawning *thread* exits.
-                    preexec_fn=_die_with_parent if not detach and _on_main_thread() else None,
-                )
+                # A detached server outlives us (`tangram reward deploy`). Any other dies with
+                # its owner, even a SIGKILLed one: PDEATHSIG fires when the spawning *thread*
+                # exits, so every server, restarts included (they come from a health-check
+                # thread), is spawned by one thread that lives as long as this process.
+                if detach:
+                    proc = _popen(args, log)
+                else:
+                    proc = _spawner().submit(_popen, args, log, _die_with_parent).result()
             info = ServerInfo(proc.pid, *ports, str(self.repository), str(log_path))
             if self._wait_live(proc, info):
                 self._proc, self.info = proc, info
@@ -235,8 +236,30 @@ class TritonServer:
         self.info, self._proc = None, None
 
 
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+def _popen(
+    args: list[str], log: IO[bytes], preexec: Callable[[], None] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=server_env(),
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """The one long-lived thread that starts tritonserver processes (see `TritonServer.start`)."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="tritonserver-spawner")
+        return _SPAWNER
 
 
 def _die_with_parent() -> None:

@@ -42,6 +42,12 @@ def gpu_deployment(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[Any
         yield dep
     finally:
         dep.stop()
+    # Nothing outlives the deployment: not even a tritonserver restarted by a health check
+    # (it once did, and its model loads starved the tests that ran next).
+    deadline = time.monotonic() + 20
+    while _tritonserver_pids(Path(dep.cfg.state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _tritonserver_pids(Path(dep.cfg.state_dir)), "tritonserver outlived its deployment"
 
 
 def _tritonserver_pids(state_dir: Path) -> list[int]:
