@@ -24,7 +24,7 @@ def waiting(actions: Iterable[QueuedAction]) -> list[Waiting]:
     append = out.append
     for a in actions:
         units = a.cost.units.units[0]
-        append((units, a.t1_s / (a.efficiency.efficiency(units) * units), a))  # a.duration_s(units)
+        append((units, a.duration_s(units), a))
     return out
 
 
@@ -80,19 +80,12 @@ def busy_by_pool(
             state.running_on(kind, n).items() for n in sorted(nodes) for kind in (cpu, ResourceKind.GPU)
         )
     for aid, alloc in running:
-        kind, pool, ids = alloc.kind, alloc.pool, alloc.unit_ids
-        if kind is api or not ids or aid in shared:
+        if alloc.kind is api or not alloc.unit_ids or aid in shared:
             continue
         end_s = ends.get(aid, now_s)
         if end_s < now_s:
             end_s = now_s
-        if kind is cpu:
-            gidx = groups.get(pool)
-            if gidx is None:
-                gidx = groups[pool] = core_group_index(state.cpu[pool].numa)
-            key: PoolKey = ("cpu", pool, gidx[ids[0]])
-        else:
-            key = (str(kind), pool, 0)
+        key = pool_of(alloc, state, groups)
         bucket = out.get(key)
         if bucket is None:
             out[key] = [(end_s, alloc.units)]
@@ -179,7 +172,7 @@ def rest_estimate_s(
     t_s = now_s
     total_s = 0.0
     todo: Iterable[Waiting] = rest
-    pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
+    push, replace = heapq.heappush, heapq.heapreplace
     if rest and depth > 1 and len(rest[0][2].cost.units.units) > 1:
         todo = itertools.islice(rest, 1, None)
         units, _, action = rest[0]
@@ -206,27 +199,14 @@ def rest_estimate_s(
             replace(heap, end_s)
             total_s += end_s - now_s
             continue
-        if free >= units:
-            end_s = t_s + dur_s
-            free -= units
-            push(heap, end_s)
-        elif units > capacity:
+        if units > capacity:
             continue  # never fits this pool
-        else:
-            # Take units back until `units` are free; the last one is replaced by the new end.
-            for _ in range(units - free - 1):
-                top_s = pop(heap)
-                if top_s > t_s:
-                    t_s = top_s
-            top_s = heap[0]
-            if top_s > t_s:
-                t_s = top_s
-            end_s = t_s + dur_s
-            replace(heap, end_s)
-            free = 0
-        if units > 1:
-            for _ in range(units - 1):
-                push(heap, end_s)
+        if free < units:
+            free, t_s = _wait_for(heap, free, t_s, units)
+        end_s = t_s + dur_s
+        free -= units
+        for _ in range(units):
+            push(heap, end_s)
         total_s += end_s - now_s
     return total_s
 
