@@ -23,7 +23,7 @@ from typing import Any
 from reward_servers import client
 from reward_servers.backends import input_errors
 from reward_servers.backends.rules import verify
-from reward_servers.errors import InputRejected, TritonCrashed
+from reward_servers.errors import InferenceFailed, InputRejected, ModelLoadFailed, TritonCrashed
 from reward_servers.placement import ScalingPlan, ScalingPolicy
 from reward_servers.profile import DopProfile, batch_tokens
 from reward_servers.replicas import ReplicaManager
@@ -82,6 +82,9 @@ class RewardService:
         self.manager: ReplicaManager | None = None
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        # Held across a whole recovery (restart, retarget, forget replicas), so a caller never sees
+        # the new server with the dead one's replica table.
+        self._recovery = threading.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> RewardService:
@@ -132,14 +135,21 @@ class RewardService:
     def check(self) -> bool:
         """Restart tritonserver if it died (replicas then reload on demand); True if it restarted."""
         assert self.server is not None and self.controller is not None and self.manager is not None
-        restarted = self.server.ensure_running()
-        if restarted:
-            log.warning("tritonserver restarted (restart #%d)", self.server.restarts)
-            self.controller.retarget(self.server.url)
-            self.manager.reset()
-            if self.attach and self.server.info is not None:
-                self.server.info.save(self.work_dir / "server.json")
+        with self._recovery:
+            restarted = self.server.ensure_running()
+            if restarted:
+                log.warning("tritonserver restarted (restart #%d)", self.server.restarts)
+                self.controller.retarget(self.server.url)
+                self.manager.reset()
+                if self.attach and self.server.info is not None:
+                    self.server.info.save(self.work_dir / "server.json")
         return restarted
+
+    def generation(self) -> int:
+        """How many times the server was replaced; read between recoveries, never inside one."""
+        assert self.server is not None
+        with self._recovery:
+            return self.server.restarts
 
     def _watch(self) -> None:
         assert self.monitor_interval_s
@@ -206,6 +216,7 @@ class RewardService:
             raise InputRejected(f"model {model!r} has no DoP {dop} service; options {m.dop_options}")
         assert self.manager is not None and self.controller is not None
         for attempt in range(self.retries_on_crash + 1):
+            generation = self.generation()
             try:
                 with self.manager.lease(model, dop, chunk) as replica:
                     return client.infer(
@@ -215,6 +226,12 @@ class RewardService:
                 if attempt == self.retries_on_crash:
                     raise
                 self.check()  # restarts a dead server; raises if it cannot
+            except (InferenceFailed, ModelLoadFailed):
+                # The monitor replaced the server during this call: the replica it was leased went
+                # with the old one (Triton answers 404 for it), so the call is a crash, not a bad
+                # request.
+                if self.generation() == generation or attempt == self.retries_on_crash:
+                    raise
         raise AssertionError("unreachable")
 
     def score_many(

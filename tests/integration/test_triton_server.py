@@ -39,3 +39,30 @@ def test_crash_is_detected_restarted_and_retried(reward_service: Any) -> None:
     assert "score" in out[0]
     health = reward_service.health()
     assert health["alive"] and health["restarts"] == restarts + 1
+
+
+def test_call_during_a_monitor_restart_waits_for_the_replica_table(
+    reward_service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the monitor mid-recovery (new server up, old replica table not yet cleared), when
+    scoring, then the call waits for the recovery and loads the replica on the new server instead
+    of failing with Triton's 404 for the dead server's replica."""
+    import time
+
+    reward_service.score("rm", [{"response": "warm"}], chunk=(0,))
+    manager, reset = reward_service.manager, reward_service.manager.reset
+
+    def slow_reset() -> None:  # widens the window the CI run hit by chance
+        time.sleep(1.5)
+        reset()
+
+    monkeypatch.setattr(manager, "reset", slow_reset)
+    restarts, old_url = reward_service.server.restarts, reward_service.controller.url
+    os.kill(reward_service.server.info.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while reward_service.controller.url == old_url or reward_service.server.restarts == restarts:
+        assert time.monotonic() < deadline, "the monitor did not restart the server"
+        time.sleep(0.02)
+    out = reward_service.score("rm", [{"response": "during the recovery"}], chunk=(0,))
+    assert "score" in out[0]
+    assert reward_service.health()["restarts"] == restarts + 1
