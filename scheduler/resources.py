@@ -183,6 +183,9 @@ class ClusterState:
     by_pool: dict[tuple[ResourceKind, str], dict[str, Allocation]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # bumped whenever a pin is removed or the pins are replaced (indexes of the queue by pinned
+    # node, `scheduler.queue.WaitingQueue`, rebuild then); pins are only ever added otherwise
+    pin_epoch: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for alloc in self.running.values():
@@ -345,6 +348,8 @@ class ClusterState:
     def close_trajectory(self, trajectory_id: str) -> None:
         """Forget a finished trajectory: its node pin and its reserved memory."""
         node = self.trajectory_node.pop(trajectory_id, None)
+        if node is not None:
+            self.pin_epoch += 1
         if node is not None and node in self.cpu:
             self.cpu[node].trajectory_memory_mb.pop(trajectory_id, None)
 
@@ -360,6 +365,7 @@ class ClusterState:
     def restore(self, d: dict[str, Any]) -> None:
         """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape."""
         self.trajectory_node = dict(d.get("trajectory_node", {}))
+        self.pin_epoch += 1
         for name, mem in d.get("trajectory_memory_mb", {}).items():
             if name in self.cpu:
                 self.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}

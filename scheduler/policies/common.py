@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.queue import WaitingQueue, merge_fcfs
 from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode
 
 PoolKey = tuple[str, str, int]
@@ -102,29 +103,35 @@ def pool_capacity(key: PoolKey, state: ClusterState) -> int:
 
 
 def distribute_rest(
-    rest: Iterable[QueuedAction], state: ClusterState, pools: Sequence[PoolKey]
+    queue: Sequence[QueuedAction],
+    state: ClusterState,
+    pools: Sequence[PoolKey],
+    skip: Collection[str] = (),
 ) -> dict[PoolKey, list[QueuedAction]]:
-    """Assign still-queued actions to the pools they will probably use, for the estimate.
+    """Assign the queued actions not in `skip` (this round's candidates) to the pools they will
+    probably use, for the estimate; each pool's list in FCFS order.
 
     CPU actions of a pinned trajectory go to its node's pools; others, and GPU actions of a
     service, are spread round-robin over the candidate pools of their kind. API actions are
-    left out (they do not compete for elastic units).
+    left out (they do not compete for elastic units). Over a `WaitingQueue` only the actions
+    routed to the pools' nodes are looked at; the result is the same as over a list.
     """
+    if isinstance(queue, WaitingQueue):
+        return _distribute_indexed(queue, state, pools, skip)
     out: dict[PoolKey, list[QueuedAction]] = {p: [] for p in pools}
 
     def round_robin(choices: list[PoolKey]) -> Iterator[Callable[[QueuedAction], None]] | None:
         return itertools.cycle([out[p].append for p in choices]) if choices else None
 
-    by_node: dict[str, list[PoolKey]] = {}
-    for p in pools:
-        if p[0] == "cpu":
-            by_node.setdefault(p[1], []).append(p)
+    by_node = _cpu_pools_by_node(pools)
     any_cpu = round_robin([p for p in pools if p[0] == "cpu"])
     any_gpu = round_robin([p for p in pools if p[0] == "gpu"])
     on_node = {n: round_robin(ps) for n, ps in by_node.items()}
     pins = state.trajectory_node
     cpu, gpu = ResourceKind.CPU, ResourceKind.GPU
-    for action in rest:
+    for action in queue:
+        if action.action_id in skip:
+            continue
         kind = action.cost.key
         if kind is cpu:
             pinned = pins.get(action.trajectory_id)
@@ -135,6 +142,41 @@ def distribute_rest(
             continue
         if to is not None:
             next(to)(action)
+    return out
+
+
+def _cpu_pools_by_node(pools: Sequence[PoolKey]) -> dict[str, list[PoolKey]]:
+    by_node: dict[str, list[PoolKey]] = {}
+    for p in pools:
+        if p[0] == "cpu":
+            by_node.setdefault(p[1], []).append(p)
+    return by_node
+
+
+def _distribute_indexed(
+    queue: WaitingQueue, state: ClusterState, pools: Sequence[PoolKey], skip: Collection[str]
+) -> dict[PoolKey, list[QueuedAction]]:
+    """`distribute_rest` through the queue's index: each round-robin of the walk over the whole
+    queue (per node, unpinned CPU, GPU) advances only on its own actions, so it is the same as
+    dealing each group's FCFS list out in turn, then merging a pool's shares FCFS."""
+    out: dict[PoolKey, list[QueuedAction]] = {p: [] for p in pools}
+    routes = queue.routes(state)
+
+    def deal(actions: Iterable[QueuedAction], to: list[PoolKey]) -> None:
+        left = [a for a in actions if a.action_id not in skip] if skip else list(actions)
+        k = len(to)
+        for i, p in enumerate(to):
+            share = left if k == 1 else left[i::k]
+            out[p] = merge_fcfs(queue, out[p], share) if out[p] else share
+
+    for node, ps in _cpu_pools_by_node(pools).items():
+        deal(queue.pinned_to(node, state), ps)
+    cpu_pools = [p for p in pools if p[0] == "cpu"]
+    if cpu_pools and routes.unpinned:
+        deal(routes.unpinned.values(), cpu_pools)
+    gpu_pools = [p for p in pools if p[0] == "gpu"]
+    if gpu_pools and routes.gpu:
+        deal(routes.gpu.values(), gpu_pools)
     return out
 
 

@@ -104,8 +104,7 @@ def elastic_round(
     elastic = {k: m for k, m in members.items() if any(a.cost.units.is_elastic for a, _ in m)}
     if not elastic:
         return cands
-    rest = [a for a in queue if a.action_id not in wanted]
-    rest_by_pool = distribute_rest(rest, state, list(members))
+    rest_by_pool = distribute_rest(queue, state, list(members), skip=wanted)
     busy = busy_by_pool(state, now_s, {k[1] for k in elastic})
     decided: Decision = {}
     for key, mem in elastic.items():

@@ -19,6 +19,7 @@ from scheduler.gpu_cache import GpuCache
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.dedicated_gpu import dedicated_groups
+from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
 from scheduler.sim.cpu_share import SharedNode
 from scheduler.sim.results import ActionRecord, SimResult
@@ -84,7 +85,7 @@ class Simulator:
             for svc, (node_name, chunk) in dedicated_groups(self.state, services, tp).items():
                 self.caches[node_name].preload(chunk, svc)
         self.shared = {n: SharedNode(float(node.cores)) for n, node in self.state.cpu.items()}
-        self.queue: dict[str, QueuedAction] = {}
+        self.queue = WaitingQueue()
         self.pending: dict[str, _Pending] = {}
         self.running: dict[str, _Running] = {}
         self.sandboxes: set[str] = set()
@@ -147,7 +148,7 @@ class Simulator:
         qa = QueuedAction(aid, traj.trajectory_id, sa.cost(), now, kind=sa.kind, target=sa.target)
         assert self.estimator is not None
         self.estimator.annotate(qa)
-        self.queue[aid] = qa
+        self.queue.append(qa)
         if retry_of is None:
             self.pending[aid] = _Pending(traj_i, step_i, now)
 
@@ -157,11 +158,10 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
-        queue = list(self.queue.values())
         t0 = time.perf_counter()
-        allocs = self.policy.decide(queue, self.state, now)
+        allocs = self.policy.decide(self.queue, self.state, now)
         self.result.decision_s.append(time.perf_counter() - t0)
-        self.result.queue_len.append(len(queue))
+        self.result.queue_len.append(len(self.queue))
         for alloc in allocs:
             self._start(now, self.queue.pop(alloc.action_id), alloc)
         # Quota refills are not events: wake up when the head of each API pool's line fits.

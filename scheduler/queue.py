@@ -1,0 +1,189 @@
+"""The FCFS waiting queue, indexed by where its actions will run.
+
+Algorithm 2 estimates, per pool, the completion of every queued action that is not a candidate
+this round: `policies.common.distribute_rest` assigns them to pools, CPU actions to the node
+their trajectory is pinned to. Over a plain list that is a walk over the whole queue every
+elastic round, although only the actions pinned to the one or two nodes with free cores
+matter: with thousands waiting on 25 nodes it was a third of a simulated round.
+
+A `WaitingQueue` is a `Sequence[QueuedAction]` (policies iterate and slice it like a list) that
+also keeps its actions routed: CPU actions per pinned node, unpinned CPU actions, GPU actions,
+each in FCFS order. Routing is brought up to date lazily by `routes(state)`: new actions are
+routed, unpinned ones whose trajectory got pinned since are moved. The index is rebuilt from
+scratch when the state's pins were replaced or lost an entry (`ClusterState.pin_epoch`), and a
+node's list is checked against the pins each time it is read, so stale routing cannot change
+what a policy computes: `distribute_rest` gives the same pools over a `WaitingQueue` as over a
+list of the same actions (tests/unit/test_waiting_queue.py).
+
+    q = WaitingQueue()
+    q.append(action)              # FCFS: appended at the tail
+    policy.decide(q, state, now)  # any policy; the elastic ones use the index
+    q.pop(action_id)              # started
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import overload
+
+from scheduler.model import QueuedAction, ResourceKind
+from scheduler.resources import ClusterState
+
+
+@dataclass(slots=True)
+class Routes:
+    """Where the queued actions will run, each group in FCFS order (action id -> action)."""
+
+    key: tuple[int, int, int]  # (id(state), id(state.trajectory_node), state.pin_epoch)
+    pins: dict[str, str]  # held, so that its id cannot be reused by another dict
+    on_node: dict[str, dict[str, QueuedAction]] = field(default_factory=dict)
+    unpinned: dict[str, QueuedAction] = field(default_factory=dict)
+    gpu: dict[str, QueuedAction] = field(default_factory=dict)
+    new: dict[str, QueuedAction] = field(default_factory=dict)  # not routed yet
+    where: dict[str, str | None] = field(default_factory=dict)  # routed action -> its node
+
+
+class WaitingQueue(Sequence[QueuedAction]):
+    """FCFS queue of waiting actions with an index of where they will run (see module doc)."""
+
+    def __init__(self, actions: Iterable[QueuedAction] = ()) -> None:
+        self._items: dict[str, QueuedAction] = {}
+        self._seq: dict[str, int] = {}
+        self._next = 0
+        self._list: list[QueuedAction] | None = None  # positional view, rebuilt when asked
+        self._routes: Routes | None = None
+        for action in actions:
+            self.append(action)
+
+    # ---- the queue ----------------------------------------------------------------------------
+    def append(self, action: QueuedAction) -> None:
+        """Queue `action` at the tail; an id already queued is a ValueError (nothing changes)."""
+        aid = action.action_id
+        if aid in self._items:
+            raise ValueError(f"action {aid!r} is already queued")
+        self._items[aid] = action
+        self._seq[aid] = self._next
+        self._next += 1
+        self._list = None
+        if self._routes is not None:
+            self._routes.new[aid] = action
+
+    def pop(self, action_id: str) -> QueuedAction:
+        """Remove and return a queued action (KeyError if it is not queued)."""
+        action = self._items.pop(action_id)
+        del self._seq[action_id]
+        self._list = None
+        r = self._routes
+        if r is not None and r.new.pop(action_id, None) is None:
+            node = r.where.pop(action_id, None)
+            if node is not None:
+                group = r.on_node[node]
+                del group[action_id]
+                if not group:
+                    del r.on_node[node]
+            elif r.unpinned.pop(action_id, None) is None:
+                r.gpu.pop(action_id, None)
+        return action
+
+    def get(self, action_id: str) -> QueuedAction | None:
+        return self._items.get(action_id)
+
+    def values(self) -> Iterable[QueuedAction]:
+        return self._items.values()
+
+    def position(self, action_id: str) -> int:
+        """A number that orders queued actions FCFS (not the index in the sequence)."""
+        return self._seq[action_id]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[QueuedAction]:
+        return iter(self._items.values())
+
+    def __contains__(self, item: object) -> bool:
+        if isinstance(item, QueuedAction):
+            return self._items.get(item.action_id) is item
+        return item in self._items
+
+    @overload
+    def __getitem__(self, i: int) -> QueuedAction: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[QueuedAction]: ...
+    def __getitem__(self, i: int | slice) -> QueuedAction | list[QueuedAction]:
+        if self._list is None:
+            self._list = list(self._items.values())
+        return self._list[i]
+
+    def __repr__(self) -> str:
+        return f"WaitingQueue({len(self)} actions)"
+
+    # ---- the index ----------------------------------------------------------------------------
+    def routes(self, state: ClusterState) -> Routes:
+        """The index, brought up to date with `state`'s pins."""
+        pins = state.trajectory_node
+        key = (id(state), id(pins), state.pin_epoch)
+        r = self._routes
+        if r is None or r.key != key:
+            r = self._routes = Routes(key, pins, new=dict(self._items))
+        if r.unpinned:
+            moved = [a for a in r.unpinned.values() if a.trajectory_id in pins]
+            for a in moved:
+                del r.unpinned[a.action_id]
+                self._place(r, a, pins[a.trajectory_id])
+        if r.new:
+            cpu, gpu = ResourceKind.CPU, ResourceKind.GPU
+            for aid, a in r.new.items():
+                kind = a.cost.key
+                if kind is cpu:
+                    node = pins.get(a.trajectory_id)
+                    if node is None:
+                        r.unpinned[aid] = a
+                    else:
+                        self._place(r, a, node)
+                elif kind is gpu:
+                    r.gpu[aid] = a
+                # API actions do not compete for elastic units: not indexed
+            r.new.clear()
+        return r
+
+    def pinned_to(self, node: str, state: ClusterState) -> list[QueuedAction]:
+        """The queued CPU actions whose trajectory is pinned to `node`, FCFS."""
+        group = self.routes(state).on_node.get(node)
+        if not group:
+            return []
+        out = list(group.values())
+        pins = state.trajectory_node
+        if any(pins.get(a.trajectory_id) != node for a in out):  # a pin changed behind our back
+            self._routes = None
+            group = self.routes(state).on_node.get(node)
+            out = list(group.values()) if group else []
+        return out
+
+    def _place(self, r: Routes, action: QueuedAction, node: str) -> None:
+        """Route a CPU action to `node`, keeping the node's actions in FCFS order."""
+        aid = action.action_id
+        r.where[aid] = node
+        group = r.on_node.get(node)
+        if group is None:
+            r.on_node[node] = {aid: action}
+            return
+        seq = self._seq
+        if seq[next(reversed(group))] < seq[aid]:
+            group[aid] = action
+            return
+        group[aid] = action  # an older action whose trajectory got pinned after newer ones came
+        r.on_node[node] = dict(sorted(group.items(), key=lambda kv: seq[kv[0]]))
+
+
+def merge_fcfs(
+    queue: WaitingQueue, a: Sequence[QueuedAction], b: Sequence[QueuedAction]
+) -> list[QueuedAction]:
+    """Two FCFS-ordered lists of actions of `queue` as one, FCFS."""
+    if not a:
+        return list(b)
+    if not b:
+        return list(a)
+    seq = queue.position
+    return sorted([*a, *b], key=lambda x: seq(x.action_id))

@@ -1,0 +1,108 @@
+"""`WaitingQueue`: a FCFS sequence whose index gives the same rest distribution as a list.
+
+The elastic round assigns every queued non-candidate action to a pool (`distribute_rest`). Over
+a `WaitingQueue` it reads only the actions routed to the pools' nodes; these tests drive a
+queue and a plain list through the same random history (appends, starts, new pins, closed
+trajectories, restored state) and check that every round's distribution is identical.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
+from scheduler.policies.common import PoolKey, distribute_rest
+from scheduler.queue import WaitingQueue
+from scheduler.resources import ClusterState, CpuNode, GpuNode
+
+NODES = ["n0", "n1", "n2", "n3"]
+
+
+def _state() -> ClusterState:
+    return ClusterState(
+        cpu={n: CpuNode.uniform(n, 8, 1 << 20, 2) for n in NODES},
+        gpu={"g0": GpuNode("g0", 8, 80_000), "g1": GpuNode("g1", 8, 80_000)},
+    )
+
+
+def _action(i: int, traj: str, rng: random.Random) -> QueuedAction:
+    r = rng.random()
+    kind = ResourceKind.CPU if r < 0.75 else ResourceKind.GPU if r < 0.9 else ResourceKind.API
+    return QueuedAction(f"a{i}", traj, CostVector(kind, Elastic.range(1, 4)), float(i))
+
+
+def _pools(rng: random.Random) -> list[PoolKey]:
+    cpu = [("cpu", n, g) for n in NODES for g in (0, 1)]
+    gpu = [("gpu", "g0", 0), ("gpu", "g1", 0)]
+    picked = rng.sample(cpu + gpu, rng.randint(1, 6))
+    return picked
+
+
+def _ids(out: dict[PoolKey, list[QueuedAction]]) -> dict[PoolKey, list[str]]:
+    return {p: [a.action_id for a in acts] for p, acts in out.items()}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_indexed_distribution_equals_the_walk_over_a_list(seed: int) -> None:
+    """Given the same random history, when distributing the rest each round, then a WaitingQueue
+    and a plain list give the same pools, the same actions, in the same order."""
+    rng = random.Random(seed)
+    state = _state()
+    q, plain = WaitingQueue(), []
+    trajs = [f"t{i}" for i in range(30)]
+    n = 0
+    for _ in range(60):
+        for _ in range(rng.randint(0, 8)):  # arrivals
+            a = _action(n, rng.choice(trajs), rng)
+            n += 1
+            q.append(a)
+            plain.append(a)
+        r = rng.random()
+        if r < 0.3:  # a trajectory gets pinned (as `apply` does for its first action)
+            state.trajectory_node.setdefault(rng.choice(trajs), rng.choice(NODES))
+        elif r < 0.4:  # a trajectory closes and may come back on another node later
+            state.close_trajectory(rng.choice(trajs))
+        elif r < 0.45:  # the scheduler restarted from its saved state
+            state.restore({"trajectory_node": dict(state.trajectory_node)})
+        pools = _pools(rng)
+        skip = {a.action_id for a in rng.sample(plain, min(len(plain), rng.randint(0, 4)))}
+        got = distribute_rest(q, state, pools, skip)
+        want = distribute_rest(plain, state, pools, skip)
+        assert _ids(got) == _ids(want)
+        for a in rng.sample(plain, min(len(plain), rng.randint(0, 6))):  # starts
+            q.pop(a.action_id)
+            plain.remove(a)
+        assert list(q) == plain
+
+
+def test_a_pin_moved_behind_the_index_is_noticed_when_its_node_is_read() -> None:
+    """Given a pin overwritten directly (not through close_trajectory), when the old node's
+    actions are read, then the index is rebuilt and the action goes to its new node."""
+    state = _state()
+    state.trajectory_node["t"] = "n0"
+    a = QueuedAction("a", "t", CostVector(ResourceKind.CPU, Elastic.range(1, 4)), 0.0)
+    q = WaitingQueue([a])
+    pools: list[PoolKey] = [("cpu", "n0", 0), ("cpu", "n1", 0)]
+    assert _ids(distribute_rest(q, state, pools)) == {("cpu", "n0", 0): ["a"], ("cpu", "n1", 0): []}
+    state.trajectory_node["t"] = "n1"
+    assert _ids(distribute_rest(q, state, pools)) == {("cpu", "n0", 0): [], ("cpu", "n1", 0): ["a"]}
+
+
+def test_queue_is_a_fcfs_sequence() -> None:
+    """Given appends and pops, then iteration, indexing, slicing, len and membership follow FCFS
+    order; a duplicate id or an unknown pop is refused and changes nothing."""
+    acts = [QueuedAction(f"a{i}", "t", CostVector(ResourceKind.CPU), float(i)) for i in range(5)]
+    q = WaitingQueue(acts[:4])
+    q.pop("a1")
+    q.append(acts[4])
+    assert [a.action_id for a in q] == ["a0", "a2", "a3", "a4"]
+    assert q[0] is acts[0] and q[-1] is acts[4] and q[1:3] == [acts[2], acts[3]]
+    assert len(q) == 4 and "a2" in q and acts[2] in q and "a1" not in q
+    with pytest.raises(ValueError, match="a2"):
+        q.append(acts[2])
+    with pytest.raises(KeyError):
+        q.pop("a1")
+    assert [a.action_id for a in q] == ["a0", "a2", "a3", "a4"]
+    assert q.position("a0") < q.position("a4")
