@@ -10,10 +10,12 @@ A `WaitingQueue` is a `Sequence[QueuedAction]` (policies iterate and slice it li
 also keeps its actions routed: CPU actions per pinned node, unpinned CPU actions, GPU actions,
 each in FCFS order. Routing is brought up to date lazily by `routes(state)`: new actions are
 routed, unpinned ones whose trajectory got pinned since are moved. The index is rebuilt from
-scratch when the state's pins were replaced or lost an entry (`ClusterState.pin_epoch`), and a
-node's list is checked against the pins each time it is read, so stale routing cannot change
-what a policy computes: `distribute_rest` gives the same pools over a `WaitingQueue` as over a
-list of the same actions (tests/unit/test_waiting_queue.py).
+scratch when the state's pins were replaced (`ClusterState.pin_epoch`) or a trajectory with
+queued actions lost its pin (`ClusterState.unpin_log`; closing a trajectory with nothing queued,
+the usual case, costs nothing), and a node's list is checked against the pins each time it is
+read. So stale routing cannot change what a policy computes: `distribute_rest` gives the same
+pools over a `WaitingQueue` as over a list of the same actions
+(tests/unit/test_waiting_queue.py).
 
     q = WaitingQueue()
     q.append(action)              # FCFS: appended at the tail
@@ -25,10 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, ne
 from typing import overload
 
 from scheduler.model import QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
+
+_TRAJECTORY = attrgetter("trajectory_id")
 
 
 @dataclass(slots=True)
@@ -41,6 +47,7 @@ class Routes:
     unpinned: dict[str, QueuedAction] = field(default_factory=dict)
     gpu: dict[str, QueuedAction] = field(default_factory=dict)
     new: dict[str, QueuedAction] = field(default_factory=dict)  # not routed yet
+    log_seen: int = 0  # how much of the state's unpin log has been looked at
     where: dict[str, str | None] = field(default_factory=dict)  # routed action -> its node
 
 
@@ -50,6 +57,7 @@ class WaitingQueue(Sequence[QueuedAction]):
     def __init__(self, actions: Iterable[QueuedAction] = ()) -> None:
         self._items: dict[str, QueuedAction] = {}
         self._seq: dict[str, int] = {}
+        self._per_trajectory: dict[str, int] = {}  # trajectory -> actions queued
         self._next = 0
         self._list: list[QueuedAction] | None = None  # positional view, rebuilt when asked
         self._routes: Routes | None = None
@@ -65,6 +73,8 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._items[aid] = action
         self._seq[aid] = self._next
         self._next += 1
+        tid = action.trajectory_id
+        self._per_trajectory[tid] = self._per_trajectory.get(tid, 0) + 1
         self._list = None
         if self._routes is not None:
             self._routes.new[aid] = action
@@ -74,6 +84,12 @@ class WaitingQueue(Sequence[QueuedAction]):
         action = self._items.pop(action_id)
         del self._seq[action_id]
         self._list = None
+        tid = action.trajectory_id
+        left = self._per_trajectory[tid] - 1
+        if left:
+            self._per_trajectory[tid] = left
+        else:
+            del self._per_trajectory[tid]
         r = self._routes
         if r is not None and r.new.pop(action_id, None) is None:
             node = r.where.pop(action_id, None)
@@ -125,8 +141,15 @@ class WaitingQueue(Sequence[QueuedAction]):
         pins = state.trajectory_node
         key = (id(state), id(pins), state.pin_epoch)
         r = self._routes
+        logged = state.unpin_base + len(state.unpin_log)
+        if r is not None and r.key == key and r.log_seen != logged:
+            # unpinned trajectories with actions still queued would have to move: start over
+            start = r.log_seen - state.unpin_base
+            if start < 0 or any(t in self._per_trajectory for t in state.unpin_log[start:]):
+                r = None
         if r is None or r.key != key:
             r = self._routes = Routes(key, pins, new=dict(self._items))
+        r.log_seen = logged
         if r.unpinned:
             moved = [a for a in r.unpinned.values() if a.trajectory_id in pins]
             for a in moved:
@@ -154,8 +177,8 @@ class WaitingQueue(Sequence[QueuedAction]):
         if not group:
             return []
         out = list(group.values())
-        pins = state.trajectory_node
-        if any(pins.get(a.trajectory_id) != node for a in out):  # a pin changed behind our back
+        # a pin overwritten in place (not through close_trajectory): start over
+        if any(map(ne, map(state.trajectory_node.get, map(_TRAJECTORY, out)), repeat(node))):
             self._routes = None
             group = self.routes(state).on_node.get(node)
             out = list(group.values()) if group else []

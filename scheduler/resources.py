@@ -16,6 +16,34 @@ from scheduler.model import Allocation, QueuedAction, ResourceKind
 GPU_CHUNK_SIZES = (1, 2, 4, 8)
 
 
+@dataclass(frozen=True, slots=True)
+class NumaShape:
+    """What is derived from a node's NUMA layout: core -> group, and each group as a set."""
+
+    numa: tuple[tuple[int, ...], ...]
+    group_of: dict[int, int]
+    groups: tuple[frozenset[int], ...]
+
+
+_SHAPES: dict[int, NumaShape] = {}
+
+
+def numa_shape(numa: tuple[tuple[int, ...], ...]) -> NumaShape:
+    """The `NumaShape` of a layout, cached per layout object.
+
+    Keyed by identity (copies of a `CpuNode` share its `numa` tuple): hashing a 256-core tuple
+    on every lookup cost a third of a simulated round.
+    """
+    hit = _SHAPES.get(id(numa))
+    if hit is not None and hit.numa is numa:
+        return hit
+    if len(_SHAPES) > 4096:
+        _SHAPES.clear()
+    group_of = {c: g for g, cores in enumerate(numa) for c in cores}
+    _SHAPES[id(numa)] = hit = NumaShape(numa, group_of, tuple(frozenset(g) for g in numa))
+    return hit
+
+
 @dataclass
 class CpuNode:
     """A CPU node: cores grouped by NUMA node, host memory reserved per trajectory."""
@@ -48,8 +76,14 @@ class CpuNode:
         return self.memory_mb - sum(self.trajectory_memory_mb.values())
 
     def free_in_groups(self) -> list[list[int]]:
-        """Free core ids per NUMA group, each sorted."""
-        return [sorted(c for c in g if c in self.free) for g in self.numa]
+        """Free core ids per NUMA group, each sorted (walks the smaller of the free set and the
+        group: few free cores on a busy node cost little)."""
+        free = self.free
+        return [sorted(free & g) for g in numa_shape(self.numa).groups]
+
+    def free_in_group(self, group: int) -> list[int]:
+        """Free core ids of one NUMA group, sorted."""
+        return sorted(self.free & numa_shape(self.numa).groups[group])
 
     def max_block(self) -> int:
         """Largest number of free cores inside one NUMA group."""
@@ -183,9 +217,12 @@ class ClusterState:
     by_pool: dict[tuple[ResourceKind, str], dict[str, Allocation]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-    # bumped whenever a pin is removed or the pins are replaced (indexes of the queue by pinned
-    # node, `scheduler.queue.WaitingQueue`, rebuild then); pins are only ever added otherwise
+    # For indexes of the queue by pinned node (`scheduler.queue.WaitingQueue`): pins are added
+    # by `apply`, removed by `close_trajectory` (logged: the trajectories unpinned, the oldest
+    # `unpin_base` of them dropped from the log), and replaced by `restore` (`pin_epoch` + 1).
     pin_epoch: int = field(default=0, init=False, repr=False, compare=False)
+    unpin_log: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    unpin_base: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for alloc in self.running.values():
@@ -349,7 +386,10 @@ class ClusterState:
         """Forget a finished trajectory: its node pin and its reserved memory."""
         node = self.trajectory_node.pop(trajectory_id, None)
         if node is not None:
-            self.pin_epoch += 1
+            if len(self.unpin_log) >= 1024:
+                self.unpin_base += len(self.unpin_log)
+                self.unpin_log.clear()
+            self.unpin_log.append(trajectory_id)
         if node is not None and node in self.cpu:
             self.cpu[node].trajectory_memory_mb.pop(trajectory_id, None)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.queue import WaitingQueue, merge_fcfs
-from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode
+from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode, numa_shape
 
 PoolKey = tuple[str, str, int]
 Busy = tuple[float, int]  # (expected end in s, units)
@@ -29,23 +29,9 @@ def waiting(actions: Iterable[QueuedAction]) -> list[Waiting]:
     return out
 
 
-_GROUP_INDEX: dict[int, tuple[tuple[tuple[int, ...], ...], dict[int, int]]] = {}
-
-
 def core_group_index(numa: tuple[tuple[int, ...], ...]) -> dict[int, int]:
-    """core id -> NUMA group index, cached per node shape object.
-
-    Keyed by identity (copies of a `CpuNode` share its `numa` tuple): hashing a 256-core tuple
-    on every lookup cost a third of a simulated round.
-    """
-    hit = _GROUP_INDEX.get(id(numa))
-    if hit is not None and hit[0] is numa:
-        return hit[1]
-    if len(_GROUP_INDEX) > 4096:
-        _GROUP_INDEX.clear()
-    index = {c: g for g, cores in enumerate(numa) for c in cores}
-    _GROUP_INDEX[id(numa)] = (numa, index)
-    return index
+    """core id -> NUMA group index (cached per layout, `numa_shape`)."""
+    return numa_shape(numa).group_of
 
 
 def pool_of(

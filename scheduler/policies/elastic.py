@@ -118,7 +118,7 @@ def elastic_round(
 
 def cpu_free_ids(problem: PoolProblem) -> list[int]:
     node = problem.state.cpu[problem.key[1]]
-    return sorted(node.free.intersection(node.numa[problem.key[2]]))
+    return node.free_in_group(problem.key[2])
 
 
 def cpu_decision(

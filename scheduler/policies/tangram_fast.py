@@ -103,8 +103,8 @@ def fast_candidates(
         picked.append(Allocation(action.action_id, cpu_kind, node, units, ids))
         pools.append(("cpu", node, gi))
         actions.append(action)
-    if blocked_at >= 0:  # no CPU action passes it (FCFS); GPU and API ones behind it go on
-        tail = queue[blocked_at + 1 :]
+    if blocked_at >= 0 and (state.gpu or state.api):  # no CPU action passes it (FCFS); GPU
+        tail = queue[blocked_at + 1 :]  # and API ones behind it go on
         if state.gpu:
             gpu += [a for a in tail if a.cost.key is gpu_kind]
         if state.api:
@@ -129,8 +129,7 @@ class _LazyGroups(dict[str, list[list[int]]]):
         self._state = state
 
     def __missing__(self, node: str) -> list[list[int]]:
-        cpu = self._state.cpu[node]
-        out = [sorted(cpu.free.intersection(group)) for group in cpu.numa]
+        out = self._state.cpu[node].free_in_groups()
         self[node] = out
         return out
 

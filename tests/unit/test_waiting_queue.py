@@ -106,3 +106,25 @@ def test_queue_is_a_fcfs_sequence() -> None:
         q.pop("a1")
     assert [a.action_id for a in q] == ["a0", "a2", "a3", "a4"]
     assert q.position("a0") < q.position("a4")
+
+
+def test_an_unpin_dropped_from_the_state_log_still_reroutes() -> None:
+    """Given a queued action whose trajectory is unpinned, then so many other trajectories close
+    that the state's unpin log is trimmed past it, when the rest is distributed, then the action
+    counts as unpinned (spread over every CPU pool), as over a plain list."""
+    state = _state()
+    state.trajectory_node["t"] = "n0"
+    a = QueuedAction("a", "t", CostVector(ResourceKind.CPU, Elastic.range(1, 4)), 0.0)
+    q = WaitingQueue([a])
+    pools: list[PoolKey] = [("cpu", "n1", 0)]
+    assert _ids(distribute_rest(q, state, pools)) == {("cpu", "n1", 0): []}
+    state.close_trajectory("t")
+    for i in range(3000):
+        state.trajectory_node[f"x{i}"] = "n2"
+        state.close_trajectory(f"x{i}")
+    assert state.unpin_base > 0
+    assert (
+        _ids(distribute_rest(q, state, pools))
+        == _ids(distribute_rest([a], state, pools))
+        == {("cpu", "n1", 0): ["a"]}
+    )
