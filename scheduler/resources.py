@@ -213,8 +213,9 @@ class ClusterState:
     expected_end_s: dict[str, float] = field(default_factory=dict)
     # actions sharing a GPU chunk allocated to another action of the same model (`share`)
     shared: set[str] = field(default_factory=set)
-    # index of `running` per (kind, pool), in start order; kept by apply/share/release/restore
-    by_pool: dict[tuple[ResourceKind, str], dict[str, Allocation]] = field(
+    # index of `running` per (kind, pool, NUMA group; 0 but for CPU), in start order; kept by
+    # apply/share/release/restore
+    by_pool: dict[tuple[ResourceKind, str, int], dict[str, Allocation]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     # For indexes of the queue by pinned node (`scheduler.queue.WaitingQueue`): pins are added
@@ -228,16 +229,25 @@ class ClusterState:
         for alloc in self.running.values():
             self._track(alloc)
 
+    def _pool_key(self, alloc: Allocation) -> tuple[ResourceKind, str, int]:
+        group = 0
+        if alloc.kind is ResourceKind.CPU and alloc.unit_ids:
+            node = self.cpu.get(alloc.pool)
+            if node is not None:
+                group = numa_shape(node.numa).group_of[alloc.unit_ids[0]]
+        return (alloc.kind, alloc.pool, group)
+
     def _track(self, alloc: Allocation) -> None:
-        key = (alloc.kind, alloc.pool)
+        key = self._pool_key(alloc)
         on_pool = self.by_pool.get(key)
         if on_pool is None:
             self.by_pool[key] = on_pool = {}
         on_pool[alloc.action_id] = alloc
 
-    def running_on(self, kind: ResourceKind, pool: str) -> dict[str, Allocation]:
-        """The running allocations of one pool (action id -> allocation), in start order."""
-        return self.by_pool.get((kind, pool), {})
+    def running_in(self, kind: ResourceKind, pool: str, group: int = 0) -> dict[str, Allocation]:
+        """The running allocations of one pool (a CPU node's NUMA group, a GPU node), in start
+        order (action id -> allocation)."""
+        return self.by_pool.get((kind, pool, group), {})
 
     def copy(self) -> ClusterState:
         """An independent copy, much cheaper than deepcopy (allocations are immutable)."""
@@ -366,7 +376,7 @@ class ClusterState:
         self.shared.discard(action_id)
         if alloc is None:
             return None
-        self.by_pool[(alloc.kind, alloc.pool)].pop(action_id, None)
+        self.by_pool[self._pool_key(alloc)].pop(action_id, None)
         if alloc.kind is ResourceKind.CPU:
             self.cpu[alloc.pool].free.update(alloc.unit_ids)
         elif alloc.kind is ResourceKind.GPU:

@@ -49,35 +49,27 @@ def pool_of(
 
 
 def busy_by_pool(
-    state: ClusterState, now_s: float, nodes: set[str] | None = None
+    state: ClusterState, now_s: float, pools: Iterable[PoolKey] | None = None
 ) -> dict[PoolKey, list[Busy]]:
-    """Running allocations per pool (on `nodes`, or all) as (expected end, units).
+    """Running allocations per pool (of `pools`, or all) as (expected end, units), in start order.
 
-    Unknown ends count as `now_s`.
+    Unknown ends count as `now_s`. Pools without a running allocation are left out.
     """
+    if pools is None:
+        pools = {pool_of(a, state) for a in state.running.values() if a.kind is not ResourceKind.API}
     out: dict[PoolKey, list[Busy]] = {}
     ends = state.expected_end_s
-    cpu, api = ResourceKind.CPU, ResourceKind.API
-    groups: dict[str, dict[int, int]] = {}
     shared = state.shared
-    if nodes is None:
-        running: Iterable[tuple[str, Allocation]] = state.running.items()
-    else:  # only the pools asked for, through the state's per-pool index
-        running = itertools.chain.from_iterable(
-            state.running_on(kind, n).items() for n in sorted(nodes) for kind in (cpu, ResourceKind.GPU)
-        )
-    for aid, alloc in running:
-        if alloc.kind is api or not alloc.unit_ids or aid in shared:
-            continue
-        end_s = ends.get(aid, now_s)
-        if end_s < now_s:
-            end_s = now_s
-        key = pool_of(alloc, state, groups)
-        bucket = out.get(key)
-        if bucket is None:
-            out[key] = [(end_s, alloc.units)]
-        else:
-            bucket.append((end_s, alloc.units))
+    kinds = {"cpu": ResourceKind.CPU, "gpu": ResourceKind.GPU}
+    for key in pools:
+        bucket = []
+        for aid, alloc in state.running_in(kinds[key[0]], key[1], key[2]).items():
+            if not alloc.unit_ids or aid in shared:
+                continue
+            end_s = ends.get(aid, now_s)
+            bucket.append((end_s if end_s > now_s else now_s, alloc.units))
+        if bucket:
+            out[key] = bucket
     return out
 
 

@@ -105,7 +105,7 @@ def elastic_round(
     if not elastic:
         return cands
     rest_by_pool = distribute_rest(queue, state, list(members), skip=wanted)
-    busy = busy_by_pool(state, now_s, {k[1] for k in elastic})
+    busy = busy_by_pool(state, now_s, elastic)
     decided: Decision = {}
     for key, mem in elastic.items():
         rest_w = waiting(rest_by_pool[key])
