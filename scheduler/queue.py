@@ -102,8 +102,22 @@ class WaitingQueue(Sequence[QueuedAction]):
                 r.gpu.pop(action_id, None)
         return action
 
+    def sort_by_submission(self) -> None:
+        """Reorder by submission time, ties in queue order (a stable sort): actions put back
+        after a failure or a restart regain their FCFS place."""
+        ordered = sorted(self._items.values(), key=lambda a: a.submitted_s)
+        self._items = {a.action_id: a for a in ordered}
+        self._seq = {a.action_id: i for i, a in enumerate(ordered)}
+        self._next = len(ordered)
+        self._list = None
+        self._routes = None
+
     def get(self, action_id: str) -> QueuedAction | None:
         return self._items.get(action_id)
+
+    def action(self, action_id: str) -> QueuedAction:
+        """The queued action `action_id` (KeyError if it is not queued)."""
+        return self._items[action_id]
 
     def values(self) -> Iterable[QueuedAction]:
         return self._items.values()

@@ -29,6 +29,7 @@ from scheduler.estimator import DurationEstimator
 from scheduler.fairshare import FairShare
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import Policy, get_policy
+from scheduler.queue import WaitingQueue
 from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
 from scheduler.service.liveness import LivenessPolicy
 from scheduler.service.liveness import check as liveness_check
@@ -82,7 +83,7 @@ class SchedulerService:
     def _reset(self) -> None:
         """Forget everything in memory; `start()` rebuilds it from Redis."""
         self.state = build_cluster(self.cfg)
-        self.waiting: list[QueuedAction] = []
+        self.waiting = WaitingQueue()  # FCFS, indexed by pinned node (scheduler/queue.py)
         self.entry_of: dict[str, str] = {}  # action id -> intake stream id (unacked)
         self.kind_of: dict[str, str] = {}  # running action id -> duration-profile kind
         self.active: Counter[str] = Counter()  # trajectory -> queued + running actions
@@ -196,6 +197,11 @@ class SchedulerService:
                 rejected.append(e.stream_id)
                 continue
             qa = to_queued(meta, self.cfg)
+            if qa.action_id in self.waiting or qa.action_id in self.running_qa:
+                # an entry read again (the intake is at-least-once): the action is already here
+                log.warning("action %s is already queued or running; duplicate intake ignored", qa.action_id)
+                rejected.append(e.stream_id)
+                continue
             self.estimator.annotate(qa)
             self.waiting.append(qa)
             self.entry_of[qa.action_id] = e.stream_id
@@ -212,8 +218,9 @@ class SchedulerService:
         self.metrics.decision.observe(time.perf_counter() - t0)
         if not allocs:
             return 0
-        by_id = {a.action_id: a for a in self.waiting}
+        by_id = {a.action_id: self.waiting.action(a.action_id) for a in allocs}
         riders = self._riders(allocs, by_id)
+        by_id.update((a.action_id, self.waiting.action(a.action_id)) for a in riders)
         pins: dict[str, dict[str, Any]] = {}
         records: list[tuple[str, dict[str, Any]]] = []
         for alloc in allocs:
@@ -241,7 +248,8 @@ class SchedulerService:
         self.store.mark_dispatched(records, pins, entries, now)
         self.send(allocs)
         self.recorder.dispatched(allocs)
-        self.waiting = [a for a in self.waiting if a.action_id not in started]
+        for action_id in started:
+            self.waiting.pop(action_id)
         self.dispatched_total += len(allocs)
         self.progress_s = time.monotonic()
         return len(allocs)
@@ -448,7 +456,7 @@ class SchedulerService:
         self.kind_of.pop(action_id, None)
         if qa is not None:
             self.waiting.append(qa)
-            self.waiting.sort(key=lambda a: a.submitted_s)
+            self.waiting.sort_by_submission()
         return alloc
 
     def _give_up(self, action_id: str, why: str) -> None:

@@ -32,7 +32,7 @@ def recover(svc: SchedulerService) -> None:
         svc.state.hold(Allocation.from_dict(rec["alloc"]), qa, now)
         svc.kind_of[action_id] = qa.kind
         svc.running_qa[action_id] = qa
-    svc.waiting.sort(key=lambda a: a.submitted_s)
+    svc.waiting.sort_by_submission()
     for tid, pin in svc.store.load_pins().items():
         if pin["node"] in svc.state.cpu:
             svc.state.trajectory_node[tid] = pin["node"]
