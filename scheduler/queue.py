@@ -12,8 +12,8 @@ each in FCFS order. Routing is brought up to date lazily by `routes(state)`: new
 routed, unpinned ones whose trajectory got pinned since are moved. The index is rebuilt from
 scratch when the state's pins were replaced (`ClusterState.pin_epoch`) or a trajectory with
 queued actions lost its pin (`ClusterState.unpin_log`; closing a trajectory with nothing queued,
-the usual case, costs nothing), and a node's list is checked against the pins each time it is
-read. So stale routing cannot change what a policy computes: `distribute_rest` gives the same
+the usual case, costs nothing). Pins change only in those ways (a pin is never overwritten in
+place), so stale routing cannot change what a policy computes: `distribute_rest` gives the same
 pools over a `WaitingQueue` as over a list of the same actions
 (tests/unit/test_waiting_queue.py).
 
@@ -27,14 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter, ne
 from typing import overload
 
 from scheduler.model import QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
-
-_TRAJECTORY = attrgetter("trajectory_id")
 
 
 @dataclass(slots=True)
@@ -188,15 +184,7 @@ class WaitingQueue(Sequence[QueuedAction]):
     def pinned_to(self, node: str, state: ClusterState) -> list[QueuedAction]:
         """The queued CPU actions whose trajectory is pinned to `node`, FCFS."""
         group = self.routes(state).on_node.get(node)
-        if not group:
-            return []
-        out = list(group.values())
-        # a pin overwritten in place (not through close_trajectory): start over
-        if any(map(ne, map(state.trajectory_node.get, map(_TRAJECTORY, out)), repeat(node))):
-            self._routes = None
-            group = self.routes(state).on_node.get(node)
-            out = list(group.values()) if group else []
-        return out
+        return list(group.values()) if group else []
 
     def _place(self, r: Routes, action: QueuedAction, node: str) -> None:
         """Route a CPU action to `node`, keeping the node's actions in FCFS order."""

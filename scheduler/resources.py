@@ -219,8 +219,9 @@ class ClusterState:
         default_factory=dict, init=False, repr=False, compare=False
     )
     # For indexes of the queue by pinned node (`scheduler.queue.WaitingQueue`): pins are added
-    # by `apply`, removed by `close_trajectory` (logged: the trajectories unpinned, the oldest
-    # `unpin_base` of them dropped from the log), and replaced by `restore` (`pin_epoch` + 1).
+    # (by `apply`, or directly), removed by `close_trajectory` (logged: the trajectories
+    # unpinned, the oldest `unpin_base` of them dropped from the log), and replaced by `restore`
+    # (`pin_epoch` + 1); a pin is never overwritten in place.
     pin_epoch: int = field(default=0, init=False, repr=False, compare=False)
     unpin_log: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     unpin_base: int = field(default=0, init=False, repr=False, compare=False)

@@ -77,17 +77,23 @@ def test_indexed_distribution_equals_the_walk_over_a_list(seed: int) -> None:
         assert list(q) == plain
 
 
-def test_a_pin_moved_behind_the_index_is_noticed_when_its_node_is_read() -> None:
-    """Given a pin overwritten directly (not through close_trajectory), when the old node's
-    actions are read, then the index is rebuilt and the action goes to its new node."""
+def test_a_trajectory_closed_and_pinned_again_elsewhere_moves_its_queued_action() -> None:
+    """Given a queued action of a trajectory pinned to n0, when the trajectory is closed and
+    pinned to n1, then its action counts for n1's pool, as over a plain list."""
     state = _state()
     state.trajectory_node["t"] = "n0"
     a = QueuedAction("a", "t", CostVector(ResourceKind.CPU, Elastic.range(1, 4)), 0.0)
     q = WaitingQueue([a])
     pools: list[PoolKey] = [("cpu", "n0", 0), ("cpu", "n1", 0)]
     assert _ids(distribute_rest(q, state, pools)) == {("cpu", "n0", 0): ["a"], ("cpu", "n1", 0): []}
+    state.close_trajectory("t")
     state.trajectory_node["t"] = "n1"
-    assert _ids(distribute_rest(q, state, pools)) == {("cpu", "n0", 0): [], ("cpu", "n1", 0): ["a"]}
+    got = distribute_rest(q, state, pools)
+    assert (
+        _ids(got)
+        == _ids(distribute_rest([a], state, pools))
+        == {("cpu", "n0", 0): [], ("cpu", "n1", 0): ["a"]}
+    )
 
 
 def test_queue_is_a_fcfs_sequence() -> None:
