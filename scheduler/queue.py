@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Any, overload
 
 from scheduler.model import QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
@@ -57,6 +57,9 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._next = 0
         self._list: list[QueuedAction] | None = None  # positional view, rebuilt when asked
         self._routes: Routes | None = None
+        # What policies derive from a queued action and keep across rounds (they check it is
+        # still valid when they read it); an entry goes when its action leaves the queue.
+        self.memo: dict[str, Any] = {}
         for action in actions:
             self.append(action)
 
@@ -79,6 +82,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         """Remove and return a queued action (KeyError if it is not queued)."""
         action = self._items.pop(action_id)
         del self._seq[action_id]
+        self.memo.pop(action_id, None)
         self._list = None
         tid = action.trajectory_id
         left = self._per_trajectory[tid] - 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.queue import WaitingQueue, merge_fcfs
@@ -19,13 +20,30 @@ Busy = tuple[float, int]  # (expected end in s, units)
 Waiting = tuple[int, float, QueuedAction]  # (min units, duration at min units in s, action)
 
 
-def waiting(actions: Iterable[QueuedAction]) -> list[Waiting]:
-    """Precompute what the completion-heap estimate needs per waiting action."""
+def waiting(actions: Iterable[QueuedAction], memo: dict[str, Any] | None = None) -> list[Waiting]:
+    """Precompute what the completion-heap estimate needs per waiting action.
+
+    `memo` (a `WaitingQueue.memo`) keeps each action's entry across rounds; an entry is reused
+    only while the action's cost, T1 and efficiency curve are the very objects it was made
+    from, so re-estimating a waiting action is always seen.
+    """
     out: list[Waiting] = []
     append = out.append
+    if memo is None:
+        for a in actions:
+            units = a.cost.units.units[0]
+            append((units, a.duration_s(units), a))
+        return out
+    get = memo.get
     for a in actions:
+        m = get(a.action_id)
+        if m is not None and m[0] is a.cost and m[1] is a.t1_s and m[2] is a.efficiency and m[3][2] is a:
+            append(m[3])
+            continue
         units = a.cost.units.units[0]
-        append((units, a.duration_s(units), a))
+        w = (units, a.duration_s(units), a)
+        memo[a.action_id] = (a.cost, a.t1_s, a.efficiency, w)
+        append(w)
     return out
 
 

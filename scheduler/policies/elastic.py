@@ -27,6 +27,7 @@ from scheduler.policies.common import (
     unit_heap,
     waiting,
 )
+from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
 Member = tuple[QueuedAction, Allocation]
@@ -107,8 +108,9 @@ def elastic_round(
     rest_by_pool = distribute_rest(queue, state, list(members), skip=wanted)
     busy = busy_by_pool(state, now_s, elastic)
     decided: Decision = {}
+    memo = queue.memo if isinstance(queue, WaitingQueue) else None
     for key, mem in elastic.items():
-        rest_w = waiting(rest_by_pool[key])
+        rest_w = waiting(rest_by_pool[key], memo)
         problem = PoolProblem(key, mem, state, now_s, busy.get(key, []), rest_w, depth, defer)
         solver = cpu_solver if key[0] == "cpu" else gpu_solver
         decided.update(solver(problem))

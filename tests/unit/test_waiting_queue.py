@@ -134,3 +134,23 @@ def test_an_unpin_dropped_from_the_state_log_still_reroutes() -> None:
         == _ids(distribute_rest([a], state, pools))
         == {("cpu", "n1", 0): ["a"]}
     )
+
+
+def test_memoised_waiting_entries_follow_a_re_estimate_and_leave_with_the_action() -> None:
+    """Given a queue's memo, then `waiting` gives the same entries as without it, recomputes
+    one whose T1 changed while it waited, and forgets an action that left the queue."""
+    from scheduler.duration import Amdahl
+    from scheduler.policies.common import waiting
+
+    acts = [
+        QueuedAction(
+            f"a{i}", "t", CostVector(ResourceKind.CPU, Elastic.range(2, 8)), 0.0, 10.0 + i, Amdahl(0.9)
+        )
+        for i in range(3)
+    ]
+    q = WaitingQueue(acts)
+    assert waiting(q, q.memo) == waiting(q) == waiting(q, q.memo)
+    acts[1].t1_s = 40.0  # the estimator learned more
+    assert waiting(q, q.memo)[1] == (2, acts[1].duration_s(2), acts[1]) == waiting(q)[1]
+    q.pop("a0")
+    assert "a0" not in q.memo and set(q.memo) == {"a1", "a2"}
