@@ -44,7 +44,7 @@ class Routes:
     gpu: dict[str, QueuedAction] = field(default_factory=dict)
     new: dict[str, QueuedAction] = field(default_factory=dict)  # not routed yet
     log_seen: int = 0  # how much of the state's unpin log has been looked at
-    where: dict[str, str | None] = field(default_factory=dict)  # routed action -> its node
+    where: dict[str, str] = field(default_factory=dict)  # action routed to a node -> the node
 
 
 class WaitingQueue(Sequence[QueuedAction]):
@@ -184,11 +184,6 @@ class WaitingQueue(Sequence[QueuedAction]):
                 # API actions do not compete for elastic units: not indexed
             r.new.clear()
         return r
-
-    def pinned_to(self, node: str, state: ClusterState) -> list[QueuedAction]:
-        """The queued CPU actions whose trajectory is pinned to `node`, FCFS."""
-        group = self.routes(state).on_node.get(node)
-        return list(group.values()) if group else []
 
     def _place(self, r: Routes, action: QueuedAction, node: str) -> None:
         """Route a CPU action to `node`, keeping the node's actions in FCFS order."""

@@ -230,7 +230,9 @@ class ClusterState:
         for alloc in self.running.values():
             self._track(alloc)
 
-    def _pool_key(self, alloc: Allocation) -> tuple[ResourceKind, str, int]:
+    def pool_key(self, alloc: Allocation) -> tuple[ResourceKind, str, int]:
+        """The pool `alloc` draws from: (kind, node or pool name, NUMA group of its first core;
+        0 but for CPU)."""
         group = 0
         if alloc.kind is ResourceKind.CPU and alloc.unit_ids:
             node = self.cpu.get(alloc.pool)
@@ -239,7 +241,7 @@ class ClusterState:
         return (alloc.kind, alloc.pool, group)
 
     def _track(self, alloc: Allocation) -> None:
-        key = self._pool_key(alloc)
+        key = self.pool_key(alloc)
         on_pool = self.by_pool.get(key)
         if on_pool is None:
             self.by_pool[key] = on_pool = {}
@@ -377,7 +379,7 @@ class ClusterState:
         self.shared.discard(action_id)
         if alloc is None:
             return None
-        self.by_pool[self._pool_key(alloc)].pop(action_id, None)
+        self.by_pool[self.pool_key(alloc)].pop(action_id, None)
         if alloc.kind is ResourceKind.CPU:
             self.cpu[alloc.pool].free.update(alloc.unit_ids)
         elif alloc.kind is ResourceKind.GPU:

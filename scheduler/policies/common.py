@@ -13,7 +13,7 @@ from typing import Any
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.queue import WaitingQueue, merge_fcfs
-from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode, numa_shape
+from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode
 
 PoolKey = tuple[str, str, int]
 Busy = tuple[float, int]  # (expected end in s, units)
@@ -47,23 +47,10 @@ def waiting(actions: Iterable[QueuedAction], memo: dict[str, Any] | None = None)
     return out
 
 
-def core_group_index(numa: tuple[tuple[int, ...], ...]) -> dict[int, int]:
-    """core id -> NUMA group index (cached per layout, `numa_shape`)."""
-    return numa_shape(numa).group_of
-
-
-def pool_of(
-    alloc: Allocation, state: ClusterState, groups: dict[str, dict[int, int]] | None = None
-) -> PoolKey:
-    """The pool an allocation draws from. `groups`: a cache of `core_group_index` per node."""
-    if alloc.kind is ResourceKind.CPU:
-        gidx = groups.get(alloc.pool) if groups is not None else None
-        if gidx is None:
-            gidx = core_group_index(state.cpu[alloc.pool].numa)
-            if groups is not None:
-                groups[alloc.pool] = gidx
-        return ("cpu", alloc.pool, gidx[alloc.unit_ids[0]] if alloc.unit_ids else 0)
-    return (str(alloc.kind), alloc.pool, 0)
+def pool_of(alloc: Allocation, state: ClusterState) -> PoolKey:
+    """The pool an allocation draws from."""
+    kind, pool, group = state.pool_key(alloc)
+    return (str(kind), pool, group)
 
 
 def busy_by_pool(
@@ -166,7 +153,7 @@ def _distribute_indexed(
             out[p] = merge_fcfs(queue, out[p], share) if out[p] else share
 
     for node, ps in _cpu_pools_by_node(pools).items():
-        deal(queue.pinned_to(node, state), ps)
+        deal(routes.on_node.get(node, {}).values(), ps)
     cpu_pools = [p for p in pools if p[0] == "cpu"]
     if cpu_pools and routes.unpinned:
         deal(routes.unpinned.values(), cpu_pools)

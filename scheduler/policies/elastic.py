@@ -95,12 +95,11 @@ def elastic_round(
         by_id = {a.action_id: a for a in queue if a.action_id in wanted}
         known = Known([by_id[a.action_id] for a in cands], [None] * len(cands))
     members: dict[PoolKey, list[Member]] = {}
-    groups: dict[str, dict[int, int]] = {}
     for alloc, action, key in zip(cands, known.actions, known.pools, strict=True):
         if alloc.kind is ResourceKind.API:
             continue
         if key is None:
-            key = pool_of(alloc, state, groups)
+            key = pool_of(alloc, state)
         members.setdefault(key, []).append((action, alloc))
     elastic = {k: m for k, m in members.items() if any(a.cost.units.is_elastic for a, _ in m)}
     if not elastic:
