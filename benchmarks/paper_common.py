@@ -18,16 +18,18 @@ if str(ROOT) not in sys.path:
 
 RESULTS = ROOT / "benchmarks" / "results"
 
+from scheduler.policies.base import Policy  # noqa: E402
 from scheduler.sim import Scenario, SimResult, simulate  # noqa: E402
 
 
-def run(scenario: Scenario, policy: str) -> tuple[SimResult, dict[str, Any]]:
-    """Simulate and print one summary line."""
+def run(scenario: Scenario, policy: str | Policy, label: str = "") -> tuple[SimResult, dict[str, Any]]:
+    """Simulate and print one summary line (`label` names a configured policy instance)."""
     t0 = time.perf_counter()
     result = simulate(scenario, policy)
     summary = result.summary()
+    name = label or (policy if isinstance(policy, str) else policy.name)
     print(
-        f"  {scenario.name:<10} {policy:<20} actions={summary['actions']:>6} "
+        f"  {scenario.name:<10} {name:<20} actions={summary['actions']:>6} "
         f"avg_act={summary['avg_act_s']:8.2f}s p99={summary['p99_act_s']:8.1f}s "
         f"failed={summary['failed_actions']:>5} wall={time.perf_counter() - t0:5.1f}s",
         flush=True,

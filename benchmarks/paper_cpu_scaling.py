@@ -1,4 +1,4 @@
-"""CPU scaling: coding ACT over batch size (128..1536 on 5 x 256 cores) and over core counts
+"""CPU scaling: coding ACT over batch size (128..1536 on the paper's 15 x 256 cores) and over core counts
 (batch 1280 on 5/10/15/20 nodes of 256 cores), tangram vs the static-pod baseline.
 
     .venv/bin/python benchmarks/paper_cpu_scaling.py
@@ -41,7 +41,7 @@ def main() -> None:
     for p in POLICIES:
         a.plot(BATCHES, by_batch[p], marker="o", label=p)
         b.plot([n * 256 for n in NODES], by_nodes[p], marker="o", label=p)
-    a.set(xlabel="batch size (5 x 256 cores)", ylabel="average ACT (s)")
+    a.set(xlabel="batch size (15 x 256 cores)", ylabel="average ACT (s)")
     b.set(xlabel="CPU cores (batch 1280)", ylabel="average ACT (s)")
     a.legend()
     b.legend()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -204,13 +205,26 @@ class RewardService:
         `chunk` is the scheduler's GPU allocation (its size is the DoP); without it the DoP comes
         from `dop` or the length profile and the manager picks the chunk.
         """
+        return self.score_timed(model, inputs, chunk, dop)[0]
+
+    def score_timed(
+        self,
+        model: str,
+        inputs: Sequence[Mapping[str, Any]],
+        chunk: tuple[int, ...] | None = None,
+        dop: int | None = None,
+    ) -> tuple[list[dict[str, Any]], float]:
+        """`score`, and the seconds the scoring itself took: the inference on the replica, without
+        restoring (loading) it or waiting for it. This is what the scheduler's duration estimate
+        learns from; a restore depends on where the call was placed, not on the call."""
         m = self.validate(model, inputs)
         rows = [dict(r) for r in inputs]
         if m.backend == "rule":
             assert m.rule is not None
-            return [verify(m.rule, r) for r in rows]
+            t0 = time.monotonic()
+            return [verify(m.rule, r) for r in rows], time.monotonic() - t0
         if not rows:
-            return []
+            return [], 0.0
         dop = len(chunk) if chunk else dop or self.pick_dop(model, rows)
         if dop not in m.dop_options:
             raise InputRejected(f"model {model!r} has no DoP {dop} service; options {m.dop_options}")
@@ -219,9 +233,11 @@ class RewardService:
             generation = self.generation()
             try:
                 with self.manager.lease(model, dop, chunk) as replica:
-                    return client.infer(
+                    t0 = time.monotonic()
+                    out = client.infer(
                         self.controller, replica.name, rows, max_batch=m.max_batch, parallel=dop
                     )
+                    return out, time.monotonic() - t0
             except TritonCrashed:
                 if attempt == self.retries_on_crash:
                     raise

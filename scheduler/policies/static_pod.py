@@ -2,8 +2,11 @@
 
 Each trajectory gets a pod with a CPU *request* (0.5 core, what the K8s scheduler packs by) and
 a CPU *cap* (4 cores, the CFS quota), plus its memory, held for the trajectory's whole life.
-A pod is admitted to the node with the fewest pods whose requests and memory still fit
-(kube-scheduler's LeastAllocated spreading); pods that do not fit stay pending, FCFS.
+A pod is admitted to a node whose requests, memory and pod count (`max_pods`, kubelet's
+`--max-pods`; None: only requests limit it) still fit: by default the one with the fewest pods
+(kube-scheduler's default `LeastAllocated` scoring, `packing="spread"`), or with
+`packing="binpack"` the one with the most (`MostAllocated`, the cost-saving configuration).
+Pods that fit nowhere stay pending, FCFS.
 Once its pod exists, an action starts at once: there is no per-action admission, the node's
 cores are time-shared by every running action (the simulator models CFS as processor sharing,
 see docs/simulator.md). The returned allocations carry no core ids, and `units` is the number
@@ -21,6 +24,8 @@ from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.resources import ClusterState
 
+PACKINGS = {"spread": 1, "binpack": -1}  # sign of the pod count in the node choice
+
 
 @register("static-pod")
 class StaticPod:
@@ -29,9 +34,25 @@ class StaticPod:
     name = "static-pod"
     cpu_sharing = True
 
-    def __init__(self, request_cores: float = 0.5, cap_cores: int = 4) -> None:
+    def __init__(
+        self,
+        request_cores: float = 0.5,
+        cap_cores: int = 4,
+        packing: str = "spread",
+        max_pods: int | None = None,
+    ) -> None:
+        if request_cores <= 0 or cap_cores < 1:
+            raise ValueError(
+                f"static-pod needs request_cores > 0 and cap_cores >= 1, got {request_cores}, {cap_cores}"
+            )
+        if packing not in PACKINGS:
+            raise ValueError(f"static-pod packing must be one of {sorted(PACKINGS)}, got {packing!r}")
+        if max_pods is not None and max_pods < 1:
+            raise ValueError(f"static-pod max_pods must be >= 1 or None, got {max_pods}")
         self.request_cores = request_cores
         self.cap_cores = cap_cores
+        self.packing = packing
+        self.max_pods = max_pods
 
     def threads(self, action: QueuedAction) -> int:
         """Threads an action runs inside its pod: its maximum units, at most the cap."""
@@ -72,11 +93,14 @@ class StaticPod:
         fits = [
             n
             for n, node in state.cpu.items()
-            if (pods[n] + 1) * self.request_cores <= node.cores and mem_free[n] >= action.cost.memory_mb
+            if (pods[n] + 1) * self.request_cores <= node.cores
+            and mem_free[n] >= action.cost.memory_mb
+            and (self.max_pods is None or pods[n] < self.max_pods)
         ]
         if not fits:
             return None
-        node = min(fits, key=lambda n: (pods[n], n))
+        sign = PACKINGS[self.packing]
+        node = min(fits, key=lambda n: (sign * pods[n], n))
         pods[node] += 1
         mem_free[node] -= action.cost.memory_mb
         return node

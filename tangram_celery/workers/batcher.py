@@ -3,7 +3,9 @@
 Each Celery task thread hands its request to `Batcher.submit` and blocks. Requests for the same
 model on the same GPU chunk (the scheduler sends a batch of actions on one chunk together, see
 `SchedulerService._riders`) that arrive within `window_s` of the first one (or until
-`max_batch` of them) go to the reward service as one call; every caller gets its own row.
+`max_batch` of them) go to the reward service as one call; every caller gets its own row, and
+the seconds the batch took to score (its execution time, without the wait for the window or a
+replica load: what the scheduler learns durations from).
 """
 
 from __future__ import annotations
@@ -12,16 +14,22 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-ScoreFn = Callable[[str, list[Mapping[str, Any]], tuple[int, ...] | None], list[dict[str, Any]]]
+# (model, rows, chunk) -> (one result per row, seconds the scoring took)
+ScoreFn = Callable[[str, list[Mapping[str, Any]], tuple[int, ...] | None], tuple[list[dict[str, Any]], float]]
+
+
+class Scored(NamedTuple):
+    output: dict[str, Any]
+    exec_s: float  # seconds the batch this request rode in took to score
 
 
 @dataclass
 class _Pending:
     chunk: tuple[int, ...] | None
     rows: list[Mapping[str, Any]] = field(default_factory=list)
-    futures: list[Future[dict[str, Any]]] = field(default_factory=list)
+    futures: list[Future[Scored]] = field(default_factory=list)
 
 
 class Batcher:
@@ -35,9 +43,9 @@ class Batcher:
         self._pending: dict[tuple[str, tuple[int, ...] | None], _Pending] = {}
         self.calls = 0  # reward-service calls made (for tests and metrics)
 
-    def submit(self, model: str, row: Mapping[str, Any], chunk: tuple[int, ...] | None) -> dict[str, Any]:
+    def submit(self, model: str, row: Mapping[str, Any], chunk: tuple[int, ...] | None) -> Scored:
         """Score one request; blocks until its batch returns. Errors of the batch are raised."""
-        fut: Future[dict[str, Any]] = Future()
+        fut: Future[Scored] = Future()
         key = (model, chunk)
         flush_now: _Pending | None = None
         with self._lock:
@@ -65,10 +73,10 @@ class Batcher:
     def _run(self, model: str, p: _Pending) -> None:
         self.calls += 1
         try:
-            out = self.score(model, p.rows, p.chunk)
+            out, exec_s = self.score(model, p.rows, p.chunk)
         except BaseException as e:
             for f in p.futures:
                 f.set_exception(e)
             return
         for f, res in zip(p.futures, out, strict=True):
-            f.set_result(res)
+            f.set_result(Scored(res, exec_s))

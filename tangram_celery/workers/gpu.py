@@ -30,7 +30,7 @@ class GpuHandler:
         self.service = RewardService(cfg, node.name).start()
         models = {m.name: m for m in cfg.reward_models}
         self.batcher = Batcher(
-            lambda model, rows, chunk: self.service.score(model, rows, chunk),
+            lambda model, rows, chunk: self.service.score_timed(model, rows, chunk),
             window_s=lambda m: models[m].batch_window_ms / 1000.0,
             max_batch=lambda m: models[m].max_batch,
         )
@@ -41,12 +41,15 @@ class GpuHandler:
         action = RewardAction.model_validate(payload)
         chunk = tuple(int(g) for g in alloc.get("unit_ids") or ()) or None
         try:
-            out = self.batcher.submit(action.model, action.inputs, chunk)
+            scored = self.batcher.submit(action.model, action.inputs, chunk)
         except InputRejected as e:
             return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
         finally:
             self._count_replica_changes()
-        return ActionResult(action_id=action_id, status=ActionStatus.OK, output=out)
+        # exec_s is the scoring alone: a replica load depends on the placement, not on the call
+        return ActionResult(
+            action_id=action_id, status=ActionStatus.OK, output=scored.output, exec_s=scored.exec_s
+        )
 
     def _count_replica_changes(self) -> None:
         """Carry the replica manager's eviction and load counts into the Prometheus counters."""

@@ -66,3 +66,30 @@ def test_call_during_a_monitor_restart_waits_for_the_replica_table(
     out = reward_service.score("rm", [{"response": "during the recovery"}], chunk=(0,))
     assert "score" in out[0]
     assert reward_service.health()["restarts"] == restarts + 1
+
+
+def test_reported_execution_time_leaves_out_the_replica_load(
+    reward_service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a replica load that takes at least 1 s, when a call has to load its replica, then
+    `score_timed` reports the inference alone (what the scheduler learns durations from), and a
+    second call on the loaded replica reports a time of the same kind."""
+    import time
+
+    manager = reward_service.manager
+    load = manager.controller.load
+
+    def slow_load(name: str) -> None:
+        time.sleep(1.0)
+        load(name)
+
+    manager.reset()  # forget the replica table: the next call loads its replica again
+    monkeypatch.setattr(manager.controller, "load", slow_load)
+    loads = manager.stats["loads"]
+    t0 = time.monotonic()
+    out, exec_s = reward_service.score_timed("rm", [{"response": "cold"}], chunk=(0,))
+    wall_s = time.monotonic() - t0
+    assert "score" in out[0] and manager.stats["loads"] == loads + 1
+    assert wall_s >= 1.0 and 0.0 < exec_s < wall_s - 1.0
+    out, warm_s = reward_service.score_timed("rm", [{"response": "warm"}], chunk=(0,))
+    assert "score" in out[0] and manager.stats["loads"] == loads + 1 and warm_s > 0.0

@@ -12,18 +12,21 @@ pytestmark = pytest.mark.unit
 
 def test_requests_waiting_together_go_as_one_call() -> None:
     """Given 8 concurrent requests for one model, the service sees one batched call and each
-    caller gets its own row back."""
+    caller gets its own row back, with the batch's scoring time (not the window it waited)."""
     calls: list[int] = []
 
     def score(model, rows, chunk):
         calls.append(len(rows))
-        return [{"score": float(r["x"]) * 2} for r in rows]
+        return [{"score": float(r["x"]) * 2} for r in rows], 0.05
 
     b = Batcher(score, window_s=lambda m: 0.2, max_batch=lambda m: 64)
     out: dict[int, float] = {}
+    exec_s: set[float] = set()
 
     def one(i: int) -> None:
-        out[i] = b.submit("rm", {"x": i}, (0,))["score"]
+        scored = b.submit("rm", {"x": i}, (0,))
+        out[i] = scored.output["score"]
+        exec_s.add(scored.exec_s)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:
@@ -32,15 +35,18 @@ def test_requests_waiting_together_go_as_one_call() -> None:
         t.join()
     assert calls == [8]
     assert out == {i: 2.0 * i for i in range(8)}
+    assert exec_s == {0.05}
 
 
 def test_full_batch_flushes_early_and_errors_reach_every_caller() -> None:
     """A batch that reaches max_batch goes at once; a failing batch raises in each caller."""
     b = Batcher(
-        lambda m, rows, c: [{"n": len(rows)} for _ in rows], window_s=lambda m: 30.0, max_batch=lambda m: 1
+        lambda m, rows, c: ([{"n": len(rows)} for _ in rows], 0.0),
+        window_s=lambda m: 30.0,
+        max_batch=lambda m: 1,
     )
     t0 = time.monotonic()
-    assert b.submit("rm", {}, None) == {"n": 1}
+    assert b.submit("rm", {}, None).output == {"n": 1}
     assert time.monotonic() - t0 < 5
 
     def boom(model, rows, chunk):

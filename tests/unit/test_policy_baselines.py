@@ -69,6 +69,42 @@ def test_static_pod_starts_actions_of_an_existing_pod_at_once() -> None:
     assert [a.action_id for a in allocs] == ["a"]
 
 
+def two_nodes_with_pods(a: int, b: int) -> ClusterState:
+    state = ClusterState(cpu={"a": CpuNode.uniform("a", 16, 10_000), "b": CpuNode.uniform("b", 16, 10_000)})
+    state.trajectory_node.update({f"a{i}": "a" for i in range(a)} | {f"b{i}": "b" for i in range(b)})
+    return state
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("packing", "node"), [("spread", "b"), ("binpack", "a")])
+def test_static_pod_places_new_pods_by_the_configured_scoring(packing: str, node: str) -> None:
+    """Given node a with 3 pods and b with 1, when a new trajectory arrives, then LeastAllocated
+    ("spread") puts its pod on b and MostAllocated ("binpack") on a."""
+    allocs = get_policy("static-pod", packing=packing).decide(
+        [cpu("x", "new")], two_nodes_with_pods(3, 1), 0.0
+    )
+    assert [(a.action_id, a.pool) for a in allocs] == [("x", node)]
+
+
+@pytest.mark.unit
+def test_static_pod_respects_max_pods_per_node() -> None:
+    """Given max_pods 3 and nodes with 3 and 1 pods, when three trajectories arrive bin-packed,
+    then the first two fill b up to 3 pods and the third stays pending (a and b are full)."""
+    pol = get_policy("static-pod", packing="binpack", max_pods=3)
+    allocs = pol.decide([cpu("x", "n1"), cpu("y", "n2"), cpu("z", "n3")], two_nodes_with_pods(3, 1), 0.0)
+    assert [(a.action_id, a.pool) for a in allocs] == [("x", "b"), ("y", "b")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "params", [{"packing": "random"}, {"max_pods": 0}, {"request_cores": 0.0}, {"cap_cores": 0}]
+)
+def test_static_pod_rejects_bad_parameters(params: dict[str, object]) -> None:
+    """Given a bad parameter, when the policy is built, then it says which one."""
+    with pytest.raises(ValueError, match="static-pod"):
+        get_policy("static-pod", **params)
+
+
 @pytest.mark.unit
 def test_dedicated_gpu_gives_each_service_its_own_tp_group() -> None:
     """Given services a, b on one 8-GPU node with TP4, when 3 calls arrive, then a and b run on
