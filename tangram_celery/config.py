@@ -165,7 +165,7 @@ class FairShareConfig(_Model):
 
 
 class SchedulerConfig(_Model):
-    policy: str = Field("tangram-fast", description="policy name, see `tangram sim --list-policies`")
+    policy: str = Field("tangram-fast", description="policy name, see `tangram sim policies`")
     max_queued: int = Field(100_000, ge=1, description="intake bound; beyond it submit fails fast")
     batch_size: int = Field(512, ge=1, description="intake messages read per loop iteration")
     priors: dict[str, PriorConfig] = Field(

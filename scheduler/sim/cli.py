@@ -1,6 +1,7 @@
 """`tangram sim` (also `python -m scheduler.sim`): run scenarios under policies, record traces.
 
 tangram sim run --scenario coding --policy tangram-fast --policy static-pod [--set batch=256]
+tangram sim run --scenario coding --policy static-pod:packing=binpack,max_pods=110
 tangram sim run --config configs/sim/coding.yaml --out results.jsonl
 tangram sim record --scenario mopd --out mopd.trace.jsonl
 tangram sim replay --trace mopd.trace.jsonl --policy tangram-fast
@@ -16,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scheduler.policies import available, get_policy
+from scheduler.policies import available
+from scheduler.policies.base import Policy
 from scheduler.sim.cluster import ClusterSpec
-from scheduler.sim.runner import simulate
+from scheduler.sim.runner import make_policy, simulate
 from scheduler.sim.scenarios import GENERATORS, Scenario, build
 from scheduler.sim.trace import load_workload, save_workload, write_results
 
@@ -48,7 +50,7 @@ def _load_config(path: str | None) -> dict[str, Any]:
     return data
 
 
-def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[str]]:
+def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[Any]]:
     cfg = _load_config(getattr(args, "config", None))
     name = args.scenario or cfg.get("scenario")
     if name not in GENERATORS:
@@ -70,18 +72,51 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[str]]:
         raise SystemExit(f"tangram sim: {e}") from None
 
 
-def _run(scenario: Scenario, policies: list[str], out: str | None) -> int:
-    if not policies:
-        raise SystemExit("give at least one --policy; see `tangram sim policies`")
-    for name in policies:
+def policy_spec(spec: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A policy and its parameters from `name` or `name:key=value,key=value` (values are JSON,
+    else strings), or from a config mapping `{name: ..., key: value}`."""
+    params: dict[str, Any] = {}
+    if isinstance(spec, dict):
+        params.update(spec)
+        name = params.pop("name", None)
+        if not isinstance(name, str):
+            raise ValueError(f"a policy mapping needs a 'name', got {spec!r}")
+        return name, params
+    name, _, rest = str(spec).partition(":")
+    for item in filter(None, rest.split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"policy parameter {item!r} of {spec!r} is not key=value")
         try:
-            get_policy(name)
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return name, params
+
+
+def _policies(scenario: Scenario, specs: list[Any]) -> list[tuple[str, Policy]]:
+    """(label, policy) per spec; any bad name or parameter stops before anything runs."""
+    out = []
+    for spec in specs:
+        try:
+            name, params = policy_spec(spec)
+            out.append((spec if isinstance(spec, str) else name, make_policy(name, scenario, **params)))
+        except TypeError as e:
+            raise SystemExit(f"tangram sim: policy {spec!r}: {e}") from None
         except (KeyError, ValueError) as e:
             raise SystemExit(f"tangram sim: {e.args[0] if e.args else e}") from None
+    return out
+
+
+def _run(scenario: Scenario, policies: list[Any], out: str | None) -> int:
+    if not policies:
+        raise SystemExit("give at least one --policy; see `tangram sim policies`")
+    built = _policies(scenario, policies)
     sink = open(out, "w") if out else None  # noqa: SIM115
     try:
-        for name in policies:
-            result = simulate(scenario, name)
+        for label, policy in built:
+            result = simulate(scenario, policy)
+            result.policy = label  # with its parameters, when given
             summary = result.summary()
             print(json.dumps(summary, default=float))
             if sink is not None:
@@ -111,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             metavar="KEY=VALUE",
             help="override a cluster field, e.g. cpu_nodes=5 (see scheduler/sim/cluster.py ClusterSpec)",
         )
-    run.add_argument("--policy", action="append", help="policy name (repeatable)")
+    run.add_argument(
+        "--policy",
+        action="append",
+        help="policy name, or name:key=value,... with its parameters (repeatable)",
+    )
     run.add_argument("--out", help="write per-action results as JSONL")
     rec.add_argument("--out", required=True)
     rep = sub.add_parser("replay", help="simulate a recorded JSONL workload trace")

@@ -128,3 +128,43 @@ def test_cli_runs_a_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     """Given the sim CLI, when asked to run a tiny scenario, then it prints a summary line."""
     assert main(["run", "--scenario", "coding", "--set", "batch=4", "--policy", "fcfs-min"]) == 0
     assert '"policy": "fcfs-min"' in capsys.readouterr().out
+
+
+@pytest.mark.unit
+def test_cli_passes_policy_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    """Given `name:key=value,...`, when run, then the policy is built with those parameters and
+    the summary names the policy as given."""
+    spec = "static-pod:packing=binpack,max_pods=2"
+    assert main(["run", "--scenario", "coding", "--set", "batch=4", "--policy", spec]) == 0
+    assert f'"policy": "{spec}"' in capsys.readouterr().out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("static-pod:packing=random", "packing must be one of"),
+        ("static-pod:nope=1", "unexpected keyword argument 'nope'"),
+        ("static-pod:packing", "is not key=value"),
+        ("no-such-policy", "unknown policy"),
+    ],
+)
+def test_cli_rejects_bad_policy_specs_before_running(
+    spec: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given a bad policy name or parameter after a good one, when run, then it stops with a
+    message naming it before simulating anything."""
+    with pytest.raises(SystemExit, match=message):
+        main(["run", "--scenario", "coding", "--set", "batch=4", "--policy", "fcfs-min", "--policy", spec])
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.unit
+def test_policy_spec_reads_config_mappings() -> None:
+    """Given a config entry as a mapping, then its name and parameters are read from it."""
+    from scheduler.sim.cli import policy_spec
+
+    assert policy_spec({"name": "static-pod", "packing": "binpack"}) == ("static-pod", {"packing": "binpack"})
+    assert policy_spec("fixed-dop-4") == ("fixed-dop-4", {})
+    with pytest.raises(ValueError, match="needs a 'name'"):
+        policy_spec({"packing": "binpack"})
