@@ -122,6 +122,11 @@ def test_reward_actions_are_scored_by_triton_through_the_scheduler(gpu_deploymen
     assert all(len(v) == 1 for v in by_input.values()), by_input
     assert len({round(s, 4) for s in scores}) > 1, "a random-init model still tells inputs apart"
     assert all(r.node == "g0" and r.units >= 1 for r in results)
+    # What the scheduler learns from is the scoring alone: shorter than the time in the worker,
+    # which also holds the batching window and, for the first batch, the replica load.
+    assert all(0 < r.exec_s < r.act_s - r.queue_s for r in results), [
+        (r.exec_s, r.act_s - r.queue_s) for r in results
+    ]
     # Batches: actions that ran together on one chunk (the scheduler sends riders with the
     # action the chunk was allocated to; the worker scores them in one Triton call).
     ids = {r.action_id for r in results}
