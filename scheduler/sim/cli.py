@@ -25,17 +25,25 @@ from scheduler.sim.scenarios import GENERATORS, Scenario, build
 from scheduler.sim.trace import load_workload, save_workload, write_results
 
 
-def _parse_sets(items: list[str]) -> dict[str, Any]:
+def _parse_pairs(items: list[str], what: str) -> dict[str, Any]:
+    """`key=value` items as a dict; values are JSON, else strings."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set wants key=value, got {item!r}")
+        if not sep or not key:
+            raise ValueError(f"{what} wants key=value, got {item!r}")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw
     return out
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    try:
+        return _parse_pairs(items, "--set")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _load_config(path: str | None) -> dict[str, Any]:
@@ -75,23 +83,20 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[Any]]:
 def policy_spec(spec: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A policy and its parameters from `name` or `name:key=value,key=value` (values are JSON,
     else strings), or from a config mapping `{name: ..., key: value}`."""
-    params: dict[str, Any] = {}
     if isinstance(spec, dict):
-        params.update(spec)
+        params = dict(spec)
         name = params.pop("name", None)
         if not isinstance(name, str):
             raise ValueError(f"a policy mapping needs a 'name', got {spec!r}")
         return name, params
     name, _, rest = str(spec).partition(":")
-    for item in filter(None, rest.split(",")):
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"policy parameter {item!r} of {spec!r} is not key=value")
-        try:
-            params[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            params[key] = raw
-    return name, params
+    return name, _parse_pairs(list(filter(None, rest.split(","))), f"policy {spec!r}")
+
+
+def policy_label(name: str, params: dict[str, Any]) -> str:
+    """How results name a policy: `name`, or `name:key=value,...` with its parameters."""
+    text = {k: v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}
+    return name + (":" + ",".join(f"{k}={v}" for k, v in text.items()) if params else "")
 
 
 def _policies(scenario: Scenario, specs: list[Any]) -> list[tuple[str, Policy]]:
@@ -100,7 +105,7 @@ def _policies(scenario: Scenario, specs: list[Any]) -> list[tuple[str, Policy]]:
     for spec in specs:
         try:
             name, params = policy_spec(spec)
-            out.append((spec if isinstance(spec, str) else name, make_policy(name, scenario, **params)))
+            out.append((policy_label(name, params), make_policy(name, scenario, **params)))
         except TypeError as e:
             raise SystemExit(f"tangram sim: policy {spec!r}: {e}") from None
         except (KeyError, ValueError) as e:

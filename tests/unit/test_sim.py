@@ -145,7 +145,7 @@ def test_cli_passes_policy_parameters(capsys: pytest.CaptureFixture[str]) -> Non
     [
         ("static-pod:packing=random", "packing must be one of"),
         ("static-pod:nope=1", "unexpected keyword argument 'nope'"),
-        ("static-pod:packing", "is not key=value"),
+        ("static-pod:packing", "wants key=value"),
         ("no-such-policy", "unknown policy"),
     ],
 )
@@ -162,9 +162,13 @@ def test_cli_rejects_bad_policy_specs_before_running(
 @pytest.mark.unit
 def test_policy_spec_reads_config_mappings() -> None:
     """Given a config entry as a mapping, then its name and parameters are read from it."""
-    from scheduler.sim.cli import policy_spec
+    from scheduler.sim.cli import policy_label, policy_spec
 
     assert policy_spec({"name": "static-pod", "packing": "binpack"}) == ("static-pod", {"packing": "binpack"})
     assert policy_spec("fixed-dop-4") == ("fixed-dop-4", {})
+    assert (
+        policy_label("static-pod", {"packing": "binpack", "max_pods": 2})
+        == "static-pod:packing=binpack,max_pods=2"
+    )
     with pytest.raises(ValueError, match="needs a 'name'"):
         policy_spec({"packing": "binpack"})
