@@ -39,9 +39,9 @@ def _parse_pairs(items: list[str], what: str) -> dict[str, Any]:
     return out
 
 
-def _parse_sets(items: list[str]) -> dict[str, Any]:
+def _parse_sets(items: list[str], option: str) -> dict[str, Any]:
     try:
-        return _parse_pairs(items, "--set")
+        return _parse_pairs(items, option)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -63,9 +63,12 @@ def _scenario(args: argparse.Namespace) -> tuple[Scenario, list[Any]]:
     name = args.scenario or cfg.get("scenario")
     if name not in GENERATORS:
         raise SystemExit(f"choose a scenario with --scenario: {', '.join(GENERATORS)}")
-    params = {**cfg.get("params", {}), **_parse_sets(args.set or [])}
+    params = {**cfg.get("params", {}), **_parse_sets(args.set or [], "--set")}
     policies = list(getattr(args, "policy", None) or cfg.get("policies", []))
-    cluster_over = {**cfg.get("cluster", {}), **_parse_sets(getattr(args, "cluster", None) or [])}
+    cluster_over = {
+        **cfg.get("cluster", {}),
+        **_parse_sets(getattr(args, "cluster", None) or [], "--cluster"),
+    }
     try:
         scenario = build(name, params)
         if cluster_over:

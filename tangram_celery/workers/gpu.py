@@ -30,7 +30,7 @@ class GpuHandler:
         self.service = RewardService(cfg, node.name).start()
         models = {m.name: m for m in cfg.reward_models}
         self.batcher = Batcher(
-            lambda model, rows, chunk: self.service.score_timed(model, rows, chunk),
+            self.service.score_timed,
             window_s=lambda m: models[m].batch_window_ms / 1000.0,
             max_batch=lambda m: models[m].max_batch,
         )
