@@ -169,13 +169,13 @@ class Action:
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.EBADF):
                 raise
-            # The number no longer names this child's pipe (seen once in CI: EINVAL, as when
-            # reading a pidfd). Stop watching it; the child's end still comes by its pidfd.
-            if fd in self.sel.get_map():
+            # The number no longer names this child's pipe (EINVAL, as when reading a pidfd).
+            # Stop watching it; the child's end still comes by its pidfd.
+            if self._owns(proc, fd):
                 self.sel.unregister(fd)
             return False
         if not chunk:
-            self._close_fd(fd)
+            self._close_fd(proc, fd)
             return False
         buf = proc.fds[fd]
         room = self.cap_b - len(buf)
@@ -184,19 +184,25 @@ class Action:
             self.output_capped = True
         return True
 
-    def _close_fd(self, fd: int) -> None:
-        if fd in self.sel.get_map():
+    def _owns(self, proc: Proc, fd: int) -> bool:
+        """Is `fd` still one of `proc`'s open descriptors? Once closed (a pipe at EOF), its
+        number can be reused by a later child's pipe or pidfd, which must be left alone."""
+        key = self.sel.get_map().get(fd)
+        return key is not None and key.data is proc
+
+    def _close_fd(self, proc: Proc, fd: int) -> None:
+        if self._owns(proc, fd):
             self.sel.unregister(fd)
             os.close(fd)
 
     def _finish(self, proc: Proc) -> None:
-        self._close_fd(proc.pidfd)
+        self._close_fd(proc, proc.pidfd)
         _, status = os.waitpid(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         for fd in (proc.out_fd, proc.err_fd):  # drain what is there; never wait for daemons
-            while fd in self.sel.get_map() and not self.output_capped and self._read(proc, fd):
+            while self._owns(proc, fd) and not self.output_capped and self._read(proc, fd):
                 pass
-            self._close_fd(fd)
+            self._close_fd(proc, fd)
 
     def wait_any(self) -> Proc | None:
         """Pump output until some child exits; None once the deadline or the output cap hit."""
@@ -215,7 +221,7 @@ class Action:
 
     def close(self) -> None:
         for key in list(self.sel.get_map().values()):
-            self._close_fd(key.fd)
+            self._close_fd(key.data, key.fd)
         self.sel.close()
 
 
