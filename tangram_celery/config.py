@@ -132,6 +132,7 @@ class SandboxConfig(_Model):
     default_timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per action")
     default_memory_mb: int = Field(512, ge=16, description="memory limit per sandbox, MiB")
     pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
+    nofile_limit: int = Field(1024, ge=64, le=1 << 20, description="open descriptors per user process")
     max_output_bytes: int = Field(65536, ge=1024, description="cap on stdout and on stderr, bytes")
     disk_quota_mb: int = Field(64, ge=1, description="workdir size limit, MiB")
     idle_ttl_s: float = Field(600.0, gt=0, description="trajectory sandbox removed after idle, s")

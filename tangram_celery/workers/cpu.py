@@ -31,6 +31,7 @@ class CpuHandler:
             test_cases=list(action.test_cases),
             stdin=action.stdin,
             timeout_s=action.timeout_s,
+            compile_timeout_s=action.compile_timeout_s,
             memory_mb=action.memory_mb,
             cores=cores,
         )
@@ -42,6 +43,7 @@ class CpuHandler:
             stdout=res.stdout,
             stderr=res.stderr,
             tests=res.tests,
+            compile=res.compile,
             exec_s=res.exec_s,
         )
 

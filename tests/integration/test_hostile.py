@@ -27,13 +27,31 @@ def run(box: Any, traj: str, **kw: Any) -> Any:
     return box.run(traj, ExecRequest(**kw))
 
 
+LIST_PROCS = (
+    "import os\n"
+    "for p in sorted(os.listdir('/proc')):\n"
+    "    if p.isdigit() and int(p) != os.getpid():\n"
+    "        try:\n"
+    "            cmd = open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()\n"
+    "            state = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+    "        except OSError as e:\n"
+    "            cmd, state = str(e), '?'\n"
+    "        if state not in 'ZX' and cmd:  # not a zombie or exiting (the zygote's\n"
+    "            print(p, cmd)  # short-lived intermediate fork)\n"
+)
+
+
 def healthy(box: Any, traj: str) -> None:
-    """The same trajectory still runs code, and nothing of the last action is left running."""
-    code = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
-    res = run(box, traj, language="python", code=code)
+    """The same trajectory still runs code, and nothing of the last action is left running:
+    only the runner (PID 1) and the zygote, besides the process that looks."""
+    res = run(box, traj, language="python", code=LIST_PROCS)
     assert res.status is ActionStatus.OK, res
-    pids = eval(res.stdout)
-    assert len(pids) == 2 and 1 in pids, f"leftover processes: {pids}"  # runner + this one
+    procs = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    assert "1" in procs and "runner.py" in procs["1"], procs
+    others = {p: cmd for p, cmd in procs.items() if p != "1"}
+    assert len(others) == 1 and "_tangram_zygote.py" in next(iter(others.values())), (
+        f"leftover processes: {procs}"
+    )
 
 
 def test_fork_bomb_hits_pids_limit(sandbox_backend: Any) -> None:

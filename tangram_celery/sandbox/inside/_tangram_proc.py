@@ -1,51 +1,160 @@
-"""Child processes of one action: fork/exec (or fork + in-process Python), output capture with a
-cap, one wall-clock deadline, and `kill_all` for the whole process tree."""
+"""Processes of one action: user processes spawned through the zygote, the verifier forked from
+the runner, output capture with a cap, one deadline per phase, and the end-of-action kill.
+
+Every process of an action is a child of the runner (the zygote double-forks), held by a pidfd,
+so it is waited for and killed without pid-reuse races.
+"""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
-import resource
 import selectors
 import signal
+import socket
 import sys
 import time
-import traceback
-import types
+from collections.abc import Callable
+from typing import Any
 
-RUNNER_MODULE_PREFIX = "_tangram_"
+VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
+DEFAULT_NOFILE = 1024
+ZYGOTE_START_TIMEOUT_S = 30.0
+
+
+class SpawnFailed(Exception):
+    """The zygote could not fork (the pids limit) or is gone."""
+
+
+class Zygote:
+    """The runner's handle on the zygote process (see _tangram_zygote)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pid: int | None = None
+        self.sock: socket.socket | None = None
+        self.ready = False
+
+    def start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                os.dup2(child.fileno(), 3)
+                os.closerange(4, 1 << 16)
+                os.execv(sys.executable, [sys.executable, "-E", "-s", "-S", self.path])
+            finally:
+                os._exit(127)
+        child.close()
+        self.pid, self.sock, self.ready = pid, parent, False
+
+    def lost(self) -> None:
+        """The zygote was killed (and reaped) with everything else; start a new one later."""
+        if self.sock is not None:
+            self.sock.close()
+        self.pid, self.sock, self.ready = None, None, False
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid = self.pid
+        if pid:
+            self.lost()
+            return False
+        return True
+
+    def wait_ready(self) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(ZYGOTE_START_TIMEOUT_S)
+        try:
+            msg = self.sock.recv(64)
+        finally:
+            self.sock.settimeout(None)
+        if msg != b"ready":
+            raise SpawnFailed(f"zygote did not start ({msg!r})")
+        self.ready = True
+
+    def spawn(self, spec: dict[str, Any], fds: list[int]) -> int:
+        """Fork a user process; its pid (a child of the runner by now)."""
+        for attempt in range(2):
+            if not self.alive():
+                self.start()
+            try:
+                if not self.ready:
+                    self.wait_ready()
+                assert self.sock is not None
+                socket.send_fds(self.sock, [json.dumps(spec).encode()], fds)
+                reply = json.loads(self.sock.recv(4096) or b"{}")
+            except (OSError, ValueError, SpawnFailed) as e:
+                self.stop()
+                if attempt:
+                    raise SpawnFailed(f"zygote failed: {e!r}") from None
+                continue
+            if "pid" in reply:
+                return int(reply["pid"])
+            raise SpawnFailed(str(reply.get("error", "zygote error")))
+        raise SpawnFailed("zygote unavailable")
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self.lost()
 
 
 class Proc:
-    """One child process of the current action and the output read from it so far."""
+    """One process of the current action and what it wrote so far, per stream name."""
 
-    def __init__(self, pid: int, out_fd: int, err_fd: int, tag: object) -> None:
-        self.pid, self.tag = pid, tag
-        self.fds = {out_fd: bytearray(), err_fd: bytearray()}
-        self.out_fd, self.err_fd = out_fd, err_fd
+    def __init__(self, pid: int, tag: object, streams: dict[int, str], user: bool) -> None:
+        self.pid, self.tag, self.user = pid, tag, user
         self.pidfd = os.pidfd_open(pid)
+        self.fds = dict(streams)  # fd -> stream name
+        self.bufs = {name: bytearray() for name in streams.values()}
         self.returncode: int | None = None
+        self.killed_by_runner = False  # its SIGKILL is no limit's doing
 
     @property
     def stdout(self) -> bytes:
-        return bytes(self.fds[self.out_fd])
+        return bytes(self.bufs.get("out", b""))
 
     @property
     def stderr(self) -> bytes:
-        return bytes(self.fds[self.err_fd])
+        return bytes(self.bufs.get("err", b""))
+
+    def stream(self, name: str) -> bytes:
+        return bytes(self.bufs.get(name, b""))
+
+
+def memfd(data: bytes, name: str = "tangram") -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 class Action:
-    """Runs one request: children spawned with `spawn`, pumped by `wait` under one deadline."""
+    """Runs the processes of one request, pumped by `wait_any` under the current deadline."""
 
-    def __init__(self, req: dict) -> None:
+    def __init__(self, req: dict, zygote: Zygote | None) -> None:
         self.req = req
+        self.zygote = zygote
         self.uid = int(req["uid"])
         self.workdir = req["workdir"]
         self.cap_b = int(req["max_output_bytes"])
         self.deadline = time.monotonic() + float(req["timeout_s"])
-        self.timed_out = self.output_capped = False
+        self.timed_out = self.output_capped = self.fork_failed = False
+        self.spawn_error = ""
         self.sel = selectors.DefaultSelector()
+        self.procs: list[Proc] = []
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -56,110 +165,106 @@ class Action:
             **req.get("env", {}),
         }
 
-    # -- child side --------------------------------------------------------------------------
-    def _child_setup(self, stdin: bytes, out_w: int, err_w: int) -> None:
-        """In the forked child: new session, limits, fds, drop to the sandbox uid."""
-        os.setsid()
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")  # the OOM killer takes user code, never the runner
-        except OSError:
-            pass
-        try:
-            os.sched_setaffinity(0, [int(c) for c in self.req["cores"]])
-        except (OSError, ValueError):
-            pass  # the cgroup cpuset binds anyway
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        for name, value in self.req.get("rlimits", {}).items():
-            lim = getattr(resource, "RLIMIT_" + name)
-            resource.setrlimit(lim, (int(value), int(value)))
-        fd = os.memfd_create("stdin")
-        os.write(fd, stdin)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.dup2(fd, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.closerange(3, 65536)
-        os.setgroups([])
-        os.setgid(self.uid)
-        os.setuid(self.uid)
-        os.chdir(self.workdir)
-        os.umask(0o022)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
+    def set_deadline(self, seconds: float) -> None:
+        """Start a phase (compile, run) with its own time limit."""
+        self.deadline = time.monotonic() + seconds
+        self.timed_out = False
 
-    def _run_python(self, sources: list[tuple[str, str]]) -> int:
-        """Run Python sources in this (forked) interpreter as `python3 main.py` would."""
-        os.environ.clear()
-        os.environ.update(self.env)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
-        sys.argv = [sources[0][0]]
-        extra = [p for p in self.env["PYTHONPATH"].split(":") if p]
-        sys.path[:] = [self.workdir, *extra, *[p for p in sys.path if p.startswith("/usr/lib")]]
-        import site
+    def limits(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "workdir": self.workdir,
+            "cores": [int(c) for c in self.req.get("cores", [])],
+            "rlimits": dict(self.req.get("rlimits", {})),
+            "nofile": int(self.req.get("nofile") or DEFAULT_NOFILE),
+        }
 
-        user_site = f"{self.workdir}/.local/lib/python{sys.version_info[0]}.{sys.version_info[1]}"
-        site.addsitedir(user_site + "/site-packages")
-        code = 0
-        for name in [m for m in sys.modules if m.startswith(RUNNER_MODULE_PREFIX)]:
-            del sys.modules[name]  # a user's own module of the same name must win
-        main = types.ModuleType("__main__")
-        main.__file__ = sources[0][0]
-        sys.modules["__main__"] = main
-        scope = main.__dict__
-        try:
-            for path, src in sources:
-                exec(compile(src, path, "exec"), scope)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if not isinstance(e.code, int | None):
-                print(e.code, file=sys.stderr)
-        except BaseException as e:
-            tb = e.__traceback__.tb_next if e.__traceback__ else None  # hide the runner's frame
-            traceback.print_exception(type(e), e, tb)
-            code = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                code = code or 1
-        return code
-
-    # -- parent side -------------------------------------------------------------------------
+    # -- starting processes ------------------------------------------------------------------
     def spawn(
         self,
         tag: object,
         stdin: str | None,
         argv: list[str] | None = None,
-        python: list[tuple[str, str]] | None = None,
-    ) -> Proc:
-        """Start one child: `argv` is exec'd; `python` sources run in a fork of the runner."""
+        python: str | None = None,
+        code_fd: int | None = None,
+        extra_fd: int | None = None,
+    ) -> Proc | None:
+        """A user process from the zygote: `argv` is exec'd, or the code in `code_fd` runs as
+        `python` (the script name, e.g. main.py); with `extra_fd` (descriptor 3) and `python`, it
+        serves its objects to a verifier afterwards. None when the fork failed (pids limit)."""
+        assert self.zygote is not None
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        in_fd = memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
+        fds = [in_fd, out_w, err_w]
+        if extra_fd is not None:
+            fds.append(extra_fd)
+        spec: dict[str, Any] = {**self.limits(), "env": self.env, "fds": len(fds)}
+        if python is not None:
+            spec.update(mode="serve" if extra_fd is not None else "python", argv0=python, code=True)
+            assert code_fd is not None
+            fds.append(code_fd)
+        else:
+            spec.update(mode="exec", argv=argv)
+        try:
+            pid = self.zygote.spawn(spec, fds)
+        except SpawnFailed as e:
+            self.fork_failed = True
+            for fd in (out_r, err_r):
+                os.close(fd)
+            self.spawn_error = str(e)
+            return None
+        finally:
+            for fd in (in_fd, out_w, err_w):
+                os.close(fd)
+        return self._track(pid, tag, {out_r: "out", err_r: "err"}, user=True)
+
+    def fork(self, tag: object, target: Callable[[list[int]], None], fds: list[int]) -> Proc:
+        """A trusted child of the runner (the verifier): `target(fds)` runs in it with
+        descriptors [stdin (empty), stdout, stderr, *fds] and must not return."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_fd = memfd(b"", "stdin")
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
-            code = 127
             try:
-                self._child_setup((stdin or "").encode(), out_w, err_w)
-                if python is not None:
-                    code = self._run_python(python)
-                else:
-                    assert argv is not None
-                    os.execve(argv[0], argv, self.env)
+                target([in_fd, out_w, err_w, *fds])
             except BaseException as e:
-                os.write(2, f"tangram runner: {e!r}\n".encode())
-            os._exit(code)
-        os.close(out_w)
-        os.close(err_w)
-        proc = Proc(pid, out_r, err_r, tag)
-        for fd in (out_r, err_r):
+                os.write(err_w, f"tangram verifier: {e!r}\n".encode())
+            os._exit(1)
+        for fd in (in_fd, out_w, err_w):
+            os.close(fd)
+        return self._track(pid, tag, {out_r: "out", err_r: "err"}, user=False)
+
+    def _track(self, pid: int, tag: object, streams: dict[int, str], user: bool) -> Proc:
+        proc = Proc(pid, tag, streams, user)
+        self.procs.append(proc)
+        for fd in streams:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ, proc)
         self.sel.register(proc.pidfd, selectors.EVENT_READ, proc)
         return proc
 
+    def add_stream(self, proc: Proc, fd: int, name: str) -> None:
+        """Capture one more descriptor of `proc` (the verifier's record) under `name`."""
+        proc.fds[fd] = name
+        proc.bufs[name] = bytearray()
+        os.set_blocking(fd, False)
+        self.sel.register(fd, selectors.EVENT_READ, proc)
+
+    def watch(self, fd: int, on_readable: Callable[[], None]) -> None:
+        """Call `on_readable` whenever `fd` is readable while the action runs."""
+        self.sel.register(fd, selectors.EVENT_READ, on_readable)
+
+    def kill(self, proc: Proc) -> None:
+        if proc.returncode is None:
+            proc.killed_by_runner = True
+            try:
+                signal.pidfd_send_signal(proc.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # -- pumping -----------------------------------------------------------------------------
     def _read(self, proc: Proc, fd: int) -> bool:
         """Read what is available on `fd`; False once it is drained or closed."""
         try:
@@ -177,10 +282,11 @@ class Action:
         if not chunk:
             self._close_fd(proc, fd)
             return False
-        buf = proc.fds[fd]
-        room = self.cap_b - len(buf)
+        buf = proc.bufs[proc.fds[fd]]
+        cap = self.cap_b if proc.user else VERIFIER_STREAM_CAP_B
+        room = cap - len(buf)
         buf += chunk[: max(room, 0)]
-        if len(chunk) > room:
+        if len(chunk) > room and proc.user:
             self.output_capped = True
         return True
 
@@ -199,8 +305,8 @@ class Action:
         self._close_fd(proc, proc.pidfd)
         _, status = os.waitpid(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-        for fd in (proc.out_fd, proc.err_fd):  # drain what is there; never wait for daemons
-            while self._owns(proc, fd) and not self.output_capped and self._read(proc, fd):
+        for fd in list(proc.fds):  # drain what is there; never wait for daemons
+            while self._owns(proc, fd) and not (proc.user and self.output_capped) and self._read(proc, fd):
                 pass
             self._close_fd(proc, fd)
 
@@ -212,17 +318,74 @@ class Action:
                 self.timed_out = True
                 break
             for key, _ in self.sel.select(min(left, 1.0)):
-                proc = key.data
-                if key.fd == proc.pidfd:
-                    self._finish(proc)
-                    return proc
-                self._read(proc, key.fd)
+                data = key.data
+                if callable(data):
+                    data()
+                    continue
+                if key.fd == data.pidfd:
+                    self._finish(data)
+                    return data  # type: ignore[no-any-return]
+                self._read(data, key.fd)
         return None
 
     def close(self) -> None:
         for key in list(self.sel.get_map().values()):
-            self._close_fd(key.data, key.fd)
+            if isinstance(key.data, Proc):
+                self._close_fd(key.data, key.fd)
+            else:
+                self.sel.unregister(key.fd)
         self.sel.close()
+
+
+def end_action(procs: list[Proc], zygote_pid: int | None) -> bool:
+    """Kill and reap every process of the action. Processes it started go by pidfd; anything
+    else still alive (a daemon, a fork bomb) forces `kill(-1)` from PID 1, which also takes the
+    zygote: True then, and the runner starts a new zygote after answering."""
+    for p in procs:
+        if p.returncode is None:
+            try:
+                signal.pidfd_send_signal(p.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        if p.returncode is None:
+            try:
+                _, status = os.waitpid(p.pid, 0)
+                p.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:
+                p.returncode = -signal.SIGKILL
+    _reap()
+    if not _strays(zygote_pid):
+        return False
+    kill_all()
+    return True
+
+
+def _reap() -> None:
+    """Collect orphans that ended (reparented to PID 1)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _strays(zygote_pid: int | None) -> bool:
+    """Is any process other than the runner and the zygote alive (zombies do not count)?"""
+    keep = {1, os.getpid(), zygote_pid}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def kill_all() -> None:
