@@ -83,8 +83,8 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
         return _facts(req, act, t0, setup_error=why)
     lang, code = req["language"], req.get("code")
     code_fd = None
-    if lang == "python" and code is not None:
-        code_fd = memfd(code.encode("utf-8", "surrogatepass"), "main.py")
+    if lang == "python":  # without code, tests still run an (empty) main module
+        code_fd = memfd((code or "").encode("utf-8", "surrogatepass"), "main.py")
         held.append(code_fd)
     compile_out = None
     if lang == "c" and code is not None:
