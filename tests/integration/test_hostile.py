@@ -34,6 +34,8 @@ LIST_PROCS = (
     "        try:\n"
     "            cmd = open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()\n"
     "            state = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+    "        except FileNotFoundError:\n"
+    "            continue  # gone meanwhile\n"
     "        except OSError as e:\n"
     "            cmd, state = str(e), '?'\n"
     "        if state not in 'ZX' and cmd:  # not a zombie or exiting (the zygote's\n"

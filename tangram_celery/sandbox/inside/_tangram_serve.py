@@ -41,8 +41,11 @@ def exception_record(e: BaseException) -> tuple[str, str, str, str]:
         msg = str(e)
     except BaseException:
         msg = f"<unprintable {type(e).__name__}>"
+    tb_obj = e.__traceback__
+    while tb_obj is not None and "/_tangram_" in tb_obj.tb_frame.f_code.co_filename:
+        tb_obj = tb_obj.tb_next  # the harness's own frames say nothing about the user's error
     try:
-        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-1500:]
+        tb = "".join(traceback.format_exception(type(e), e, tb_obj))[-1500:]
     except BaseException:
         tb = ""
     return ("err", name, f"{type(e).__name__}: {msg}" if name != type(e).__name__ else msg, tb)
