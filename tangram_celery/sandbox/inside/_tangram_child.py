@@ -18,9 +18,9 @@ import types
 from typing import Any
 
 try:
-    import _tangram_seccomp as seccomp
-except ImportError:  # imported as part of the package (unit tests)
-    from tangram_celery.sandbox.inside import _tangram_seccomp as seccomp  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside import _tangram_seccomp as seccomp
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    import _tangram_seccomp as seccomp  # type: ignore[no-redef]
 
 RUNNER_MODULE_PREFIX = "_tangram_"
 _HIGH_FD = 256
@@ -87,7 +87,7 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
 
         site.addsitedir(user_site)
     # a user's own module must win over one preloaded here, as it would in a fresh interpreter
-    shadowed = set()
+    shadowed: set[str] = set()
     for d in [workdir, *extra, user_site]:
         try:
             names = os.listdir(d)
@@ -107,7 +107,8 @@ def run_main(argv0: str, source: str) -> tuple[int, types.ModuleType, BaseExcept
     main = types.ModuleType("__main__")
     main.__file__ = argv0
     sys.modules["__main__"] = main
-    code, exc = 0, None
+    code = 0
+    exc: BaseException | None = None
     try:
         exec(compile(source, argv0, "exec"), main.__dict__)
     except SystemExit as e:
@@ -136,7 +137,8 @@ def flush() -> int:
 
 def read_all(fd: int) -> str:
     """The whole content of a memfd, from offset 0, as text."""
-    chunks, off = [], 0
+    chunks: list[bytes] = []
+    off = 0
     while True:
         b = os.pread(fd, 1 << 20, off)
         if not b:

@@ -30,7 +30,7 @@ MAX_MESSAGE_B = 32 << 20
 _U32 = struct.Struct("<I")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
-_SEQ_TAGS = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}
+_SEQ_TAGS: dict[type, bytes] = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}
 _SEQ_TYPES = {b"l": list, b"t": tuple, b"S": set, b"z": frozenset}
 
 

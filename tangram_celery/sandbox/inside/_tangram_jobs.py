@@ -9,25 +9,25 @@ import time
 from typing import Any
 
 try:
-    import _tangram_fs as fs
-    import _tangram_suite as suite
-    from _tangram_proc import Action, Proc, Zygote, end_action, memfd
-    from _tangram_tests import UNITS, run_argv, run_tests
-except ImportError:  # imported as part of the package (unit tests)
-    from tangram_celery.sandbox.inside import _tangram_fs as fs  # type: ignore[no-redef]
-    from tangram_celery.sandbox.inside import _tangram_suite as suite  # type: ignore[no-redef]
-    from tangram_celery.sandbox.inside._tangram_proc import (  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside import _tangram_fs as fs
+    from tangram_celery.sandbox.inside import _tangram_suite as suite
+    from tangram_celery.sandbox.inside._tangram_proc import (
         Action,
         Proc,
         Zygote,
         end_action,
         memfd,
     )
-    from tangram_celery.sandbox.inside._tangram_tests import (  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside._tangram_tests import (
         UNITS,
         run_argv,
         run_tests,
     )
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    import _tangram_fs as fs  # type: ignore[no-redef]
+    import _tangram_suite as suite  # type: ignore[no-redef]
+    from _tangram_proc import Action, Proc, Zygote, end_action, memfd  # type: ignore[no-redef]
+    from _tangram_tests import UNITS, run_argv, run_tests  # type: ignore[no-redef]
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
 _MEMERR = ("MemoryError", "Cannot allocate memory", "std::bad_alloc")

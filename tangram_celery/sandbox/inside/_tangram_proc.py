@@ -324,7 +324,7 @@ class Action:
                     continue
                 if key.fd == data.pidfd:
                     self._finish(data)
-                    return data  # type: ignore[no-any-return]
+                    return data
                 self._read(data, key.fd)
         return None
 

@@ -26,15 +26,15 @@ import weakref
 from typing import Any
 
 try:
-    from _tangram_codec import Unencodable, decode, encode, recv_msg, send_msg
-except ImportError:  # imported as part of the package (unit tests)
-    from tangram_celery.sandbox.inside._tangram_codec import (  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside._tangram_codec import (
         Unencodable,
         decode,
         encode,
         recv_msg,
         send_msg,
     )
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_codec import Unencodable, decode, encode, recv_msg, send_msg  # type: ignore[no-redef]
 
 
 class RemoteError(Exception):
@@ -269,6 +269,7 @@ def _unary(fn: Any) -> Any:
     return op
 
 
+_fn: Any
 for _name, _fn in {
     "add": operator.add,
     "sub": operator.sub,

@@ -14,18 +14,18 @@ import types
 from typing import Any
 
 try:
-    from _tangram_codec import CodecError, decode, encode, recv_msg, send_msg
-except ImportError:  # imported as part of the package (unit tests)
-    from tangram_celery.sandbox.inside._tangram_codec import (  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside._tangram_codec import (
         CodecError,
         decode,
         encode,
         recv_msg,
         send_msg,
     )
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_codec import CodecError, decode, encode, recv_msg, send_msg  # type: ignore[no-redef]
 
 _MUTABLE = (list, dict, set)
-_BASES = (int, float, complex, str, bytes, tuple, list, dict, frozenset, set)
+_BASES: tuple[Any, ...] = (int, float, complex, str, bytes, tuple, list, dict, frozenset, set)
 
 
 def exception_record(e: BaseException) -> tuple[str, str, str, str]:

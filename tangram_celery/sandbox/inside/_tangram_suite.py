@@ -86,7 +86,7 @@ class Channel:
     def _record(self, msg: bytes) -> None:
         try:
             ev = json.loads(msg)
-            s = self.sessions.get(ev.get("nonce")) if isinstance(ev, dict) else None
+            s = self.sessions.get(str(ev.get("nonce"))) if isinstance(ev, dict) else None
         except ValueError:
             return
         if s is None or s.reports >= MAX_REPORTS:

@@ -16,13 +16,13 @@ import socket
 from typing import Any
 
 try:
-    from _tangram_proc import Action, Proc
-    from _tangram_verifier import main as verifier_main
-except ImportError:  # imported as part of the package (unit tests)
-    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc  # type: ignore[no-redef]
-    from tangram_celery.sandbox.inside._tangram_verifier import (  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc
+    from tangram_celery.sandbox.inside._tangram_verifier import (
         main as verifier_main,
     )
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_proc import Action, Proc  # type: ignore[no-redef]
+    from _tangram_verifier import main as verifier_main  # type: ignore[no-redef]
 
 UNITS = {"python": "main.py", "bash": "main.sh", "c": "main.c"}
 

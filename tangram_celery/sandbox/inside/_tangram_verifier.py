@@ -22,15 +22,15 @@ import traceback
 from typing import Any
 
 try:
-    import _tangram_child as child
-    from _tangram_proxy import TEST_FILENAME, Conn, install_importer
-except ImportError:  # imported as part of the package (unit tests)
-    from tangram_celery.sandbox.inside import _tangram_child as child  # type: ignore[no-redef]
-    from tangram_celery.sandbox.inside._tangram_proxy import (  # type: ignore[no-redef]
+    from tangram_celery.sandbox.inside import _tangram_child as child
+    from tangram_celery.sandbox.inside._tangram_proxy import (
         TEST_FILENAME,
         Conn,
         install_importer,
     )
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    import _tangram_child as child  # type: ignore[no-redef]
+    from _tangram_proxy import TEST_FILENAME, Conn, install_importer  # type: ignore[no-redef]
 
 SOCK_FD, RECORD_FD = 3, 4
 _PR_SET_DUMPABLE = 4
