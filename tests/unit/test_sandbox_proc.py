@@ -1,9 +1,8 @@
-"""The sandbox runner's process pump (`_tangram_proc.Action`) with a real zygote, run in this
-process (which stands in for PID 1 as a child subreaper)."""
+"""The sandbox runner's process pump (`_tangram_proc.Action`) with a real zygote, run from this
+process (standing in for the runner)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,21 +16,17 @@ pytestmark = [
     pytest.mark.unit,
     pytest.mark.skipif(os.getuid() != 0, reason="children drop their uid and groups, which needs root"),
 ]
-PR_SET_CHILD_SUBREAPER = 36
 
 
 @pytest.fixture
 def zygote() -> Iterator[Zygote]:
-    """A zygote whose user processes are reparented to this process, as they are to the runner."""
-    libc = ctypes.CDLL(None)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    """A zygote, started as the runner starts it."""
     z = Zygote(str(Path(_tangram_proc.__file__).with_name("_tangram_zygote.py")))
     z.start()
     try:
         yield z
     finally:
         z.stop()
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def action(workdir: Path, timeout_s: float, zygote: Zygote) -> Action:

@@ -11,13 +11,7 @@ from typing import Any
 try:
     from tangram_celery.sandbox.inside import _tangram_fs as fs
     from tangram_celery.sandbox.inside import _tangram_suite as suite
-    from tangram_celery.sandbox.inside._tangram_proc import (
-        Action,
-        Proc,
-        Zygote,
-        end_action,
-        memfd,
-    )
+    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc, Zygote, memfd
     from tangram_celery.sandbox.inside._tangram_tests import (
         UNITS,
         run_argv,
@@ -26,7 +20,7 @@ try:
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     import _tangram_fs as fs  # type: ignore[no-redef]
     import _tangram_suite as suite  # type: ignore[no-redef]
-    from _tangram_proc import Action, Proc, Zygote, end_action, memfd  # type: ignore[no-redef]
+    from _tangram_proc import Action, Proc, Zygote, memfd  # type: ignore[no-redef]
     from _tangram_tests import UNITS, run_argv, run_tests  # type: ignore[no-redef]
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -66,8 +60,7 @@ def handle(req: dict, zygote: Zygote) -> dict:
     try:
         facts = _run(req, act, held)
     finally:
-        if end_action(act.procs, zygote.pid):
-            zygote.lost()
+        act.end()
         act.close()
         for h in held:
             h.close() if isinstance(h, suite.Channel) else os.close(h)

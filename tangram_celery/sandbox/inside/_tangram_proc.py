@@ -1,8 +1,8 @@
-"""Processes of one action: user processes spawned through the zygote, the verifier forked from
-the runner, output capture with a cap, one deadline per phase, and the end-of-action kill.
+"""Processes of one action: user processes and verifiers spawned through the zygote, output
+capture with a cap, one deadline per phase, and the end-of-action kill.
 
-Every process of an action is a child of the runner (the zygote double-forks), held by a pidfd,
-so it is waited for and killed without pid-reuse races.
+The zygote forks every process and reports its exit status; the runner holds a pidfd of each, so
+it kills them without pid-reuse races.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
 DEFAULT_NOFILE = 1024
 ZYGOTE_START_TIMEOUT_S = 30.0
+EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
 
 
 class SpawnFailed(Exception):
@@ -35,6 +36,7 @@ class Zygote:
         self.pid: int | None = None
         self.sock: socket.socket | None = None
         self.ready = False
+        self.exits: dict[int, int] = {}  # pid -> exit status reported and not yet taken
 
     def start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -50,7 +52,7 @@ class Zygote:
         self.pid, self.sock, self.ready = pid, parent, False
 
     def lost(self) -> None:
-        """The zygote was killed (and reaped) with everything else; start a new one later."""
+        """The zygote is dead (killed with everything else, or it crashed); start another later."""
         if self.sock is not None:
             self.sock.close()
         self.pid, self.sock, self.ready = None, None, False
@@ -78,8 +80,47 @@ class Zygote:
             raise SpawnFailed(f"zygote did not start ({msg!r})")
         self.ready = True
 
-    def spawn(self, spec: dict[str, Any], fds: list[int]) -> int:
-        """Fork a user process; its pid (a child of the runner by now)."""
+    def _receive(self) -> dict[str, Any] | None:
+        """Read one message: record an exit report; return anything else (a spawn reply, with
+        its pidfds under "pidfds")."""
+        assert self.sock is not None
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 16)
+        if not msg:
+            raise ConnectionResetError("the zygote closed its socket")
+        out: dict[str, Any] = json.loads(msg)
+        if "exit" in out:
+            for fd in fds:
+                os.close(fd)
+            self.exits[int(out["exit"])] = int(out["status"])
+            return None
+        out["pidfds"] = fds
+        return out
+
+    def poll(self, timeout_s: float | None = 0.0) -> bool:
+        """Take the zygote's messages waiting now (or within `timeout_s`). False if it is gone."""
+        if self.sock is None:
+            return False
+        self.sock.settimeout(timeout_s)
+        try:
+            while True:
+                stray = self._receive()
+                if stray is not None:  # a reply nobody waits for (never expected)
+                    for fd in stray["pidfds"]:
+                        os.close(fd)
+                self.sock.settimeout(0.0)
+        except (BlockingIOError, TimeoutError):
+            return True
+        except (OSError, ValueError):
+            self.stop()
+            return False
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(None)
+
+    def spawn(
+        self, specs: list[dict[str, Any]], fds: list[int]
+    ) -> tuple[list[tuple[int, int] | None], list[str]]:
+        """Fork one process per spec: (pid, pidfd) of each (None where the fork failed), errors."""
         for attempt in range(2):
             if not self.alive():
                 self.start()
@@ -87,16 +128,18 @@ class Zygote:
                 if not self.ready:
                     self.wait_ready()
                 assert self.sock is not None
-                socket.send_fds(self.sock, [json.dumps(spec).encode()], fds)
-                reply = json.loads(self.sock.recv(4096) or b"{}")
+                socket.send_fds(self.sock, [json.dumps({"spawn": specs}).encode()], fds)
+                reply = None
+                while reply is None:
+                    reply = self._receive()
             except (OSError, ValueError, SpawnFailed) as e:
                 self.stop()
                 if attempt:
                     raise SpawnFailed(f"zygote failed: {e!r}") from None
                 continue
-            if "pid" in reply:
-                return int(reply["pid"])
-            raise SpawnFailed(str(reply.get("error", "zygote error")))
+            pidfds = iter(reply["pidfds"])
+            started = [None if pid is None else (int(pid), next(pidfds)) for pid in reply["pids"]]
+            return started, [str(x) for x in reply.get("errors", [])]
         raise SpawnFailed("zygote unavailable")
 
     def stop(self) -> None:
@@ -112,9 +155,8 @@ class Zygote:
 class Proc:
     """One process of the current action and what it wrote so far, per stream name."""
 
-    def __init__(self, pid: int, tag: object, streams: dict[int, str], user: bool) -> None:
-        self.pid, self.tag, self.user = pid, tag, user
-        self.pidfd = os.pidfd_open(pid)
+    def __init__(self, pid: int, pidfd: int, tag: object, streams: dict[int, str], user: bool) -> None:
+        self.pid, self.pidfd, self.tag, self.user = pid, pidfd, tag, user
         self.fds = dict(streams)  # fd -> stream name
         self.bufs = {name: bytearray() for name in streams.values()}
         self.returncode: int | None = None
@@ -141,10 +183,32 @@ def memfd(data: bytes, name: str = "tangram") -> int:
     return fd
 
 
+class Launch:
+    """One process to start: its spec for the zygote, the descriptors it gets (sent, then closed
+    here), and the pipes whose read ends the runner keeps, by stream name."""
+
+    def __init__(self, tag: object, spec: dict[str, Any], user: bool) -> None:
+        self.tag, self.spec, self.user = tag, spec, user
+        self.send: list[int] = []
+        self.streams: dict[int, str] = {}
+        self.mine: list[int] = []  # our copies to close once sent
+
+    def pipe(self, name: str) -> None:
+        r, w = os.pipe()
+        self.streams[r] = name
+        self.send.append(w)
+        self.mine.append(w)
+
+    def memfd(self, data: bytes, name: str) -> None:
+        fd = memfd(data, name)
+        self.send.append(fd)
+        self.mine.append(fd)
+
+
 class Action:
     """Runs the processes of one request, pumped by `wait_any` under the current deadline."""
 
-    def __init__(self, req: dict, zygote: Zygote | None) -> None:
+    def __init__(self, req: dict, zygote: Zygote) -> None:
         self.req = req
         self.zygote = zygote
         self.uid = int(req["uid"])
@@ -155,6 +219,7 @@ class Action:
         self.spawn_error = ""
         self.sel = selectors.DefaultSelector()
         self.procs: list[Proc] = []
+        self._zsock: socket.socket | None = None
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -171,16 +236,19 @@ class Action:
         self.timed_out = False
 
     def limits(self) -> dict[str, Any]:
+        # the cgroup cpuset binds the cores; only without cgroups (rlimit fallback) does each
+        # process pin itself
+        cores = [int(c) for c in self.req.get("cores", [])] if self.req.get("rlimits") else []
         return {
             "uid": self.uid,
             "workdir": self.workdir,
-            "cores": [int(c) for c in self.req.get("cores", [])],
+            "cores": cores,
             "rlimits": dict(self.req.get("rlimits", {})),
             "nofile": int(self.req.get("nofile") or DEFAULT_NOFILE),
         }
 
     # -- starting processes ------------------------------------------------------------------
-    def spawn(
+    def user_launch(
         self,
         tag: object,
         stdin: str | None,
@@ -188,69 +256,88 @@ class Action:
         python: str | None = None,
         code_fd: int | None = None,
         extra_fd: int | None = None,
-    ) -> Proc | None:
-        """A user process from the zygote: `argv` is exec'd, or the code in `code_fd` runs as
-        `python` (the script name, e.g. main.py); with `extra_fd` (descriptor 3) and `python`, it
-        serves its objects to a verifier afterwards. None when the fork failed (pids limit)."""
-        assert self.zygote is not None
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        in_fd = memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
-        fds = [in_fd, out_w, err_w]
+    ) -> Launch:
+        """A user process: `argv` is exec'd, or the code in `code_fd` runs as `python` (the
+        script name, e.g. main.py); with `extra_fd` (its descriptor 3) and `python`, it serves its
+        objects to a verifier afterwards."""
+        ln = Launch(tag, {**self.limits(), "env": self.env}, user=True)
+        ln.memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
+        ln.pipe("out")
+        ln.pipe("err")
         if extra_fd is not None:
-            fds.append(extra_fd)
-        spec: dict[str, Any] = {**self.limits(), "env": self.env, "fds": len(fds)}
+            ln.send.append(extra_fd)
+        ln.spec["fds"] = len(ln.send)
         if python is not None:
-            spec.update(mode="serve" if extra_fd is not None else "python", argv0=python, code=True)
             assert code_fd is not None
-            fds.append(code_fd)
+            mode = "serve" if extra_fd is not None else "python"
+            ln.spec.update(mode=mode, argv0=python, code=True)
+            ln.send.append(code_fd)
         else:
-            spec.update(mode="exec", argv=argv)
+            ln.spec.update(mode="exec", argv=argv)
+        return ln
+
+    def verifier_launch(self, tag: object, assert_code: str, sock_fd: int, trusted_path: list[str]) -> Launch:
+        """A verifier (its own uid) for one assert test; the record is its stream "record"."""
+        spec = {**self.limits(), "uid": self.uid + 1, "oom_score_adj": 500, "mode": "verify"}
+        ln = Launch(tag, {**spec, "trusted_path": trusted_path, "code": True}, user=False)
+        ln.memfd(b"", "stdin")
+        ln.pipe("out")
+        ln.pipe("err")
+        ln.send.append(sock_fd)
+        ln.pipe("record")
+        ln.spec["fds"] = len(ln.send)
+        ln.memfd(assert_code.encode("utf-8", "surrogatepass"), "test")
+        return ln
+
+    def launch(self, launches: list[Launch]) -> list[Proc | None]:
+        """Start processes through the zygote (one round trip); None where a fork failed."""
+        before = self.zygote.sock
+        pids: list[tuple[int, int] | None]
         try:
-            pid = self.zygote.spawn(spec, fds)
+            pids, errors = self.zygote.spawn(
+                [ln.spec for ln in launches], [fd for ln in launches for fd in ln.send]
+            )
+            if before is not None and self.zygote.sock is not before:  # it died and was replaced
+                self._zygote_gone()
         except SpawnFailed as e:
-            self.fork_failed = True
-            for fd in (out_r, err_r):
-                os.close(fd)
-            self.spawn_error = str(e)
-            return None
+            pids, errors = [None] * len(launches), [str(e)]
         finally:
-            for fd in (in_fd, out_w, err_w):
-                os.close(fd)
-        return self._track(pid, tag, {out_r: "out", err_r: "err"}, user=True)
+            for ln in launches:
+                for fd in ln.mine:
+                    os.close(fd)
+        if errors:
+            self.fork_failed = True
+            self.spawn_error = errors[0]
+        out: list[Proc | None] = []
+        for ln, started in zip(launches, pids, strict=True):
+            if started is None:
+                for fd in ln.streams:
+                    os.close(fd)
+                out.append(None)
+            else:
+                out.append(self._track(started[0], started[1], ln.tag, ln.streams, ln.user))
+        self._watch_zygote()
+        return out
 
-    def fork(self, tag: object, target: Callable[[list[int]], None], fds: list[int]) -> Proc:
-        """A trusted child of the runner (the verifier): `target(fds)` runs in it with
-        descriptors [stdin (empty), stdout, stderr, *fds] and must not return."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        in_fd = memfd(b"", "stdin")
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                target([in_fd, out_w, err_w, *fds])
-            except BaseException as e:
-                os.write(err_w, f"tangram verifier: {e!r}\n".encode())
-            os._exit(1)
-        for fd in (in_fd, out_w, err_w):
-            os.close(fd)
-        return self._track(pid, tag, {out_r: "out", err_r: "err"}, user=False)
+    def spawn(self, *args: Any, **kwargs: Any) -> Proc | None:
+        """One user process (see `user_launch`); None when the fork failed (pids limit)."""
+        return self.launch([self.user_launch(*args, **kwargs)])[0]
 
-    def _track(self, pid: int, tag: object, streams: dict[int, str], user: bool) -> Proc:
-        proc = Proc(pid, tag, streams, user)
+    def _watch_zygote(self) -> None:
+        sock = self.zygote.sock
+        if sock is not None and sock is not self._zsock:
+            if self._zsock is not None:
+                self.sel.unregister(self._zsock)
+            self.sel.register(sock, selectors.EVENT_READ, self.zygote)
+            self._zsock = sock
+
+    def _track(self, pid: int, pidfd: int, tag: object, streams: dict[int, str], user: bool) -> Proc:
+        proc = Proc(pid, pidfd, tag, streams, user)
         self.procs.append(proc)
         for fd in streams:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ, proc)
-        self.sel.register(proc.pidfd, selectors.EVENT_READ, proc)
         return proc
-
-    def add_stream(self, proc: Proc, fd: int, name: str) -> None:
-        """Capture one more descriptor of `proc` (the verifier's record) under `name`."""
-        proc.fds[fd] = name
-        proc.bufs[name] = bytearray()
-        os.set_blocking(fd, False)
-        self.sel.register(fd, selectors.EVENT_READ, proc)
 
     def watch(self, fd: int, on_readable: Callable[[], None]) -> None:
         """Call `on_readable` whenever `fd` is readable while the action runs."""
@@ -274,9 +361,7 @@ class Action:
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.EBADF):
                 raise
-            # The number no longer names this child's pipe (EINVAL, as when reading a pidfd).
-            # Stop watching it; the child's end still comes by its pidfd.
-            if self._owns(proc, fd):
+            if self._owns(proc, fd):  # the number no longer names this process's pipe
                 self.sel.unregister(fd)
             return False
         if not chunk:
@@ -292,7 +377,7 @@ class Action:
 
     def _owns(self, proc: Proc, fd: int) -> bool:
         """Is `fd` still one of `proc`'s open descriptors? Once closed (a pipe at EOF), its
-        number can be reused by a later child's pipe or pidfd, which must be left alone."""
+        number can be reused by a later process's pipe, which must be left alone."""
         key = self.sel.get_map().get(fd)
         return key is not None and key.data is proc
 
@@ -301,32 +386,77 @@ class Action:
             self.sel.unregister(fd)
             os.close(fd)
 
-    def _finish(self, proc: Proc) -> None:
-        self._close_fd(proc, proc.pidfd)
-        _, status = os.waitpid(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    def _finish(self, proc: Proc, status: int) -> None:
+        proc.returncode = status
+        os.close(proc.pidfd)
         for fd in list(proc.fds):  # drain what is there; never wait for daemons
             while self._owns(proc, fd) and not (proc.user and self.output_capped) and self._read(proc, fd):
                 pass
             self._close_fd(proc, fd)
 
+    def _take_exit(self) -> Proc | None:
+        """A process whose exit the zygote reported, now finished here."""
+        for p in self.procs:
+            if p.returncode is None and p.pid in self.zygote.exits:
+                self._finish(p, self.zygote.exits.pop(p.pid))
+                return p
+        return None
+
+    def _zygote_gone(self) -> None:
+        """The zygote died mid-action (never expected): its children are ours now; end them."""
+        for p in self.procs:
+            if p.returncode is None:
+                self.kill(p)
+                status = -signal.SIGKILL
+                for _ in range(100):  # until the kernel has reparented it to us
+                    try:
+                        status = os.waitstatus_to_exitcode(os.waitpid(p.pid, 0)[1])
+                        break
+                    except ChildProcessError:
+                        time.sleep(0.01)
+                self._finish(p, status)
+
     def wait_any(self) -> Proc | None:
-        """Pump output until some child exits; None once the deadline or the output cap hit."""
+        """Pump output until some process exits; None once the deadline or the output cap hit."""
         while not (self.timed_out or self.output_capped):
+            done = self._take_exit()
+            if done is not None:
+                return done
             left = self.deadline - time.monotonic()
             if left <= 0:
                 self.timed_out = True
                 break
             for key, _ in self.sel.select(min(left, 1.0)):
                 data = key.data
-                if callable(data):
+                if data is self.zygote:
+                    if not self.zygote.poll():
+                        self.sel.unregister(key.fd)
+                        self._zsock = None
+                        self._zygote_gone()
+                elif callable(data):
                     data()
-                    continue
-                if key.fd == data.pidfd:
-                    self._finish(data)
-                    return data
-                self._read(data, key.fd)
+                else:
+                    self._read(data, key.fd)
         return None
+
+    def end(self) -> bool:
+        """Kill and reap every process of the action. Processes it started go by pidfd; anything
+        else still alive (a daemon, a fork bomb) forces `kill(-1)` from PID 1, which also takes
+        the zygote: True then, and the runner starts a new zygote after answering."""
+        for p in self.procs:
+            self.kill(p)
+        deadline = time.monotonic() + EXIT_REPORT_TIMEOUT_S
+        while any(p.returncode is None for p in self.procs):
+            if self._take_exit() is not None:
+                continue
+            if time.monotonic() > deadline or not self.zygote.poll(0.5):
+                self._zygote_gone()
+        _reap()
+        if not _strays(self.zygote.pid):
+            return False
+        kill_all()
+        self.zygote.lost()
+        return True
 
     def close(self) -> None:
         for key in list(self.sel.get_map().values()):
@@ -335,30 +465,9 @@ class Action:
             else:
                 self.sel.unregister(key.fd)
         self.sel.close()
-
-
-def end_action(procs: list[Proc], zygote_pid: int | None) -> bool:
-    """Kill and reap every process of the action. Processes it started go by pidfd; anything
-    else still alive (a daemon, a fork bomb) forces `kill(-1)` from PID 1, which also takes the
-    zygote: True then, and the runner starts a new zygote after answering."""
-    for p in procs:
-        if p.returncode is None:
-            try:
-                signal.pidfd_send_signal(p.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        if p.returncode is None:
-            try:
-                _, status = os.waitpid(p.pid, 0)
-                p.returncode = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:
-                p.returncode = -signal.SIGKILL
-    _reap()
-    if not _strays(zygote_pid):
-        return False
-    kill_all()
-    return True
+        for p in self.procs:
+            if p.returncode is None:
+                os.close(p.pidfd)
 
 
 def _reap() -> None:

@@ -3,26 +3,20 @@ a fresh user process from the zygote (stdlib only).
 
 - stdin -> expected_stdout: the user process gets the stdin; the runner compares its output with
   the expected one itself. Expected outputs never leave the runner.
-- assert_code: the user process runs the code and then serves its objects; a verifier (forked by
-  the runner, its own uid) runs the assert code against them, and the test passes only on the
+- assert_code: the user process runs the code and then serves its objects; a verifier (from the
+  zygote too, under its own uid) runs the assert code against them, and the test passes only on the
   verifier's own `PASS` record. The user process's exit status and output do not count.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import socket
 from typing import Any
 
 try:
     from tangram_celery.sandbox.inside._tangram_proc import Action, Proc
-    from tangram_celery.sandbox.inside._tangram_verifier import (
-        main as verifier_main,
-    )
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     from _tangram_proc import Action, Proc  # type: ignore[no-redef]
-    from _tangram_verifier import main as verifier_main  # type: ignore[no-redef]
 
 UNITS = {"python": "main.py", "bash": "main.sh", "c": "main.c"}
 
@@ -112,30 +106,20 @@ def _fail(case: dict, detail: str) -> dict[str, Any]:
 def _start_assert(
     req: dict, act: Action, idx: int, case: dict, code_fd: int | None, trusted_path: list[str]
 ) -> _Slot:
+    """The user process and its verifier, started together (one zygote round trip)."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        user = act.spawn(
+        user = act.user_launch(
             idx, case.get("stdin"), python=UNITS["python"], code_fd=code_fd, extra_fd=theirs.fileno()
         )
+        verifier = act.verifier_launch(("verifier", idx), case["assert_code"], mine.fileno(), trusted_path)
+        u, v = act.launch([user, verifier])
     finally:
+        mine.close()
         theirs.close()
-    if user is None:
-        mine.close()
+    if u is None or v is None:  # (the one that started sees the connection close and ends)
         return _Slot(idx, None)
-    record_r, record_w = os.pipe()
-    try:
-        target = functools.partial(
-            verifier_main,
-            assert_code=case["assert_code"],
-            limits={**act.limits(), "uid": act.uid + 1},
-            trusted_path=trusted_path,
-        )
-        verifier = act.fork(("verifier", idx), target, [mine.fileno(), record_w])
-    finally:
-        mine.close()
-        os.close(record_w)
-    act.add_stream(verifier, record_r, "record")
-    return _Slot(idx, user, verifier)
+    return _Slot(idx, u, v)
 
 
 def _judge(case: dict, slot: _Slot) -> dict[str, Any]:

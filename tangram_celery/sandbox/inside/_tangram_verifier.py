@@ -1,11 +1,12 @@
 """The verifier of one `assert_code` test: trusted code in its own process (stdlib only).
 
-Forked by the runner, it drops to its own uid (not the user's: user code can neither signal nor
-read it), installs the seccomp filter and runs the test's `assert_code` with the user module's
-top-level names bound to proxies of the objects in the user's process (_tangram_proxy). It alone
-holds descriptor 4, the record: `PASS` is written there only after the assert code ran to its
-end, and that record is the test's verdict. The user process's exit status and output never
-decide it.
+Forked from the zygote (never from the runner, which holds every test of the request), it runs
+under its own uid (not the user's: user code can neither signal nor read it) with the seccomp
+filter, reads its one test's `assert_code` from a memfd only it holds, and runs it with the user
+module's top-level names bound to proxies of the objects in the user's process (_tangram_proxy).
+It alone holds descriptor 4, the record: `PASS` is written there only after the assert code ran
+to its end, and that record is the test's verdict. The user process's exit status and output
+never decide it.
 
 Names of the user module that shadow builtins (`len`, `abs`, `AssertionError`, ...) are not
 bound: the test sees the real builtins. Exact builtin values among the user's globals (a constant
@@ -22,31 +23,16 @@ import traceback
 from typing import Any
 
 try:
-    from tangram_celery.sandbox.inside import _tangram_child as child
-    from tangram_celery.sandbox.inside._tangram_proxy import (
-        TEST_FILENAME,
-        Conn,
-        install_importer,
-    )
+    from tangram_celery.sandbox.inside._tangram_proxy import TEST_FILENAME, Conn, install_importer
 except ImportError:  # inside the sandbox this directory is sys.path[0]
-    import _tangram_child as child  # type: ignore[no-redef]
     from _tangram_proxy import TEST_FILENAME, Conn, install_importer  # type: ignore[no-redef]
 
 SOCK_FD, RECORD_FD = 3, 4
-_PR_SET_DUMPABLE = 4
 
 
-def main(fds: list[int], assert_code: str, limits: dict[str, Any], trusted_path: list[str]) -> None:
-    """Entry point in the forked child (`Action.fork` target); never returns."""
-    child.setup(
-        limits["uid"],
-        fds,
-        limits["workdir"],
-        limits["cores"],
-        limits["rlimits"],
-        limits["nofile"],
-        500,  # after user code (1000), before the runner (-1000)
-    )
+def run(assert_code: str, trusted_path: list[str]) -> None:
+    """In the verifier process, after `_tangram_child.setup` (uid, limits, seccomp): judge the
+    test and write the record. Never returns."""
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
     passed, detail = False, ""

@@ -1,21 +1,23 @@
-"""The zygote: the clean, warm process every user process is forked from (stdlib only).
+"""The zygote: the clean, warm process every user process and every verifier is forked from
+(stdlib only).
 
 The runner holds requests (expected outputs, test code); a process forked from it would carry
 them into user code's reach. The zygote is exec'd fresh by the runner, never receives a request,
 preloads the interpreter and the common stdlib, and then, per spawn, gets only what that one
-process may see: a small spec (argv, env, cores, limits) and descriptors (stdin, stdout, stderr,
-the user code as a memfd, the verifier connection of an assert test). So a per-test process
-costs a fork, not an interpreter start.
+process may see: a small spec (mode, uid, env, cores, limits) and descriptors (stdin, stdout,
+stderr, the code or test code as a memfd, the verifier connection). It never reads the memfds
+itself: the child does, after the fork, so no test code stays behind in the zygote's memory for a
+later user process to find. A per-test process costs a fork, not an interpreter start.
 
-Each spawn is a double fork: the zygote's child forks the user process and exits at once, so the
-user process is reparented to the runner (PID 1), which waits for it, reads its exit status and
-kills it by pidfd like any child of its own. The zygote runs as root (it must set the child's
-uid) and holds nothing secret; user code cannot signal, trace or read it (other uid, not
-dumpable, seccomp).
+The zygote runs as root (it must set each child's uid), holds nothing secret, and user code can
+neither signal, trace nor read it (other uid, not dumpable, seccomp). It reaps its children and
+reports their exit statuses; the runner holds a pidfd of each to kill it.
 
-Protocol on descriptor 3 (SOCK_SEQPACKET to the runner): zygote sends b"ready" once; then per
-spawn the runner sends a JSON spec with the descriptors as SCM_RIGHTS, and the zygote answers
-{"pid": N} or {"error": text, "errno": n}.
+Protocol on descriptor 3 (SOCK_SEQPACKET to the runner): the zygote sends b"ready" once. The
+runner sends {"spawn": [spec, ...]} with every spec's descriptors, in order, as SCM_RIGHTS; the
+zygote answers {"pids": [pid or null, ...], "errors": [text, ...]} with a pidfd of each child
+that started, as SCM_RIGHTS. Whenever a child ends it sends {"exit": pid, "status": exit code
+(negative: killed by that signal)}.
 """
 
 from __future__ import annotations
@@ -23,39 +25,32 @@ from __future__ import annotations
 import gc
 import json
 import os
+import selectors
 import socket
 import sys
 
 import _tangram_child as child
 import _tangram_seccomp as seccomp
 import _tangram_serve as serve
+import _tangram_verifier as verifier
 
-# what model-written solutions import most (HumanEval, MBPP, competitive programming)
+# what model-written solutions and test code import most (HumanEval, MBPP); each module here
+# makes every fork a little dearer (more page tables to copy), so the list stays short
 PRELOAD = (
     "typing",
     "re",
     "math",
-    "cmath",
     "collections",
     "itertools",
     "functools",
     "heapq",
     "bisect",
     "string",
-    "hashlib",
     "random",
-    "json",
     "copy",
     "operator",
-    "fractions",
-    "decimal",
-    "datetime",
-    "dataclasses",
-    "enum",
-    "traceback",
-    "site",
 )
-MAX_FDS = 8
+MAX_FDS = 16
 
 
 def preload() -> set[str]:
@@ -70,7 +65,7 @@ def preload() -> set[str]:
 
 
 def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # pragma: no cover - child
-    """The user process: never returns."""
+    """A user process or a verifier: never returns."""
     code = 127
     try:
         source = child.read_all(fds[-1]) if spec.get("code") else ""
@@ -82,13 +77,16 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
             [int(c) for c in spec.get("cores", [])],
             {str(k): int(v) for k, v in spec.get("rlimits", {}).items()},
             int(spec["nofile"]),
-            1000,
+            int(spec.get("oom_score_adj", 1000)),
         )
+        mode = spec["mode"]
+        if mode == "verify":
+            verifier.run(source, [str(p) for p in spec["trusted_path"]])  # never returns
         env = {str(k): str(v) for k, v in spec["env"].items()}
-        if spec["mode"] == "exec":
+        if mode == "exec":
             child.default_signals()
             os.execve(spec["argv"][0], spec["argv"], env)
-        server = serve.Server(socket.socket(fileno=3)) if spec["mode"] == "serve" else None
+        server = serve.Server(socket.socket(fileno=3)) if mode == "serve" else None
         child.prepare_python(env, spec["workdir"], spec["argv0"], preloaded)
         code, main, exc = child.run_main(spec["argv0"], source)
         code = child.flush() or code
@@ -107,38 +105,69 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
     os._exit(code)
 
 
-def spawn(spec: dict, fds: list[int], preloaded: set[str]) -> dict:
-    """Double fork; the user process's pid, as the runner will see it."""
-    r, w = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError as e:
-        os.close(r)
-        os.close(w)
-        return {"error": f"fork failed: {e}", "errno": e.errno}
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
+class Zygote:
+    def __init__(self, sock: socket.socket, preloaded: set[str]) -> None:
+        self.sock = sock
+        self.preloaded = preloaded
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ, None)
+
+    def spawn(self, specs: list[dict], fds: list[int]) -> tuple[dict, list[int]]:
+        """Fork one child per spec: the reply and the children's pidfds (for the runner, which
+        could not open them itself without racing this process's reaping)."""
+        pids: list[int | None] = []
+        pidfds: list[int] = []
+        errors: list[str] = []
+        start = 0
+        for spec in specs:
+            n = int(spec["fds"]) + (1 if spec.get("code") else 0)
+            mine = fds[start : start + n]
+            start += n
+            try:
+                pid = os.fork()
+            except OSError as e:
+                pids.append(None)
+                errors.append(f"fork failed: {e}")
+                continue
+            if pid == 0:  # pragma: no cover - child
+                child_main(spec, mine, self.preloaded)
+            pids.append(pid)
+            pidfd = os.pidfd_open(pid)
+            self.sel.register(pidfd, selectors.EVENT_READ, pid)
+            pidfds.append(pidfd)
+        return {"pids": pids, "errors": errors}, pidfds
+
+    def reap(self, key: selectors.SelectorKey) -> None:
+        self.sel.unregister(key.fd)
+        os.close(key.fd)
         try:
-            grandchild = os.fork()
-        except OSError as e:
-            os.write(w, f"-{e.errno}".encode())
-            os._exit(0)
-        if grandchild == 0:
-            os.close(w)
-            child_main(spec, fds, preloaded)
-        os.write(w, str(grandchild).encode())
-        os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    data = os.read(r, 32)
-    os.close(r)
-    try:
-        got = int(data)
-    except ValueError:
-        return {"error": "spawn failed", "errno": 0}
-    if got < 0:
-        return {"error": f"fork failed: {os.strerror(-got)}", "errno": -got}
-    return {"pid": got}
+            _, status = os.waitpid(key.data, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            code = -9
+        self.sock.send(json.dumps({"exit": key.data, "status": code}).encode())
+
+    def loop(self) -> None:
+        while True:
+            for key, _ in self.sel.select():
+                if key.data is not None:
+                    self.reap(key)
+                    continue
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
+                except OSError:
+                    os._exit(1)
+                if not msg:
+                    os._exit(0)  # the runner is gone
+                pidfds: list[int] = []
+                try:
+                    reply, pidfds = self.spawn(json.loads(msg)["spawn"], fds)
+                except Exception as e:
+                    reply = {"pids": [], "errors": [repr(e)]}
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                socket.send_fds(self.sock, [json.dumps(reply).encode()], pidfds)
 
 
 def main() -> None:
@@ -148,21 +177,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # forks share these pages instead of copying them on the first collection
     sock.send(b"ready")
-    while True:
-        try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, MAX_FDS)
-        except OSError:
-            os._exit(1)
-        if not msg:
-            os._exit(0)  # the runner is gone
-        try:
-            reply = spawn(json.loads(msg), fds, preloaded)
-        except Exception as e:
-            reply = {"error": repr(e), "errno": 0}
-        finally:
-            for fd in fds:
-                os.close(fd)
-        sock.send(json.dumps(reply).encode())
+    Zygote(sock, preloaded).loop()
 
 
 if __name__ == "__main__":

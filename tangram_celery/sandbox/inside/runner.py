@@ -8,10 +8,10 @@ Why PID 1: orphans of user code are reparented to it, and `kill(-1, SIGKILL)` fr
 every other process of the sandbox (daemons, double forks, fork bombs) and nothing outside it;
 the sandboxed uid cannot signal PID 1.
 
-The runner holds requests, so it never forks user code from its own memory: user processes come
-from the zygote (_tangram_zygote, exec'd fresh, warm), assert tests are judged by a verifier it
-forks under another uid (_tangram_verifier), and outputs are compared here. See docs/sandbox.md,
-"Threat model".
+The runner holds requests, so nothing is ever forked from its memory: user processes and the
+verifiers of assert tests (another uid, _tangram_verifier) come from the zygote (_tangram_zygote,
+exec'd fresh, warm, holding nothing secret), and expected outputs are compared here. See
+docs/sandbox.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -23,16 +23,12 @@ import sys
 import traceback
 
 try:
-    from tangram_celery.sandbox.inside import _tangram_seccomp as seccomp
     from tangram_celery.sandbox.inside._tangram_jobs import handle
     from tangram_celery.sandbox.inside._tangram_proc import Zygote
 except ImportError:  # inside the sandbox this directory is sys.path[0]
-    import _tangram_seccomp as seccomp  # type: ignore[no-redef]
     from _tangram_jobs import handle  # type: ignore[no-redef]
     from _tangram_proc import Zygote  # type: ignore[no-redef]
 
-# modules test code imports most, loaded once here so each verifier fork has them
-PRELOAD = ("math", "random", "itertools", "collections", "functools", "re", "copy")
 _PR_SET_DUMPABLE = 4
 
 
@@ -50,9 +46,6 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
     for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
         os.chown(path, uid, uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
-    for name in PRELOAD:
-        __import__(name)
-    seccomp.prepare()
     zygote = Zygote(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tangram_zygote.py"))
     zygote.start()
     zygote.wait_ready()  # part of the sandbox's start, not of its first action
