@@ -108,6 +108,8 @@ def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) ->
     suite = facts.get("suite")
     if suite is not None and not suite.get("passed"):
         details.append(f"test suite not passed: {suite.get('detail', '')}")
+    if suite is not None and suite.get("deselected"):
+        details.append(f"{suite['deselected']} test(s) deselected")
     if facts.get("setup_error"):
         details.append(str(facts["setup_error"]))
     return ExecResult(

@@ -36,6 +36,9 @@ def make_reporter(pytest: Any, sock: socket.socket, nonce: str) -> Any:
         def pytest_collection_finish(self, session: Any) -> None:
             send("collected", n=len(session.items))
 
+        def pytest_deselected(self, items: Any) -> None:
+            send("deselected", n=len(items))
+
         def pytest_collectreport(self, report: Any) -> None:
             if report.failed:
                 send("collect_error", nodeid=str(report.nodeid)[:500])

@@ -3,9 +3,8 @@ report channel, and the verdict (stdlib only).
 
 A suite passes only on what the harness itself received: at least one pytest session reported
 on the channel, every session finished with exit status 0, no collection error, at least one test,
-and every collected test passed (skipped, xfailed or deselected-at-run tests are not passes;
-user code can raise `pytest.skip`). Exit status 0 alone, or "N passed" printed on stdout, or a
-junit file, is not a pass.
+and every collected test passed (skipped or xfailed tests are not passes: user code can call
+`pytest.skip`). Exit status 0 alone, "N passed" printed on stdout, or a junit file is not a pass.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ class _Session:
         self.phases: dict[str, list[tuple[str, str, bool]]] = {}
         self.exitstatus: int | None = None
         self.reports = 0
+        self.deselected = 0
 
 
 class Channel:
@@ -95,6 +95,8 @@ class Channel:
         kind = ev.get("event")
         if kind == "collected" and isinstance(ev.get("n"), int):
             s.collected = ev["n"] if s.collected is None else max(s.collected, ev["n"])
+        elif kind == "deselected" and isinstance(ev.get("n"), int):
+            s.deselected += ev["n"]
         elif kind == "collect_error":
             s.collect_errors.append(str(ev.get("nodeid", ""))[:500])
         elif kind == "report":
@@ -129,7 +131,9 @@ def _outcome(phases: list[tuple[str, str, bool]]) -> tuple[bool, str]:
 
 
 def verdict(ch: Channel, exit_code: int | None) -> dict[str, Any]:
-    """The suite's verdict from the channel: {"passed", "detail", "collected", "tests"}."""
+    """The suite's verdict from the channel: {"passed", "detail", "collected", "deselected",
+    "tests"}. Deselected tests (by `-k`/`-m` on the command line, or by configuration files in
+    the workdir) are counted but do not fail the suite: a project may deselect by design."""
     tests: list[dict[str, Any]] = []
     collected = 0
     why = ""
@@ -158,4 +162,11 @@ def verdict(ch: Channel, exit_code: int | None) -> dict[str, Any]:
         why = f"the test command exited with {exit_code}"
     if len(tests) > MAX_TESTS_SHOWN:
         tests = [t for t in tests if not t["passed"]][:MAX_TESTS_SHOWN]
-    return {"passed": not why, "detail": why, "collected": collected, "tests": tests}
+    deselected = sum(s.deselected for s in ch.sessions.values())
+    return {
+        "passed": not why,
+        "detail": why,
+        "collected": collected,
+        "deselected": deselected,
+        "tests": tests,
+    }
