@@ -9,6 +9,7 @@ own functions could return; what passes or fails is decided in the verifier.
 from __future__ import annotations
 
 import builtins
+import sys
 import traceback
 import types
 from typing import Any
@@ -106,6 +107,7 @@ class Server:
                 reply = self.dispatch(op, self.objs.get(hid), args)
             except BaseException as e:
                 reply = exception_record(e)
+            _flush()  # what the call printed, before the runner may end this process
             self.send(reply)
 
     def dispatch(self, op: str, obj: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -128,6 +130,14 @@ class Server:
             names = namespace_of(vars(mod)) if isinstance(mod, types.ModuleType) else {}
             return ("ok", (mod, names), [])
         return ("ok", _OPS[op](obj, *args), [])
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def _base(obj: Any) -> Any:
