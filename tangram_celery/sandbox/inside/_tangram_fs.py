@@ -131,8 +131,7 @@ def roll_back(req: dict, marks: dict[str, tuple[int, int]], since: float) -> lis
                     grown.append((st.st_size, path))
         removed = [p for p in created if _unlink(p)]
         for d in sorted(created_dirs, key=len, reverse=True):  # deepest first
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
+            if _rmdir(d):
                 removed.append(d)
         for _size, path in sorted(grown, reverse=True):
             if not disk_full(req):
@@ -169,12 +168,20 @@ def _walk(top: str) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def _unlink(path: str) -> bool:
+    return _remove(os.unlink, path)
+
+
+def _rmdir(path: str) -> bool:
+    return _remove(os.rmdir, path)
+
+
+def _remove(remove: Any, path: str) -> bool:
     try:
-        os.unlink(path)
+        remove(path)
     except PermissionError:  # the action made the directory read-only: it is the user's own
         try:
             os.chmod(os.path.dirname(path), 0o700)
-            os.unlink(path)
+            remove(path)
         except OSError:
             return False
     except OSError:
