@@ -306,13 +306,14 @@ PLANT = (
     "ln -s /run/tangram lnk_run; ln -s /opt/tangram lnk_opt; ln -s /proc/1/root lnk_root; "
     "ln -s /proc/1/cwd lnk_cwd; ln -s /proc/1/fd lnk_fd; ln -s /run/tangram/owned main.py; "
     "mkfifo fifo; ln -s /run/tangram/runner.sock .tangram-mark; ln -s /run/tangram/runner.sock "
-    "/tmp/.tangram-mark; echo planted"
+    "/tmp/.tangram-mark; echo planted; chmod 000 /work /tmp"
 )
 
 
 def test_planted_links_do_not_redirect_privileged_writes(sandbox_backend: Any) -> None:
     """Given links planted by one action (to the runner-state dir, the runner's code, /proc/1's
-    root, cwd and descriptors; main.py as a link; a FIFO), when later actions write `files`
+    root, cwd and descriptors; main.py as a link; a FIFO; /work and /tmp made inaccessible),
+    when later actions write `files`
     through them and write their code, then writes through a link into those places fail as the
     user's own would (FAILED), the code replaces the link, the FIFO is replaced without hanging,
     and on the host the state dir is untouched: still root's, mode 0700, nothing new in it."""

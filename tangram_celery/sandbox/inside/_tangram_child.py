@@ -2,8 +2,10 @@
 the in-process Python fast path (stdlib only).
 
 Order matters: descriptors are arranged and limits set while still root, then the process drops
-to its uid for good (groups, gid, uid: real, effective and saved), and the seccomp filter goes in
-last, just before anything of the user's runs.
+to its uid for good (groups, gid, uid: real, effective and saved). The seccomp filter is in force
+before anything of the user's runs: inherited from the zygote, which installs it on itself at
+start (with PR_SET_NO_NEW_PRIVS; neither stops it from forking or setting a child's uid), or
+installed here by a process that has none.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ def setup(
     """In a fresh fork: `fds[i]` becomes descriptor i and every other descriptor is closed, limits
     are set, the process drops to `uid` and installs the seccomp filter. Raises on failure."""
     os.setsid()
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(oom_score_adj))  # the OOM killer takes user code first, never the runner
+    try:  # the OOM killer takes user code first, never the runner (no file object: cheaper)
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, str(oom_score_adj).encode())
+        finally:
+            os.close(fd)
     except OSError:
         pass
     if cores:
@@ -62,7 +67,8 @@ def setup(
     os.setresuid(uid, uid, uid)
     os.chdir(workdir)
     os.umask(0o022)
-    seccomp.install()
+    if not seccomp.installed():  # the zygote's filter is inherited; anything else installs it
+        seccomp.install()
 
 
 def default_signals() -> None:
@@ -95,9 +101,10 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
             continue
         shadowed.update(n[:-3] if n.endswith(".py") else n for n in names)
     shadowed &= preloaded
-    for name in list(sys.modules):
-        top = name.partition(".")[0]
-        if top in shadowed or name.startswith(RUNNER_MODULE_PREFIX):
+    for name in [n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX)]:
+        del sys.modules[name]
+    if shadowed:  # rare: only then look at every module's name
+        for name in [n for n in sys.modules if n.partition(".")[0] in shadowed]:
             del sys.modules[name]
 
 

@@ -51,6 +51,18 @@ def as_user(uid: int) -> Iterator[None]:
         setfsgid(0)
 
 
+def reset_tops(req: dict) -> None:
+    """The workdir and /tmp back to their owner and mode (user code may have chmod'ed them, which
+    would lock the runner's user-uid file operations out). Both are mount points, never links."""
+    uid = int(req["uid"])
+    for path, mode in ((req["workdir"], 0o755), ("/tmp", 0o1777)):
+        try:
+            os.chown(path, uid, uid, follow_symlinks=False)
+            os.chmod(path, mode)
+        except OSError:
+            pass
+
+
 def write_files(req: dict) -> str | None:
     """Write `files` and the code unit into the workdir as the sandbox user. Returns why one
     could not be written (a user-caused failure: a directory where a file goes, a link to a

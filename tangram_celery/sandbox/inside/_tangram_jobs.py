@@ -53,6 +53,7 @@ def trusted_path(req: dict) -> list[str]:
 def handle(req: dict, zygote: Zygote) -> dict:
     """Run one request to completion and return its facts."""
     t_wall = time.time()
+    fs.reset_tops(req)
     marks = fs.inode_marks(req)
     act = Action(req, zygote)
     held: list[Any] = []  # descriptors and channels to close at the end

@@ -219,7 +219,7 @@ class Action:
         self.spawn_error = ""
         self.sel = selectors.DefaultSelector()
         self.procs: list[Proc] = []
-        self._zsock: socket.socket | None = None
+        self._zfd: int | None = None  # the zygote socket's descriptor, while watched
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -325,11 +325,13 @@ class Action:
 
     def _watch_zygote(self) -> None:
         sock = self.zygote.sock
-        if sock is not None and sock is not self._zsock:
-            if self._zsock is not None:
-                self.sel.unregister(self._zsock)
-            self.sel.register(sock, selectors.EVENT_READ, self.zygote)
-            self._zsock = sock
+        fd = sock.fileno() if sock is not None else None
+        if fd != self._zfd:
+            if self._zfd is not None:  # by number: the old socket may be closed already
+                self.sel.unregister(self._zfd)
+            if fd is not None:
+                self.sel.register(fd, selectors.EVENT_READ, self.zygote)
+            self._zfd = fd
 
     def _track(self, pid: int, pidfd: int, tag: object, streams: dict[int, str], user: bool) -> Proc:
         proc = Proc(pid, pidfd, tag, streams, user)
@@ -431,7 +433,7 @@ class Action:
                 if data is self.zygote:
                     if not self.zygote.poll():
                         self.sel.unregister(key.fd)
-                        self._zsock = None
+                        self._zfd = None
                         self._zygote_gone()
                 elif callable(data):
                     data()

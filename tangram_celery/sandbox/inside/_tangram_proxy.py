@@ -16,7 +16,6 @@ only from `next()` (else a function raising it would silently end a test's `for`
 from __future__ import annotations
 
 import builtins
-import importlib.abc
 import importlib.machinery
 import math
 import operator
@@ -72,7 +71,7 @@ class Conn:
 
     def __init__(self, sock: Any) -> None:
         self.sock = sock
-        self.proxies: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
+        self.proxies: dict[int, weakref.ref[Handle]] = {}  # (a plain dict: cheap to set up)
         self.released: list[int] = []
 
     # codec callbacks
@@ -84,15 +83,17 @@ class Conn:
         raise Unencodable(f"cannot pass a {type(obj).__name__} to user code (only builtin values)")
 
     def from_handle(self, hid: int) -> Handle:
-        h = self.proxies.get(hid)
+        ref = self.proxies.get(hid)
+        h = ref() if ref is not None else None
         if h is None:
             if hid in self.released:  # released and sent back before the release went out
                 self.released.remove(hid)
             h = Handle(self, hid)
-            self.proxies[hid] = h
+            self.proxies[hid] = weakref.ref(h)
         return h
 
     def _release(self, hid: int) -> None:
+        self.proxies.pop(hid, None)
         self.released.append(hid)
 
     def receive(self) -> Any:
@@ -317,7 +318,8 @@ class RemoteModule(types.ModuleType):
         return getattr(self.__tangram_handle__, name)
 
 
-class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class RemoteFinder:  # a meta path finder and loader (not the importlib.abc ABCs: they pull in
+    # importlib.resources, pathlib, tempfile, ..., and every fork of the zygote would pay for them)
     """Last on `sys.meta_path`: a module the verifier's trusted path lacks is imported in the user
     process (`from solution import f` in test code), never from user files in the verifier."""
 
@@ -334,7 +336,7 @@ class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             frame = frame.f_back  # type: ignore[assignment]
         if frame is None or frame.f_code.co_filename != TEST_FILENAME:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self)
+        return importlib.machinery.ModuleSpec(fullname, self)  # type: ignore[arg-type]
 
     def create_module(self, spec: Any) -> types.ModuleType:
         got = self.conn.value("import", 0, spec.name)
@@ -353,6 +355,5 @@ class RemoteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install_importer(conn: Conn, trusted_path: list[str]) -> None:
-    sys.path[:] = trusted_path
-    sys.path_importer_cache.clear()
+    sys.path[:] = trusted_path  # (cached finders of other entries are simply not asked)
     sys.meta_path.append(RemoteFinder(conn))

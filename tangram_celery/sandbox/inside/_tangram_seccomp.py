@@ -1,7 +1,8 @@
 """A seccomp filter for user code, assembled here as classic BPF (stdlib only, no libseccomp).
 
-Installed in every user process (and the verifier) after it dropped its privileges and before it
-runs anything of the user's, on both backends (under Docker it stacks on the engine's profile).
+In force in every user process and verifier before it runs anything of the user's, on both
+backends (under Docker it stacks on the engine's profile): the zygote installs it on itself at
+start, and every process it forks inherits it (across exec too).
 It refuses what a sandboxed program has no use for and what widens the kernel's attack surface:
 new namespaces (a child of `unshare -Ur` would be uid 0 with every capability in its own user
 namespace), mounts, ptrace and cross-process memory access, kernel keyrings, eBPF, perf,
@@ -311,6 +312,7 @@ _SECCOMP_MODE_FILTER = 2
 
 
 _prepared: list[object] = []
+_state = {"installed": False}  # a fork inherits it with the filter itself
 
 
 def prepare() -> None:
@@ -332,6 +334,11 @@ def prepare() -> None:
     _prepared.extend([prctl, ctypes.get_errno, buf, fprog, ctypes.addressof(fprog)])
 
 
+def installed() -> bool:
+    """Did this process, or the process it was forked from, install the filter?"""
+    return _state["installed"]
+
+
 def install() -> None:
     """PR_SET_NO_NEW_PRIVS (setuid binaries stay unprivileged), then the filter, in this thread
     (call it single-threaded, after dropping privileges). Raises OSError."""
@@ -343,3 +350,4 @@ def install() -> None:
     if prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, addr, 0, 0) != 0:  # type: ignore[operator]
         err = get_errno()  # type: ignore[operator]
         raise OSError(err, f"seccomp filter refused: errno {err}")
+    _state["installed"] = True

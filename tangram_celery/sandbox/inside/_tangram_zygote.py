@@ -173,7 +173,7 @@ class Zygote:
 def main() -> None:
     sock = socket.socket(fileno=3)
     preloaded = preload()
-    seccomp.prepare()
+    seccomp.install()  # inherited by every child: none has to install it
     gc.collect()
     gc.freeze()  # forks share these pages instead of copying them on the first collection
     sock.send(b"ready")
