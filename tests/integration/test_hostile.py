@@ -35,27 +35,26 @@ LIST_PROCS = (
     "    if p.isdigit() and int(p) != os.getpid():\n"
     "        try:\n"
     "            cmd = open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()\n"
-    "            state = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+    "            stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
+    "            uid = os.stat(f'/proc/{p}').st_uid\n"
     "        except FileNotFoundError:\n"
     "            continue  # gone meanwhile\n"
-    "        except OSError as e:\n"
-    "            cmd, state = str(e), '?'\n"
-    "        if state not in 'ZX' and cmd:  # not a zombie or exiting (the zygote's\n"
-    "            print(p, cmd)  # short-lived intermediate fork)\n"
+    "        if stat[0] not in 'ZX' and cmd:  # not a zombie or exiting\n"
+    "            print(p, uid, cmd)\n"
 )
 
 
 def healthy(box: Any, traj: str) -> None:
     """The same trajectory still runs code, and nothing of the last action is left running:
-    only the runner (PID 1) and the zygote, besides the process that looks."""
+    only the runner (PID 1), the zygote (root) and idle verifiers (their own uid), besides the
+    process that looks."""
     res = run(box, traj, language="python", code=LIST_PROCS)
     assert res.status is ActionStatus.OK, res
-    procs = dict(line.split(" ", 1) for line in res.stdout.splitlines())
-    assert "1" in procs and "runner.py" in procs["1"], procs
-    others = {p: cmd for p, cmd in procs.items() if p != "1"}
-    assert len(others) == 1 and "_tangram_zygote.py" in next(iter(others.values())), (
-        f"leftover processes: {procs}"
-    )
+    procs = {p: (int(uid), cmd) for p, uid, cmd in (line.split(" ", 2) for line in res.stdout.splitlines())}
+    assert procs.get("1", (0, ""))[1].find("runner.py") > 0, procs
+    zygotes = [p for p, (uid, cmd) in procs.items() if uid == 0 and "_tangram_zygote.py" in cmd]
+    verifiers = [p for p, (uid, cmd) in procs.items() if uid == 10002 and "_tangram_zygote.py" in cmd]
+    assert len(zygotes) == 1 and set(procs) == {"1", *zygotes, *verifiers}, f"leftover processes: {procs}"
 
 
 def test_fork_bomb_hits_pids_limit(sandbox_backend: Any) -> None:

@@ -137,6 +137,33 @@ def test_assert_tests_use_classes_generators_exceptions_and_workdir_modules(sand
     assert res.status is ActionStatus.OK and all(t.passed for t in res.tests), res
 
 
+def test_a_test_that_changes_the_verifier_does_not_change_the_next(sandbox_backend: Any) -> None:
+    """Given assert tests run one after the other by pooled verifiers, when the first rebinds a
+    builtin and the recursion limit and imports a module from the workdir, then the second sees
+    none of it."""
+    first = "import builtins, sys\nbuiltins.abs = lambda x: -1\nbuiltins.MARK = 1\nsys.setrecursionlimit(300)\nimport helper"
+    second = (
+        "import sys\nassert abs(-2) == 2 and 'MARK' not in dir(__builtins__)\n"
+        "assert sys.getrecursionlimit() > 300 and 'helper' not in sys.modules"
+    )
+    cases = [TestCase(name=f"t{i}", assert_code=c) for i, c in enumerate([first, second] * 3)]
+    files = {"helper.py": "X = 1\n"}
+    res = run(sandbox_backend, tid(), language="python", code="", files=files, test_cases=cases)
+    assert res.status is ActionStatus.OK and all(t.passed for t in res.tests), res
+
+
+def test_a_test_hanging_in_the_verifier_times_out_and_the_next_action_works(sandbox_backend: Any) -> None:
+    """Given an assert test whose own code never ends, when run with a 1 s limit, then TIMEOUT,
+    and the trajectory's next assert tests pass (the stuck verifier was replaced)."""
+    traj = tid()
+    hang = [TestCase(name="hang", assert_code="while True:\n    pass")]
+    res = run(sandbox_backend, traj, language="python", code="", test_cases=hang, timeout_s=1)
+    assert res.status is ActionStatus.TIMEOUT, res
+    ok = [TestCase(name="ok", assert_code="assert f() == 1")]
+    res = run(sandbox_backend, traj, language="python", code="def f():\n    return 1\n", test_cases=ok)
+    assert res.status is ActionStatus.OK, res
+
+
 def test_parallel_test_cases_use_granted_cores(sandbox_backend: Any) -> None:
     """Given 4 tests sleeping 0.5 s, when run on 2 cores, then about 1 s, not 2 s."""
     cases = [TestCase(name=f"s{i}", assert_code="import time; time.sleep(0.5)") for i in range(4)]

@@ -1,5 +1,5 @@
-"""Processes of one action: user processes and verifiers spawned through the zygote, output
-capture with a cap, one deadline per phase, and the end-of-action kill.
+"""Processes of one action: user processes spawned through the zygote, test jobs given to pooled
+verifiers, output capture with a cap, one deadline per phase, and the end-of-action kill.
 
 The zygote forks every process and reports its exit status; the runner holds a pidfd of each, so
 it kills them without pid-reuse races.
@@ -13,154 +13,35 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+try:
+    from tangram_celery.sandbox.inside._tangram_spawn import SpawnFailed, Verifier, Zygote, memfd
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_spawn import SpawnFailed, Verifier, Zygote, memfd  # type: ignore[no-redef]
+
+__all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd"]
+
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
 DEFAULT_NOFILE = 1024
-ZYGOTE_START_TIMEOUT_S = 30.0
 EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
 
 
-class SpawnFailed(Exception):
-    """The zygote could not fork (the pids limit) or is gone."""
-
-
-class Zygote:
-    """The runner's handle on the zygote process (see _tangram_zygote)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.pid: int | None = None
-        self.sock: socket.socket | None = None
-        self.ready = False
-        self.exits: dict[int, int] = {}  # pid -> exit status reported and not yet taken
-
-    def start(self) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                os.dup2(child.fileno(), 3)
-                os.closerange(4, 1 << 16)
-                os.execv(sys.executable, [sys.executable, "-E", "-s", "-S", self.path])
-            finally:
-                os._exit(127)
-        child.close()
-        self.pid, self.sock, self.ready = pid, parent, False
-
-    def lost(self) -> None:
-        """The zygote is dead (killed with everything else, or it crashed); start another later."""
-        if self.sock is not None:
-            self.sock.close()
-        self.pid, self.sock, self.ready = None, None, False
-
-    def alive(self) -> bool:
-        if self.pid is None:
-            return False
-        try:
-            pid, _ = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid = self.pid
-        if pid:
-            self.lost()
-            return False
-        return True
-
-    def wait_ready(self) -> None:
-        assert self.sock is not None
-        self.sock.settimeout(ZYGOTE_START_TIMEOUT_S)
-        try:
-            msg = self.sock.recv(64)
-        finally:
-            self.sock.settimeout(None)
-        if msg != b"ready":
-            raise SpawnFailed(f"zygote did not start ({msg!r})")
-        self.ready = True
-
-    def _receive(self) -> dict[str, Any] | None:
-        """Read one message: record an exit report; return anything else (a spawn reply, with
-        its pidfds under "pidfds")."""
-        assert self.sock is not None
-        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 16)
-        if not msg:
-            raise ConnectionResetError("the zygote closed its socket")
-        out: dict[str, Any] = json.loads(msg)
-        if "exit" in out:
-            for fd in fds:
-                os.close(fd)
-            self.exits[int(out["exit"])] = int(out["status"])
-            return None
-        out["pidfds"] = fds
-        return out
-
-    def poll(self, timeout_s: float | None = 0.0) -> bool:
-        """Take the zygote's messages waiting now (or within `timeout_s`). False if it is gone."""
-        if self.sock is None:
-            return False
-        self.sock.settimeout(timeout_s)
-        try:
-            while True:
-                stray = self._receive()
-                if stray is not None:  # a reply nobody waits for (never expected)
-                    for fd in stray["pidfds"]:
-                        os.close(fd)
-                self.sock.settimeout(0.0)
-        except (BlockingIOError, TimeoutError):
-            return True
-        except (OSError, ValueError):
-            self.stop()
-            return False
-        finally:
-            if self.sock is not None:
-                self.sock.settimeout(None)
-
-    def spawn(
-        self, specs: list[dict[str, Any]], fds: list[int]
-    ) -> tuple[list[tuple[int, int] | None], list[str]]:
-        """Fork one process per spec: (pid, pidfd) of each (None where the fork failed), errors."""
-        for attempt in range(2):
-            if not self.alive():
-                self.start()
-            try:
-                if not self.ready:
-                    self.wait_ready()
-                assert self.sock is not None
-                socket.send_fds(self.sock, [json.dumps({"spawn": specs}).encode()], fds)
-                reply = None
-                while reply is None:
-                    reply = self._receive()
-            except (OSError, ValueError, SpawnFailed) as e:
-                self.stop()
-                if attempt:
-                    raise SpawnFailed(f"zygote failed: {e!r}") from None
-                continue
-            pidfds = iter(reply["pidfds"])
-            started = [None if pid is None else (int(pid), next(pidfds)) for pid in reply["pids"]]
-            return started, [str(x) for x in reply.get("errors", [])]
-        raise SpawnFailed("zygote unavailable")
-
-    def stop(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-        self.lost()
-
-
 class Proc:
-    """One process of the current action and what it wrote so far, per stream name."""
+    """One process of the current action (or one test job of a pooled verifier, with `verifier`
+    set and no pidfd of its own) and what it wrote so far, per stream name."""
 
-    def __init__(self, pid: int, pidfd: int, tag: object, streams: dict[int, str], user: bool) -> None:
+    def __init__(self, pid: int, pidfd: int | None, tag: object, streams: dict[int, str], user: bool) -> None:
         self.pid, self.pidfd, self.tag, self.user = pid, pidfd, tag, user
         self.fds = dict(streams)  # fd -> stream name
         self.bufs = {name: bytearray() for name in streams.values()}
         self.returncode: int | None = None
         self.killed_by_runner = False  # its SIGKILL is no limit's doing
+        self.verifier: Verifier | None = None
+        self.job_id = 0
+        self.pending: int | None = None  # a job's end, seen and not yet taken
 
     @property
     def stdout(self) -> bytes:
@@ -172,15 +53,6 @@ class Proc:
 
     def stream(self, name: str) -> bytes:
         return bytes(self.bufs.get(name, b""))
-
-
-def memfd(data: bytes, name: str = "tangram") -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
 
 
 class Launch:
@@ -220,6 +92,7 @@ class Action:
         self.sel = selectors.DefaultSelector()
         self.procs: list[Proc] = []
         self._zfd: int | None = None  # the zygote socket's descriptor, while watched
+        self._job_seq = 0
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -276,19 +149,6 @@ class Action:
             ln.spec.update(mode="exec", argv=argv)
         return ln
 
-    def verifier_launch(self, tag: object, assert_code: str, sock_fd: int, trusted_path: list[str]) -> Launch:
-        """A verifier (its own uid) for one assert test; the record is its stream "record"."""
-        spec = {**self.limits(), "uid": self.uid + 1, "oom_score_adj": 500, "mode": "verify"}
-        ln = Launch(tag, {**spec, "trusted_path": trusted_path, "code": True}, user=False)
-        ln.memfd(b"", "stdin")
-        ln.pipe("out")
-        ln.pipe("err")
-        ln.send.append(sock_fd)
-        ln.pipe("record")
-        ln.spec["fds"] = len(ln.send)
-        ln.memfd(assert_code.encode("utf-8", "surrogatepass"), "test")
-        return ln
-
     def launch(self, launches: list[Launch]) -> list[Proc | None]:
         """Start processes through the zygote (one round trip); None where a fork failed."""
         before = self.zygote.sock
@@ -323,6 +183,65 @@ class Action:
         """One user process (see `user_launch`); None when the fork failed (pids limit)."""
         return self.launch([self.user_launch(*args, **kwargs)])[0]
 
+    def start_job(self, tag: object, assert_code: str, sock_fd: int, trusted_path: list[str]) -> Proc | None:
+        """Give one assert test to a pooled verifier (its own uid), connected to the user process
+        at `sock_fd`; the record is the job's stream "record". None if no verifier could start."""
+        pool = self.zygote.verifiers
+        try:
+            v = pool.get({**self.limits(), "uid": self.uid + 1, "oom_score_adj": 500})
+        except SpawnFailed as e:
+            self.fork_failed, self.spawn_error = True, str(e)
+            return None
+        self._job_seq += 1
+        streams: dict[int, str] = {}
+        theirs: list[int] = [sock_fd]
+        for name in ("record", "out", "err"):
+            r, w = os.pipe()
+            streams[r] = name
+            theirs.append(w)
+        code = memfd(assert_code.encode("utf-8", "surrogatepass"), "test")
+        msg = json.dumps({"job": self._job_seq, "trusted_path": trusted_path}).encode()
+        try:
+            socket.send_fds(v.ctl, [msg], [*theirs, code])
+        except OSError as e:
+            pool.discard(v)
+            for fd in streams:
+                os.close(fd)
+            self.spawn_error = f"verifier unavailable: {e}"
+            return None
+        finally:
+            for fd in [*theirs[1:], code]:
+                os.close(fd)
+        job = self._track(v.pid, None, tag, streams, user=False)
+        job.verifier, job.job_id = v, self._job_seq
+        self.sel.register(v.ctl.fileno(), selectors.EVENT_READ, lambda: self._job_message(job))
+        return job
+
+    def _job_message(self, job: Proc) -> None:
+        """The verifier's report on its control socket: the job is done, or the verifier died."""
+        v = job.verifier
+        assert v is not None
+        try:
+            msg = v.ctl.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            msg = b""
+        try:
+            done = bool(msg) and json.loads(msg).get("done") == job.job_id
+        except ValueError:
+            done = False
+        if job.pending is None:
+            job.pending = 0 if done else -signal.SIGKILL
+        self._unwatch(v)
+        if not done:
+            self.zygote.verifiers.discard(v)
+
+    def _unwatch(self, v: Verifier) -> None:
+        key = self.sel.get_map().get(v.fd)
+        if key is not None and callable(key.data):
+            self.sel.unregister(v.fd)
+
     def _watch_zygote(self) -> None:
         sock = self.zygote.sock
         fd = sock.fileno() if sock is not None else None
@@ -333,7 +252,7 @@ class Action:
                 self.sel.register(fd, selectors.EVENT_READ, self.zygote)
             self._zfd = fd
 
-    def _track(self, pid: int, pidfd: int, tag: object, streams: dict[int, str], user: bool) -> Proc:
+    def _track(self, pid: int, pidfd: int | None, tag: object, streams: dict[int, str], user: bool) -> Proc:
         proc = Proc(pid, pidfd, tag, streams, user)
         self.procs.append(proc)
         for fd in streams:
@@ -346,12 +265,20 @@ class Action:
         self.sel.register(fd, selectors.EVENT_READ, on_readable)
 
     def kill(self, proc: Proc) -> None:
-        if proc.returncode is None:
-            proc.killed_by_runner = True
-            try:
-                signal.pidfd_send_signal(proc.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if proc.returncode is not None:
+            return
+        proc.killed_by_runner = True
+        if proc.verifier is not None:  # a job: its verifier goes (a test hung in it)
+            self._unwatch(proc.verifier)
+            self.zygote.verifiers.discard(proc.verifier)
+            if proc.pending is None:
+                proc.pending = -signal.SIGKILL
+            return
+        try:
+            assert proc.pidfd is not None
+            signal.pidfd_send_signal(proc.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     # -- pumping -----------------------------------------------------------------------------
     def _read(self, proc: Proc, fd: int) -> bool:
@@ -390,22 +317,42 @@ class Action:
 
     def _finish(self, proc: Proc, status: int) -> None:
         proc.returncode = status
-        os.close(proc.pidfd)
+        if proc.pidfd is not None:
+            os.close(proc.pidfd)
+        v = proc.verifier
+        if v is not None:
+            self._unwatch(v)
+            if status == 0:
+                self.zygote.verifiers.put(v)  # ready for the next test
         for fd in list(proc.fds):  # drain what is there; never wait for daemons
             while self._owns(proc, fd) and not (proc.user and self.output_capped) and self._read(proc, fd):
                 pass
             self._close_fd(proc, fd)
 
     def _take_exit(self) -> Proc | None:
-        """A process whose exit the zygote reported, now finished here."""
+        """A process whose exit the zygote reported (or a job its verifier reported done), now
+        finished here."""
         for p in self.procs:
-            if p.returncode is None and p.pid in self.zygote.exits:
-                self._finish(p, self.zygote.exits.pop(p.pid))
+            if p.returncode is not None:
+                continue
+            if p.pending is not None:
+                self._finish(p, p.pending)
+                return p
+            if p.pid in self.zygote.exits:
+                status = self.zygote.exits.pop(p.pid)
+                if p.verifier is not None:  # the verifier died under the job
+                    self._unwatch(p.verifier)
+                    self.zygote.verifiers.died(p.verifier)
+                self._finish(p, status)
                 return p
         return None
 
     def _zygote_gone(self) -> None:
         """The zygote died mid-action (never expected): its children are ours now; end them."""
+        for p in self.procs:
+            if p.returncode is None and p.verifier is not None:
+                self.kill(p)
+                self._finish(p, -signal.SIGKILL)
         for p in self.procs:
             if p.returncode is None:
                 self.kill(p)
@@ -447,14 +394,19 @@ class Action:
         the zygote: True then, and the runner starts a new zygote after answering."""
         for p in self.procs:
             self.kill(p)
+        pool = self.zygote.verifiers
         deadline = time.monotonic() + EXIT_REPORT_TIMEOUT_S
-        while any(p.returncode is None for p in self.procs):
+        while any(p.returncode is None for p in self.procs) or pool.dying:
             if self._take_exit() is not None:
                 continue
+            pool.prune()
+            if not any(p.returncode is None for p in self.procs) and not pool.dying:
+                break
             if time.monotonic() > deadline or not self.zygote.poll(0.5):
                 self._zygote_gone()
+                pool.dying.clear()
         _reap()
-        if not _strays(self.zygote.pid):
+        if not _strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
             return False
         kill_all()
         self.zygote.lost()
@@ -468,7 +420,7 @@ class Action:
                 self.sel.unregister(key.fd)
         self.sel.close()
         for p in self.procs:
-            if p.returncode is None:
+            if p.returncode is None and p.pidfd is not None:
                 os.close(p.pidfd)
 
 
@@ -483,9 +435,9 @@ def _reap() -> None:
             return
 
 
-def _strays(zygote_pid: int | None) -> bool:
-    """Is any process other than the runner and the zygote alive (zombies do not count)?"""
-    keep = {1, os.getpid(), zygote_pid}
+def _strays(keep: set[int | None]) -> bool:
+    """Is any process other than these (the runner, the zygote, idle verifiers) alive? Zombies do
+    not count."""
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in keep:
             continue

@@ -93,7 +93,7 @@ def run_tests(
         if slot.done():
             running.discard(slot)
             if results[slot.idx] is None:
-                results[slot.idx] = _judge(cases[slot.idx], slot)
+                results[slot.idx] = slot.result or _judge(cases[slot.idx], slot)
     why = "timeout" if act.timed_out else "output limit" if act.output_capped else "not run"
     out = [r or _fail(c, why) for r, c in zip(results, cases, strict=True)]
     return out, first
@@ -106,20 +106,25 @@ def _fail(case: dict, detail: str) -> dict[str, Any]:
 def _start_assert(
     req: dict, act: Action, idx: int, case: dict, code_fd: int | None, trusted_path: list[str]
 ) -> _Slot:
-    """The user process and its verifier, started together (one zygote round trip)."""
+    """The user process, and the test given to a pooled verifier connected to it."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        user = act.user_launch(
+        user = act.spawn(
             idx, case.get("stdin"), python=UNITS["python"], code_fd=code_fd, extra_fd=theirs.fileno()
         )
-        verifier = act.verifier_launch(("verifier", idx), case["assert_code"], mine.fileno(), trusted_path)
-        u, v = act.launch([user, verifier])
+    finally:
+        theirs.close()
+    if user is None:
+        mine.close()
+        return _Slot(idx, None)
+    try:
+        job = act.start_job(("verifier", idx), case["assert_code"], mine.fileno(), trusted_path)
     finally:
         mine.close()
-        theirs.close()
-    if u is None or v is None:  # (the one that started sees the connection close and ends)
-        return _Slot(idx, None)
-    return _Slot(idx, u, v)
+    slot = _Slot(idx, user, job)
+    if job is None:  # the user process sees its connection close and ends
+        slot.result = _fail(case, f"could not start a verifier: {act.spawn_error}")
+    return slot
 
 
 def _judge(case: dict, slot: _Slot) -> dict[str, Any]:

@@ -1,12 +1,14 @@
-"""The verifier of one `assert_code` test: trusted code in its own process (stdlib only).
+"""The verifier: trusted code in a process of its own that judges `assert_code` tests (stdlib
+only).
 
 Forked from the zygote (never from the runner, which holds every test of the request), it runs
 under its own uid (not the user's: user code can neither signal nor read it) with the seccomp
-filter, reads its one test's `assert_code` from a memfd only it holds, and runs it with the user
-module's top-level names bound to proxies of the objects in the user's process (_tangram_proxy).
-It alone holds descriptor 4, the record: `PASS` is written there only after the assert code ran
-to its end, and that record is the test's verdict. The user process's exit status and output
-never decide it.
+filter. Verifiers are pooled by the runner: one judges one test at a time. Per test it gets the
+`assert_code` as a memfd, a connection to that test's user process, and the write end of the
+test's record, which only it holds; it runs the assert code with the user module's top-level
+names bound to proxies of the objects in the user's process (_tangram_proxy), and writes `PASS`
+on the record only after the assert code ran to its end. That record is the test's verdict: the
+user process's exit status and output never decide it.
 
 Names of the user module that shadow builtins (`len`, `abs`, `AssertionError`, ...) are not
 bound: the test sees the real builtins. Exact builtin values among the user's globals (a constant
@@ -16,6 +18,7 @@ bound: the test sees the real builtins. Exact builtin values among the user's gl
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import socket
 import sys
@@ -23,31 +26,104 @@ import traceback
 from typing import Any
 
 try:
-    from tangram_celery.sandbox.inside._tangram_proxy import TEST_FILENAME, Conn, install_importer
+    from tangram_celery.sandbox.inside import _tangram_child as child
+    from tangram_celery.sandbox.inside._tangram_proxy import (
+        TEST_FILENAME,
+        Conn,
+        RemoteModule,
+        install_importer,
+    )
 except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_proxy import TEST_FILENAME, Conn, install_importer  # type: ignore[no-redef]
+    import _tangram_child as child  # type: ignore[no-redef]
+    from _tangram_proxy import TEST_FILENAME, Conn, RemoteModule, install_importer  # type: ignore[no-redef]
 
-SOCK_FD, RECORD_FD = 3, 4
+
+CTL_FD = 3
+MAX_JOBS = 1000  # then a fresh verifier takes over (bounds what tests leave behind)
 
 
-def run(assert_code: str, trusted_path: list[str]) -> None:
-    """In the verifier process, after `_tangram_child.setup` (uid, limits, seccomp): judge the
-    test and write the record. Never returns."""
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
-    passed, detail = False, ""
-    try:
-        passed, detail = verify(Conn(socket.socket(fileno=SOCK_FD)), assert_code, trusted_path)
-    except BaseException as e:
-        detail = f"verifier error: {e!r}"
-    for stream in (sys.stdout, sys.stderr):
+def serve_jobs() -> None:
+    """In a verifier process, after `_tangram_child.setup` (uid, limits, seccomp), with the
+    runner's control socket at descriptor 3: judge one test per job until the socket closes.
+    Never returns.
+
+    A job brings [the connection to the user process, the record's write end, stdout, stderr, the
+    assert code as a memfd]. Each test runs in a fresh namespace; what a test changes in
+    builtins, sys.path, sys.meta_path, the recursion limit and the standard streams is put back,
+    and modules imported from the user process are dropped."""
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    out = open(1, "w", closefd=False)  # noqa: SIM115
+    err = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+    ctl = socket.socket(fileno=CTL_FD)
+    clean = _Clean()
+    for _ in range(MAX_JOBS):
         try:
-            stream.flush()
-        except Exception:
-            pass
-    record = b"PASS" if passed else b"FAIL" + detail.encode("utf-8", "replace")[:4000]
-    os.write(RECORD_FD, record)
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 8)
+        except OSError:
+            break
+        if not msg:
+            break
+        if len(fds) != 5:
+            break
+        rpc, record, job_out, job_err, code_fd = fds
+        os.dup2(job_out, 1)
+        os.dup2(job_err, 2)
+        os.close(job_out)
+        os.close(job_err)
+        sys.stdout, sys.stderr = out, err
+        passed, detail = False, ""
+        sock = socket.socket(fileno=rpc)
+        try:
+            job = json.loads(msg)
+            code = child.read_all(code_fd)
+            passed, detail = verify(Conn(sock), code, [str(p) for p in job["trusted_path"]])
+        except BaseException as e:
+            detail = f"verifier error: {e!r}"
+            job = {}
+        for stream in (out, err, sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.write(record, b"PASS" if passed else b"FAIL" + detail.encode("utf-8", "replace")[:4000])
+        for fd in (record, code_fd):
+            os.close(fd)
+        sock.close()
+        os.dup2(null, 1)  # the job's output pipes close here: the runner sees their end
+        os.dup2(null, 2)
+        clean.restore()
+        try:
+            ctl.send(json.dumps({"done": job.get("job")}).encode())
+        except OSError:
+            break
     os._exit(0)
+
+
+class _Clean:
+    """What a test may change in the verifier's interpreter, as it was before any test."""
+
+    def __init__(self) -> None:
+        self.builtins = dict(vars(builtins))
+        self.path = list(sys.path)
+        self.meta_path = list(sys.meta_path)
+        self.limit = sys.getrecursionlimit()
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
+
+    def restore(self) -> None:
+        b = vars(builtins)
+        for k in [k for k in b if k not in self.builtins]:
+            del b[k]
+        for k, v in self.builtins.items():
+            if b.get(k) is not v:
+                b[k] = v
+        sys.path[:] = self.path
+        sys.meta_path[:] = self.meta_path
+        sys.setrecursionlimit(self.limit)
+        sys.stdin, sys.stdout, sys.stderr = self.streams
+        for name in [n for n, m in sys.modules.items() if isinstance(m, RemoteModule)]:
+            del sys.modules[name]
 
 
 def verify(conn: Conn, assert_code: str, trusted_path: list[str] | None) -> tuple[bool, str]:

@@ -1,5 +1,5 @@
-"""The zygote: the clean, warm process every user process and every verifier is forked from
-(stdlib only).
+"""The zygote: the clean, warm process every user process and every (pooled) verifier is forked
+from (stdlib only).
 
 The runner holds requests (expected outputs, test code); a process forked from it would carry
 them into user code's reach. The zygote is exec'd fresh by the runner, never receives a request,
@@ -80,8 +80,8 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
             int(spec.get("oom_score_adj", 1000)),
         )
         mode = spec["mode"]
-        if mode == "verify":
-            verifier.run(source, [str(p) for p in spec["trusted_path"]])  # never returns
+        if mode == "verifier":
+            verifier.serve_jobs()  # never returns
         env = {str(k): str(v) for k, v in spec["env"].items()}
         if mode == "exec":
             child.default_signals()
