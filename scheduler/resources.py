@@ -8,6 +8,8 @@ it (or a `copy()`), never mutate the caller's instance.
 from __future__ import annotations
 
 import copy as _copy
+import math
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,6 +215,14 @@ class ClusterState:
     expected_end_s: dict[str, float] = field(default_factory=dict)
     # actions sharing a GPU chunk allocated to another action of the same model (`share`)
     shared: set[str] = field(default_factory=set)
+    # Which trajectories are busy, for eviction (memory is a cache): running action -> its
+    # trajectory, and trajectory -> number of its running actions (any kind); kept by
+    # apply/share/release.
+    running_trajectory: dict[str, str] = field(default_factory=dict)
+    trajectory_running: dict[str, int] = field(default_factory=dict)
+    # pinned trajectory -> when one of its actions last started or ended (s): least recently
+    # used idle trajectories are evicted first
+    trajectory_used_s: dict[str, float] = field(default_factory=dict)
     # index of `running` per (kind, pool, NUMA group; 0 but for CPU), in start order; kept by
     # apply/share/release/restore
     by_pool: dict[tuple[ResourceKind, str, int], dict[str, Allocation]] = field(
@@ -262,15 +272,25 @@ class ClusterState:
             running=dict(self.running),
             expected_end_s=dict(self.expected_end_s),
             shared=set(self.shared),
+            running_trajectory=dict(self.running_trajectory),
+            trajectory_running=dict(self.trajectory_running),
+            trajectory_used_s=dict(self.trajectory_used_s),
         )
 
     # ---- fit -------------------------------------------------------------------------------
     def cpu_candidates(self, action: QueuedAction, units: int) -> list[CpuNode]:
-        """CPU nodes that can take `action` at `units` cores now (stickiness, memory included)."""
+        """CPU nodes that can take `action` at `units` cores now (stickiness, memory included).
+
+        A pinned trajectory's action that asks for more memory than its trajectory has
+        reserved needs the difference free on its node.
+        """
         pinned = self.trajectory_node.get(action.trajectory_id) if action.cost.sandbox else None
         if pinned is not None:
             node = self.cpu.get(pinned)
-            return [node] if node is not None and node.max_block() >= units else []
+            if node is None or node.max_block() < units:
+                return []
+            extra = action.cost.memory_mb - node.trajectory_memory_mb.get(action.trajectory_id, 0)
+            return [node] if extra <= 0 or node.memory_free_mb >= extra else []
         need = action.cost.memory_mb if action.cost.sandbox else 0
         nodes = [
             n for n in self.cpu.values() if n.online and n.max_block() >= units and n.memory_free_mb >= need
@@ -278,20 +298,45 @@ class ClusterState:
         # Balance memory: the node with the most free memory first.
         return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
 
-    def lacks_memory(self, action: QueuedAction) -> bool:
-        """True for a CPU action of a new trajectory that no node has the memory for.
+    def memory_extra_mb(self, action: QueuedAction) -> int:
+        """MiB `action` needs reserved beyond what its trajectory holds: all of its memory for a
+        new trajectory, the increase for a pinned one (0 when it asks for no more, and for
+        actions without a sandbox)."""
+        if action.cost.key is not ResourceKind.CPU or not action.cost.sandbox:
+            return 0
+        pinned = self.trajectory_node.get(action.trajectory_id)
+        if pinned is None:
+            return action.cost.memory_mb
+        node = self.cpu.get(pinned)
+        held = node.trajectory_memory_mb.get(action.trajectory_id, 0) if node is not None else 0
+        return max(0, action.cost.memory_mb - held)
 
-        Such an action waits for a trajectory to end, which only the actions of pinned
-        trajectories (they need no new memory) can bring about: FCFS must let those pass.
+    def lacks_memory(self, action: QueuedAction) -> bool:
+        """True for a CPU action of a new trajectory that no node has the memory for, or of a
+        pinned one whose node lacks the increase it asks for.
+
+        Such an action waits for memory, which only the actions of other pinned trajectories
+        (they need no new memory) can bring about, by ending their trajectories or becoming
+        idle (evictable): FCFS must let those pass.
         """
-        if (
-            action.cost.key is not ResourceKind.CPU
-            or not action.cost.sandbox
-            or action.trajectory_id in self.trajectory_node
-        ):
+        if action.cost.key is not ResourceKind.CPU or not action.cost.sandbox:
             return False
+        pinned = self.trajectory_node.get(action.trajectory_id)
+        if pinned is not None:
+            node = self.cpu.get(pinned)
+            return node is not None and node.memory_free_mb < self.memory_extra_mb(action)
         need = action.cost.memory_mb
         return all(n.memory_free_mb < need for n in self.cpu.values() if n.online)
+
+    def idle_trajectories(self, node: str, busy: Container[str]) -> list[str]:
+        """Trajectories pinned to CPU node `node` with no action running and none in `busy`
+        (those with queued actions), least recently used first: what eviction may take."""
+        held = self.cpu[node].trajectory_memory_mb
+        running = self.trajectory_running
+        used = self.trajectory_used_s
+        idle = [t for t in held if t not in running and t not in busy and t in self.trajectory_node]
+        idle.sort(key=lambda t: used.get(t, -math.inf))  # never used here (restored): oldest
+        return idle
 
     def place(self, action: QueuedAction, units: int, now_s: float = 0.0) -> Allocation | None:
         """A concrete allocation of `units` for `action`, or None when it does not fit now."""
@@ -323,14 +368,24 @@ class ClusterState:
         """Take the units of `alloc` for `action`. Raises ValueError if they are not free."""
         if alloc.action_id in self.running:
             raise ValueError(f"action {alloc.action_id} is already running")
+        tid = action.trajectory_id
         if alloc.kind is ResourceKind.CPU:
             node = self.cpu[alloc.pool]
             if not node.free.issuperset(alloc.unit_ids):
                 raise ValueError(f"cores {alloc.unit_ids} not free on {node.name}")
+            if alloc.evict:
+                self._evict(alloc)
             node.free.difference_update(alloc.unit_ids)
-            if action.cost.sandbox and action.trajectory_id not in self.trajectory_node:
-                self.trajectory_node[action.trajectory_id] = node.name
-                node.trajectory_memory_mb[action.trajectory_id] = action.cost.memory_mb
+            if action.cost.sandbox:
+                held = node.trajectory_memory_mb
+                if tid not in self.trajectory_node:
+                    self.trajectory_node[tid] = node.name
+                    held[tid] = action.cost.memory_mb
+                elif held.get(tid, 0) < action.cost.memory_mb and self.trajectory_node[tid] == node.name:
+                    held[tid] = action.cost.memory_mb  # a later action asked for more: reserve it
+                used = self.trajectory_used_s
+                used.pop(tid, None)
+                used[tid] = now_s
         elif alloc.kind is ResourceKind.GPU:
             gnode = self.gpu[alloc.pool]
             if not gnode.free.issuperset(alloc.unit_ids):
@@ -344,7 +399,20 @@ class ClusterState:
                 pool.tokens -= action.cost.api_quota
         self.running[alloc.action_id] = alloc
         self._track(alloc)
+        self._busy(alloc.action_id, tid)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
+
+    def _busy(self, action_id: str, tid: str) -> None:
+        self.running_trajectory[action_id] = tid
+        self.trajectory_running[tid] = self.trajectory_running.get(tid, 0) + 1
+
+    def _evict(self, alloc: Allocation) -> None:
+        """Release the idle trajectories `alloc` evicts (checked first: nothing changes on error)."""
+        for tid in alloc.evict:
+            if self.trajectory_node.get(tid) != alloc.pool or tid in self.trajectory_running:
+                raise ValueError(f"cannot evict {tid!r} from {alloc.pool}: not an idle trajectory there")
+        for tid in alloc.evict:
+            self.close_trajectory(tid)
 
     def share(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
         """Let `action` ride on a GPU chunk that is already allocated (to another action of the
@@ -363,6 +431,7 @@ class ClusterState:
         self.shared.add(alloc.action_id)
         self.running[alloc.action_id] = alloc
         self._track(alloc)
+        self._busy(alloc.action_id, action.trajectory_id)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
     def hold(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
@@ -372,11 +441,24 @@ class ClusterState:
         else:
             self.apply(alloc, action, now_s)
 
-    def release(self, action_id: str) -> Allocation | None:
-        """Give back the units held by `action_id`; unknown ids are ignored (idempotent)."""
+    def release(self, action_id: str, now_s: float | None = None) -> Allocation | None:
+        """Give back the units held by `action_id`; unknown ids are ignored (idempotent).
+
+        `now_s`, when given, counts as a use of the action's trajectory (for eviction order).
+        """
         alloc = self.running.pop(action_id, None)
         self.expected_end_s.pop(action_id, None)
         self.shared.discard(action_id)
+        tid = self.running_trajectory.pop(action_id, None)
+        if tid is not None:
+            left = self.trajectory_running[tid] - 1
+            if left:
+                self.trajectory_running[tid] = left
+            else:
+                del self.trajectory_running[tid]
+            if now_s is not None and tid in self.trajectory_used_s:
+                del self.trajectory_used_s[tid]
+                self.trajectory_used_s[tid] = now_s
         if alloc is None:
             return None
         self.by_pool[self.pool_key(alloc)].pop(action_id, None)
@@ -396,8 +478,9 @@ class ClusterState:
         return alloc
 
     def close_trajectory(self, trajectory_id: str) -> None:
-        """Forget a finished trajectory: its node pin and its reserved memory."""
+        """Forget a finished (or evicted) trajectory: its node pin and its reserved memory."""
         node = self.trajectory_node.pop(trajectory_id, None)
+        self.trajectory_used_s.pop(trajectory_id, None)
         if node is not None:
             if len(self.unpin_log) >= 1024:
                 self.unpin_base += len(self.unpin_log)
@@ -413,6 +496,8 @@ class ClusterState:
             "trajectory_memory_mb": {n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()},
             "running": [a.to_dict() for a in self.running.values()],
             "expected_end_s": dict(self.expected_end_s),
+            "running_trajectory": dict(self.running_trajectory),
+            "trajectory_used_s": dict(self.trajectory_used_s),
         }
 
     def restore(self, d: dict[str, Any]) -> None:
@@ -438,6 +523,12 @@ class ClusterState:
             self._track(alloc)
         self.expected_end_s = {
             k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in self.running
+        }
+        for aid, tid in d.get("running_trajectory", {}).items():
+            if aid in self.running:
+                self._busy(aid, tid)
+        self.trajectory_used_s = {
+            t: float(v) for t, v in d.get("trajectory_used_s", {}).items() if t in self.trajectory_node
         }
 
 
