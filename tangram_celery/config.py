@@ -134,8 +134,18 @@ class SandboxConfig(_Model):
     pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
     max_output_bytes: int = Field(65536, ge=1024, description="cap on stdout and on stderr, bytes")
     disk_quota_mb: int = Field(64, ge=1, description="workdir size limit, MiB")
-    idle_ttl_s: float = Field(600.0, gt=0, description="trajectory sandbox removed after idle, s")
+    idle_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="idle trajectory sandbox removed after this many s (evicted sooner if memory is short)",
+    )
     network: bool = Field(False, description="allow network inside sandboxes (off by default)")
+    prewarm: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="ready sandboxes each CPU worker keeps for new trajectories and one-shot actions (0: none)",
+    )
 
 
 class RewardModelConfig(_Model):

@@ -43,6 +43,16 @@ class SchedulerMetrics:
         self.reroutes = Counter("tangram_reroutes_total", "Actions re-routed off an offline pool", registry=r)
         self.rejected = Counter("tangram_rejected_total", "Actions rejected at intake", registry=r)
         self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
+        self.evictions = Counter(
+            "tangram_sandbox_evictions_total",
+            "Idle trajectories evicted to make room for an action (CPU memory is a cache)",
+            registry=r,
+        )
+        self.sandboxes_lost = Counter(
+            "tangram_sandboxes_lost_total",
+            "Idle trajectories released because their sandbox was gone (worker restarted or lost)",
+            registry=r,
+        )
         self.decision = Histogram(
             "tangram_decision_seconds",
             "Policy decision time per round",

@@ -8,7 +8,10 @@ Keys (all under `tangram:`):
   a:<id>            hash per action: meta, payload, state, timings, result
   n:<id>            list the client blocks on; one element pushed when the result is written
   running           hash action id -> allocation + metadata of every dispatched, unfinished action
-  traj              hash trajectory id -> pinned CPU node and reserved memory
+  traj              hash trajectory id -> pinned CPU node, reserved memory, sandbox generation
+                    and owner (scheduler/service/sandboxes.py)
+  reset             hash trajectory id -> time its sandbox was lost (evicted, expired, worker gone)
+  sandboxes         hash CPU worker -> the sandboxes it holds and its completion counter
   dead              dead-letter stream: malformed intake entries and why (bounded)
   config            the scheduler's published view of pools and models (for client validation)
 
@@ -43,6 +46,8 @@ DEAD = P + "dead"  # dead-letter stream: malformed intake entries, with the reas
 DEAD_MAXLEN = 10_000
 WORKERS = P + "workers"  # worker name -> last heartbeat (Redis server time, s)
 WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:calc" / "gpu:g0"
+SANDBOXES = P + "sandboxes"  # CPU worker name -> JSON {"seq", "held": [[trajectory, generation]]}
+RESETS = P + "reset"  # trajectory -> when its sandbox was lost (its next result says so)
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600
@@ -358,15 +363,22 @@ class Store:
         pins: dict[str, dict[str, Any]],
         intake_ids: Sequence[str],
         now_s: float,
+        *,
+        forget_pins: Sequence[str] = (),
+        resets: dict[str, float] | None = None,
+        resets_done: Sequence[str] = (),
     ) -> None:
-        """`records` are (action id, {"alloc", "meta", "attempt"})."""
         """Persist allocations and take their entries off the intake, in one transaction.
 
+        `records` are (action id, {"alloc", "meta", "attempt", "sandbox"}); `pins` are pin
+        records to write, `forget_pins` pins to delete (evicted trajectories), `resets` and
+        `resets_done` trajectories to mark reset and to unmark (`update_pins`).
         This happens before the Celery messages are sent; a scheduler that dies in between
         re-sends every action still in state `dispatched` when it restarts (the worker's claim
         makes a duplicate message harmless).
         """
         pipe = self.r.pipeline(transaction=True)
+        self._pin_updates(pipe, {}, forget_pins, resets or {}, resets_done)
         for action_id, rec in records:
             pipe.hset(RUNNING, action_id, json.dumps(rec))
             pipe.hset(
@@ -392,6 +404,47 @@ class Store:
 
     def forget_pin(self, trajectory_id: str) -> None:
         self.r.hdel(TRAJ, trajectory_id)
+
+    def update_pins(
+        self,
+        pins: dict[str, dict[str, Any]],
+        forget: Sequence[str] = (),
+        resets: dict[str, float] | None = None,
+        resets_done: Sequence[str] = (),
+    ) -> None:
+        """Write and delete pin records, mark trajectories reset (their sandbox was lost) and
+        unmark them, in one round trip."""
+        if pins or forget or resets or resets_done:
+            pipe = self.r.pipeline(transaction=True)
+            self._pin_updates(pipe, pins, forget, resets or {}, resets_done)
+            pipe.execute()
+
+    @staticmethod
+    def _pin_updates(
+        pipe: Any,
+        pins: dict[str, dict[str, Any]],
+        forget: Sequence[str],
+        resets: dict[str, float],
+        resets_done: Sequence[str],
+    ) -> None:
+        for tid, pin in pins.items():
+            pipe.hset(TRAJ, tid, json.dumps(pin))
+        if forget:
+            pipe.hdel(TRAJ, *forget)
+        if resets:
+            pipe.hset(RESETS, mapping={t: repr(at) for t, at in resets.items()})
+        if resets_done:
+            pipe.hdel(RESETS, *resets_done)
+
+    def load_resets(self) -> dict[str, float]:
+        return {str(k): float(v) for k, v in self.r.hgetall(RESETS).items()}
+
+    def report_sandboxes(self, worker: str, seq: int, held: Sequence[tuple[str, str]]) -> None:
+        """A CPU worker's report of the sandboxes it holds, at its completion counter `seq`."""
+        self.r.hset(SANDBOXES, worker, json.dumps({"seq": seq, "held": [list(h) for h in held]}))
+
+    def sandbox_reports(self) -> dict[str, dict[str, Any]]:
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(SANDBOXES).items()}
 
     # ---- worker side -----------------------------------------------------------------------
     def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> tuple[str, str, float] | str:
@@ -431,6 +484,7 @@ class Store:
     def forget_worker(self, worker: str) -> None:
         self.r.hdel(WORKERS, worker)
         self.r.hdel(WORKER_POOLS, worker)
+        self.r.hdel(SANDBOXES, worker)
 
     def owners(self, action_ids: Sequence[str]) -> list[tuple[str | None, str | None, int, float]]:
         """(state, worker, attempt, dispatched_s) of each action."""

@@ -40,6 +40,7 @@ def run_worker(
         rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
         handler = CpuHandler(open_sandbox(cfg.sandbox), cfg.sandbox, rules)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
+        runtime.held = handler.held  # reported next to the heartbeats
         slots = concurrency or node.cores
     elif kind == "api":
         api = cfg.api(name)

@@ -1,0 +1,115 @@
+"""Ready sandboxes, started in the background so that no action waits for a sandbox start.
+
+A CPU worker hands a sandbox to each new trajectory and each one-shot action. Starting one
+(namespaces or a container, cgroups, the resident runner's interpreter) takes tens of ms; a
+`ReadyPool` keeps `size` of them started ahead, refilled by one background thread as they are
+taken. A taken sandbox is bound to the action's cores and memory when the action runs, like any
+other. When the pool is empty (a burst of new trajectories), the caller starts one itself.
+Ready sandboxes are fresh: none has ever run code, and none is handed out twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+H = TypeVar("H")
+RETRY_AFTER_S = 1.0  # after a failed start (the backend is broken: do not spin)
+
+
+class ReadyPool(Generic[H]):
+    """`size` started sandboxes, kept ready by a background thread (`size` 0: none, no thread).
+
+    `start()` returns a started, ready sandbox (blocking), `destroy(h)` removes one, `alive(h)`
+    says whether it still runs.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        start: Callable[[], H],
+        destroy: Callable[[H], None],
+        alive: Callable[[H], bool],
+    ) -> None:
+        self.size = size
+        self._start = start
+        self._destroy = destroy
+        self._alive = alive
+        self._ready: collections.deque[H] = collections.deque()
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._stop = threading.Event()
+        self.started = 0  # sandboxes started by the pool (for tests and metrics)
+        self.handed_out = 0
+        self._thread: threading.Thread | None = None
+        if size > 0:
+            self._wanted.set()
+            self._thread = threading.Thread(target=self._fill, name="sandbox-prewarm", daemon=True)
+            self._thread.start()
+
+    def take(self) -> H | None:
+        """A ready sandbox, or None when none is (the caller starts its own)."""
+        while True:
+            with self._lock:
+                if not self._ready:
+                    self._wanted.set()
+                    return None
+                h = self._ready.popleft()
+            self._wanted.set()
+            if self._alive(h):
+                with self._lock:
+                    self.handed_out += 1
+                return h
+            log.warning("a ready sandbox died while it waited; discarded")
+            self._destroy(h)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def wait_full(self, timeout_s: float) -> bool:
+        """Block until `size` sandboxes are ready (for tests and benchmarks)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self) < self.size:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        """Stop refilling and remove the ready sandboxes."""
+        self._stop.set()
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        with self._lock:
+            left = list(self._ready)
+            self._ready.clear()
+        for h in left:
+            self._destroy(h)
+
+    def _fill(self) -> None:
+        while not self._stop.is_set():
+            self._wanted.wait()
+            with self._lock:
+                short = self.size - len(self._ready)
+                if short <= 0:
+                    self._wanted.clear()
+                    continue
+            try:
+                h = self._start()
+            except Exception:
+                log.exception("starting a ready sandbox failed; retrying in %.0f s", RETRY_AFTER_S)
+                self._stop.wait(RETRY_AFTER_S)
+                continue
+            with self._lock:
+                self.started += 1
+                if not self._stop.is_set():
+                    self._ready.append(h)
+                    continue
+            self._destroy(h)  # closed while it started
