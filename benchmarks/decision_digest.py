@@ -8,6 +8,8 @@ worktree) must print the same lines when a change is meant not to alter decision
 
     .venv/bin/python benchmarks/decision_digest.py [--against GIT-REV]
 
+Writes benchmarks/results/decision_digest.json (both trees' lines with `--against`).
+
 It also runs a memory-short coding case (`coding-memshort`: 8 trajectories' worth of sandbox
 memory per node), whose decisions do change when memory handling changes; it is listed for
 information and left out of the comparison's verdict.
@@ -23,6 +25,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import write_json  # noqa: E402
 
 # Runs inside the tree under test (its own scheduler package), prints one JSON line per run.
 _RUN = r"""
@@ -90,6 +95,7 @@ def main() -> int:
     for r in ours:
         print(f"{r['case']:<16} {r['policy']:<13} rounds={r['rounds']:>6} {r['digest']} act={r['avg_act_s']}")
     if not args.against:
+        write_json("decision_digest", {"runs": ours})
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         other = Path(tmp) / "tree"
@@ -103,6 +109,7 @@ def main() -> int:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
     differ = []
+    write_json("decision_digest", {"runs": ours, "against": args.against, "theirs": theirs})
     for a, b in zip(ours, theirs, strict=True):
         same = (a["digest"], a["avg_act_s"]) == (b["digest"], b["avg_act_s"])
         mark = "same" if same else "DIFFERENT"
