@@ -255,6 +255,7 @@ class WarmPool(ABC):
                         h = self._new_handle(tid, req.memory_mb, tuple(req.cores))
                     h.trajectory_id = tid
                     h.gen = req.sandbox_gen
+                    h.last_used_s = time.monotonic()  # not reaped before its first action
                     self._handles[tid] = h
                     found = False
                 else:
