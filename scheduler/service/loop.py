@@ -299,7 +299,7 @@ class SchedulerService:
                     if info["reset"]:
                         resets_done.append(tid)
                 else:
-                    info = self.book.reuse(tid)
+                    info = self.book.reuse(tid, alloc.action_id)
                 if fresh or self.state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0) != held:
                     pins[tid] = trajectories.pin_record(self, tid)  # new, or a larger reservation
                 self.sandbox_of[alloc.action_id] = info

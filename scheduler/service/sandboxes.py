@@ -73,9 +73,11 @@ class SandboxBook:
         reset = self.reset.pop(tid, None) is not None
         return {"gen": action_id, "new": True, "reset": reset}
 
-    def reuse(self, tid: str) -> dict[str, Any]:
-        """A CPU action of pinned `tid`: run in its existing sandbox."""
-        return {"gen": self.gen.get(tid, ""), "new": False, "reset": False}
+    def reuse(self, tid: str, action_id: str) -> dict[str, Any]:
+        """A CPU action of pinned `tid`: run in its existing sandbox (the pinning action placed
+        again, after a retryable failure, may still find none)."""
+        gen = self.gen.get(tid, "")
+        return {"gen": gen, "new": gen == action_id, "reset": False}
 
     def completed(self, tid: str, worker: str, seq: int) -> bool:
         """The trajectory's action completed on `worker` at its completion counter `seq`; True

@@ -18,7 +18,8 @@ def test_a_pinning_action_starts_a_generation_and_consumes_a_reset() -> None:
     book.lost("t", 5.0)
     assert book.reset == {"t": 5.0} and "t" not in book.gen
     assert book.pinned("t", "a2", 6.0) == {"gen": "a2", "new": True, "reset": True}
-    assert book.reuse("t") == {"gen": "a2", "new": False, "reset": False}
+    assert book.reuse("t", "a3") == {"gen": "a2", "new": False, "reset": False}
+    assert book.reuse("t", "a2")["new"]  # the pinning action placed again may find none yet
     assert book.reset == {}
 
 
