@@ -15,6 +15,7 @@ side by side in one run, through `TangramClient`:
    (no trajectory). The broken variants as fresh trajectories: all must fail.
 3. the plain harness: the same programs, 2 worker processes, a fresh `/usr/bin/python3 -c`
    per program (program + its check), no isolation. Target: (2) <= 0.8 x (3).
+4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts).
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
 and a Python speed yardstick are recorded, since other jobs share the machine.
 
@@ -113,9 +114,14 @@ def through_client(client: TangramClient, problems: list[Problem], variant: str)
     """All programs submitted at once; wall s until the last result; how many passed."""
     tag = os.urandom(3).hex()
     actions = []
-    for p in problems:
+    for i, p in enumerate(problems):
         code = p.broken if variant == "broken" else p.reference
-        tid = None if variant == "one-shot" else f"{variant}-{tag}-{p.name}"
+        if variant == "one-shot":
+            tid = None
+        elif variant == "warm":  # for reference: 2 long-lived trajectories, no sandbox starts
+            tid = f"warm-{tag}-{i % 2}"
+        else:
+            tid = f"{variant}-{tag}-{p.name}"
         actions.append(
             CodeAction(trajectory_id=tid, code=code, test_cases=p.tests, memory_mb=512, timeout_s=30)
         )
@@ -151,7 +157,7 @@ def plot(res: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 2]})
     lat = res["latency"]
     a.bar(
         ["warm trajectory", "new trajectory"],
@@ -160,10 +166,15 @@ def plot(res: dict[str, Any], out: Path) -> None:
     )
     a.set_ylabel("p50 client latency (ms)")
     a.set_title("trivial action, one at a time")
-    names = ["plain", "fresh", "one-shot"]
-    labels = ["plain harness\n(2 procs, python -c)", "164 new trajectories\n(never closed)", "164 one-shot"]
+    names = ["plain", "fresh", "one-shot", "warm"]
+    labels = [
+        "plain harness\n(2 procs, python -c)",
+        "new trajectories\n(never closed)",
+        "one-shot",
+        "2 warm trajectories\n(reference)",
+    ]
     vals = [res["best"][n]["wall_s"] for n in names]
-    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:green"])
+    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:green", "tab:olive"])
     for x, v in enumerate(vals):
         b.text(x, v, f"{v:.2f} s", ha="center", va="bottom")
     b.axhline(0.8 * vals[0], color="tab:red", ls="--", lw=1, label="target: 0.8 x plain")
@@ -203,7 +214,13 @@ def main() -> int:
         res["latency"] = latency(client, args.latency_n)
         lat = res["latency"]
         print(f"latency p50: warm {lat['warm_p50_ms']:.1f} ms, new trajectory {lat['new_p50_ms']:.1f} ms")
-        runs: dict[str, list[dict[str, Any]]] = {"plain": [], "fresh": [], "one-shot": [], "broken": []}
+        runs: dict[str, list[dict[str, Any]]] = {
+            "plain": [],
+            "fresh": [],
+            "one-shot": [],
+            "broken": [],
+            "warm": [],
+        }
         for r in range(args.rounds):
             for variant in runs:
                 time.sleep(1.0)  # let the ready pool refill and evictions settle
@@ -220,11 +237,12 @@ def main() -> int:
     plain_s = res["best"]["plain"]["wall_s"]
     res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
     res["ratio_one_shot_vs_plain"] = res["best"]["one-shot"]["wall_s"] / plain_s
+    res["ratio_warm_vs_plain"] = res["best"]["warm"]["wall_s"] / plain_s
     res["load_after"] = list(os.getloadavg())
     res["machine_us_after"] = machine_us()
     n = len(problems)
     res["checks"] = {
-        "all_references_pass": all(x["passed"] == n for v in ("fresh", "one-shot") for x in runs[v]),
+        "all_references_pass": all(x["passed"] == n for v in ("fresh", "one-shot", "warm") for x in runs[v]),
         "all_broken_fail": all(x["passed"] == 0 for x in runs["broken"]),
         "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
         "new_within_5_ms_of_warm": res["latency"]["new_minus_warm_p50_ms"] <= 5.0,

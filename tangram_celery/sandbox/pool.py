@@ -27,7 +27,6 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from tangram_celery.sandbox.limits import (
     runner_payload,
     to_result,
 )
-from tangram_celery.sandbox.prewarm import ReadyPool
+from tangram_celery.sandbox.prewarm import Disposer, ReadyPool
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
@@ -117,7 +116,7 @@ class WarmPool(ABC):
         self._stop = threading.Event()
         # Handed-out sandboxes that are done (one-shot, closed, evicted) are destroyed here, off
         # the action's critical path.
-        self._disposer = ThreadPoolExecutor(1, thread_name_prefix="sandbox-disposer")
+        self._disposer: Disposer[Handle] = Disposer(self._teardown_locked)
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
         self.ready = ReadyPool(cfg.prewarm, self._start_ready, self._destroy_ready, self._alive)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
@@ -194,7 +193,7 @@ class WarmPool(ABC):
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
-        self._disposer.shutdown(wait=True)
+        self._disposer.close()
         for h in handles:
             self._teardown(h)
         shutil.rmtree(self.state_root, ignore_errors=True)
@@ -231,17 +230,12 @@ class WarmPool(ABC):
         self._teardown(h)
 
     def _dispose(self, h: Handle) -> None:
-        """Destroy a sandbox no action will use again, in the background (waits for the action
-        running in it, if any)."""
+        """Destroy a sandbox no action will use again, in the background."""
+        self._disposer.put(h)
 
-        def go() -> None:
-            with h.lock:
-                self._teardown(h)
-
-        try:
-            self._disposer.submit(go)
-        except RuntimeError:  # shutting down
-            go()
+    def _teardown_locked(self, h: Handle) -> None:
+        with h.lock:  # waits for an action still running in it, if any
+            self._teardown(h)
 
     def _acquire(self, tid: str, req: ExecRequest) -> tuple[Handle, bool]:
         """The trajectory's handle, locked, with a live sandbox (a ready one handed out, or one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,10 @@ from typing import Generic, TypeVar
 log = logging.getLogger(__name__)
 H = TypeVar("H")
 RETRY_AFTER_S = 1.0  # after a failed start (the backend is broken: do not spin)
+# Background work waits this long after the action that caused it started, so that it does not
+# compete for the cores with that very action: a refill (while a ready sandbox is left), and
+# the removal of a sandbox that is done.
+BACKGROUND_DELAY_S = 0.05
 
 
 class ReadyPool(Generic[H]):
@@ -101,6 +106,9 @@ class ReadyPool(Generic[H]):
                 if short <= 0:
                     self._wanted.clear()
                     continue
+                left = len(self._ready)
+            if left and self.started:  # one is still ready: let the taker's action run first
+                self._stop.wait(BACKGROUND_DELAY_S)
             try:
                 h = self._start()
             except Exception:
@@ -113,3 +121,43 @@ class ReadyPool(Generic[H]):
                     self._ready.append(h)
                     continue
             self._destroy(h)  # closed while it started
+
+
+class Disposer(Generic[H]):
+    """Removes sandboxes no action will use again, in one background thread, each about
+    `delay_s` after it was handed over (off the critical path of the action just started;
+    items are due in order, so the delay never accumulates)."""
+
+    def __init__(self, destroy: Callable[[H], None], delay_s: float = BACKGROUND_DELAY_S) -> None:
+        self._destroy = destroy
+        self.delay_s = delay_s
+        self._queue: queue.SimpleQueue[tuple[float, H] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="sandbox-disposer", daemon=True)
+        self._thread.start()
+
+    def put(self, h: H) -> None:
+        if self._closed:
+            self._destroy(h)
+            return
+        self._queue.put((time.monotonic() + self.delay_s, h))
+
+    def close(self) -> None:
+        """Remove everything still queued (at once), then stop."""
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=120)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            due_s, h = item
+            wait_s = due_s - time.monotonic()
+            if wait_s > 0 and not self._closed:
+                time.sleep(wait_s)
+            try:
+                self._destroy(h)
+            except Exception:
+                log.exception("removing a sandbox failed")
