@@ -243,17 +243,21 @@ class WarmPool(ABC):
         while True:
             with self._lock:
                 h = self._handles.get(tid)
-                if h is None:
-                    h = self.ready.take()
+            found = h is not None
+            if h is None:  # a new trajectory (or one whose sandbox is gone): a ready sandbox
+                new = self.ready.take() or self._new_handle(tid, req.memory_mb, tuple(req.cores))
+                new.trajectory_id, new.gen = tid, req.sandbox_gen
+                new.last_used_s = time.monotonic()  # not reaped before its first action
+                with self._lock:
+                    h = self._handles.get(tid)
                     if h is None:
-                        h = self._new_handle(tid, req.memory_mb, tuple(req.cores))
-                    h.trajectory_id = tid
-                    h.gen = req.sandbox_gen
-                    h.last_used_s = time.monotonic()  # not reaped before its first action
-                    self._handles[tid] = h
-                    found = False
-                else:
+                        h = self._handles[tid] = new
+                if h is not new:  # another action of the trajectory got there first
                     found = True
+                    if new.ref is not None:
+                        self.ready.give_back(new)
+                    else:
+                        shutil.rmtree(new.state_dir, ignore_errors=True)
             h.lock.acquire()
             with self._lock:
                 if self._handles.get(tid) is h:

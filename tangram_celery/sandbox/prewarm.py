@@ -73,6 +73,15 @@ class ReadyPool(Generic[H]):
             log.warning("a ready sandbox died while it waited; discarded")
             self._destroy(h)
 
+    def give_back(self, h: H) -> None:
+        """Return an untouched sandbox taken but not used (it is still fresh)."""
+        with self._lock:
+            if len(self._ready) < self.size and not self._stop.is_set():
+                self._ready.appendleft(h)
+                self.handed_out -= 1
+                return
+        self._destroy(h)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._ready)
