@@ -161,12 +161,12 @@ class WarmPool(ABC):
         h = self.ready.take()
         if h is None:
             h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
+            h.trajectory_id = f"one-shot-{h.state_dir.name}"  # unique: Docker names containers by it
             try:
                 self._start_and_wait(h)
             except BaseException:
                 self._teardown(h)
                 raise
-        h.trajectory_id = f"one-shot-{h.state_dir.name}"
         try:
             return self._exec(h, request)
         finally:

@@ -52,6 +52,19 @@ def test_a_one_shot_run_leaves_nothing_behind(sandbox_factory: Any) -> None:
     assert all(t in before for t, _ in box.held())
 
 
+def test_concurrent_one_shot_runs_without_ready_sandboxes(sandbox_factory: Any) -> None:
+    """Given no ready sandboxes, when six one-shot runs start at once, then each gets a sandbox
+    of its own and all succeed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    box = sandbox_factory(prewarm=0)
+    with ThreadPoolExecutor(6) as pool:
+        out = list(
+            pool.map(lambda i: box.run_once(req(f"print({i})", cores=(i % 2,), memory_mb=64)), range(6))
+        )
+    assert [(r.status, r.stdout.strip()) for r in out] == [(ActionStatus.OK, str(i)) for i in range(6)]
+
+
 def test_sandbox_generations(sandbox_factory: Any) -> None:
     """Given a trajectory sandbox of generation g1, when a close names an older generation it
     stays; an action of a new generation g2 (pinned anew) gets a fresh sandbox without a reset;
