@@ -20,8 +20,6 @@ import hashlib
 import io
 import logging
 import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from tangram_celery.sandbox.limits import (
     Limits,
 )
 from tangram_celery.sandbox.pool import Handle, WarmPool
+from tangram_celery.sandbox.reaper import Reaper
 from tangram_celery.sandbox.stage import SandboxScope
 
 log = logging.getLogger(__name__)
@@ -104,31 +103,15 @@ class DockerSandbox(WarmPool):
     ) -> None:
         self.client = connect(cfg.docker_host)
         ensure_image(self.client, cfg.image)
-        self._reaper_proc: subprocess.Popen[bytes] | None = None
-        self._reaper_w = -1
+        self._exit_reaper: Reaper | None = None
         super().__init__(cfg, limits, scope)
         self._start_reaper()
 
     def _start_reaper(self) -> None:
-        """A process in its own session that removes this incarnation's containers once this
-        worker is gone (it holds the read end of a pipe only we write to)."""
-        r, self._reaper_w = os.pipe2(os.O_CLOEXEC)
+        """Containers are not our children: a reaper removes this incarnation's once we are gone."""
         url = self.cfg.docker_host or os.environ.get("DOCKER_HOST") or ""
-        argv = [sys.executable, "-m", "tangram_celery.sandbox.reaper", "--fd", str(r), "--url", url]
-        argv += ["--label", f"{LABEL}={self.who.incarnation}", "--label", f"{SCOPE_LABEL}={self.who.scope}"]
-        log_fd = os.open(self.stage.log_path("reaper"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            self._reaper_proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                pass_fds=(r,),
-                start_new_session=True,
-            )
-        finally:
-            os.close(r)
-            os.close(log_fd)
+        labels = (f"{LABEL}={self.who.incarnation}", f"{SCOPE_LABEL}={self.who.scope}")
+        self._exit_reaper = Reaper(self.stage.dir, docker_url=url, labels=labels)
 
     def _sweep_previous(self) -> None:
         """Remove containers of dead incarnations of this deployment and node, never others'."""
@@ -258,11 +241,5 @@ class DockerSandbox(WarmPool):
         except Exception as e:
             log.debug("final sweep: %s", e)
         self.client.close()
-        if self._reaper_w >= 0:
-            os.close(self._reaper_w)  # the reaper finds nothing left and exits
-            self._reaper_w = -1
-        if self._reaper_proc is not None:
-            try:
-                self._reaper_proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._reaper_proc.kill()
+        if self._exit_reaper is not None:
+            self._exit_reaper.close()  # finds nothing left and exits

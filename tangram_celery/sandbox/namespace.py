@@ -49,6 +49,7 @@ from tangram_celery.sandbox.limits import (
     Limits,
 )
 from tangram_celery.sandbox.pool import Handle, WarmPool
+from tangram_celery.sandbox.reaper import Reaper
 from tangram_celery.sandbox.stage import SandboxScope
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,12 @@ class NamespaceSandbox(WarmPool):
         # The lifeline: only this process holds the write end; every hop towards the runner
         # checks the read end after arming its parent-death signal.
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
+        self._exit_reaper: Reaper | None = None
         super().__init__(cfg, limits, scope)
         try:
+            # what PID 1's death leaves (cgroups, the stage) is removed even if we are SIGKILLed
+            prefix = self.who.prefix if self.cgroup_version is not None else None
+            self._exit_reaper = Reaper(self.stage.dir, cgroup_prefix=prefix)
             self._probe()
         except BaseException:
             self.close()
@@ -307,6 +312,9 @@ class NamespaceSandbox(WarmPool):
 
     def close(self) -> None:
         super().close()
+        if self._exit_reaper is not None:
+            self._exit_reaper.close()
+            self._exit_reaper = None
         for fd in (self._life_w, self._life_r):
             try:
                 os.close(fd)
