@@ -76,14 +76,17 @@ def bwrap_path() -> str | None:
 def resolve_launcher(choice: str) -> str:
     """'bwrap' or 'builtin' for the configured `namespace_launcher`; raises when impossible."""
     if choice == "auto":
-        return "bwrap" if bwrap_path() else "builtin"
+        choice = "bwrap" if bwrap_path() else "builtin"
     if choice == "bwrap" and bwrap_path() is None:
         raise SandboxError(
             "sandbox.namespace_launcher is 'bwrap' but bubblewrap is not installed: "
             "apt-get install bubblewrap, or set it to 'auto' or 'builtin'"
         )
     if choice == "builtin" and pretend_missing("builtin"):
-        raise SandboxError("the built-in launcher is disabled (TANGRAM_PRETEND_MISSING=builtin)")
+        raise SandboxError(
+            "bubblewrap is not installed and the built-in launcher is disabled "
+            "(TANGRAM_PRETEND_MISSING=builtin): apt-get install bubblewrap"
+        )
     return choice
 
 
