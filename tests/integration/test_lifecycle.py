@@ -361,7 +361,9 @@ def test_restarted_docker_worker_removes_previous_incarnation(docker_engine: str
     try:
         assert client.containers.list(all=True, filters={"label": f"tangram.scope={scope}"})
         foreign = client.containers.create(
-            "tangram-sandbox", ["/usr/bin/true"], labels={"tangram.scope": other, "tangram.sandbox": "deadbeef00"}
+            "tangram-sandbox",
+            ["/usr/bin/true"],
+            labels={"tangram.scope": other, "tangram.sandbox": "deadbeef00"},
         )
         box = open_sandbox(SandboxConfig.model_validate(sandbox), SandboxScope(scope))
         try:
