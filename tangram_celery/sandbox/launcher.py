@@ -34,7 +34,7 @@ CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
-MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+MS_MOVE, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 8192, 1 << 18, 1 << 21, 1 << 24
 MNT_DETACH = 2
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 CAP_VERSION_3 = 0x20080522
@@ -82,7 +82,9 @@ CAPS = [
     "CHECKPOINT_RESTORE",
 ]
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
-PROC_COVER = ("sys", "sysrq-trigger", "irq", "bus")  # as bwrap: read-only over our own /proc
+# read-only over our own /proc, as Docker does: the runner is uid 0 of the host's user namespace,
+# and sysctls (kernel.core_pattern, ...) check little more than that
+PROC_COVER = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 _SYSCALLS = {"x86_64": {"pivot_root": 155}, "aarch64": {"pivot_root": 41}}
 
 
@@ -203,7 +205,7 @@ def build_root(spec: dict) -> None:
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for sub in PROC_COVER:
         p = f"{root}/proc/{sub}"
-        if os.path.exists(p) and os.access(p, os.W_OK):
+        if os.path.exists(p):
             bind(p, p, readonly=True)
     dev = root + "/dev"
     _mkdir(dev)
@@ -226,8 +228,16 @@ def build_root(spec: dict) -> None:
         _mkdir(root + dest)
         bind(src, root + dest, readonly=bool(readonly))
     os.chdir(root)
-    pivot_root(".", ".")  # the old root ends up stacked under the new one: detach it
-    _check(libc().umount2(b".", MNT_DETACH), "detach the old root")
+    try:
+        pivot_root(".", ".")  # the old root ends up stacked under the new one: detach it
+        _check(libc().umount2(b".", MNT_DETACH), "detach the old root")
+    except LaunchError:
+        # Docker's default seccomp profile forbids pivot_root even with CAP_SYS_ADMIN (a worker
+        # in a container): move the new root over the old one and chroot into it, as
+        # switch_root does. The old root stays mounted underneath, out of reach of a process
+        # without CAP_SYS_CHROOT or CAP_SYS_ADMIN (the runner has neither) and of mountinfo.
+        mount(".", "/", None, MS_MOVE)
+        os.chroot(".")
     os.chdir("/")
     mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     hostname = spec.get("hostname", "sandbox").encode()

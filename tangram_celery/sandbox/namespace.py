@@ -37,6 +37,7 @@ from tangram_celery.errors import SandboxError
 from tangram_celery.pretend import pretend_missing
 from tangram_celery.sandbox import cgroups
 from tangram_celery.sandbox.cgroups import CgroupSet
+from tangram_celery.sandbox.launcher import PROC_COVER
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
     RUNNER_ARGV,
@@ -119,7 +120,16 @@ class NamespaceSandbox(WarmPool):
             # what PID 1's death leaves (cgroups, the stage) is removed even if we are SIGKILLed
             prefix = self.who.prefix if self.cgroup_version is not None else None
             self._exit_reaper = Reaper(self.stage.dir, cgroup_prefix=prefix)
-            self._probe()
+            try:
+                self._probe()
+            except SandboxError as e:
+                if cfg.namespace_launcher != "auto" or self.launcher != "bwrap" or pretend_missing("builtin"):
+                    raise
+                # e.g. Docker's default seccomp profile forbids bwrap's pivot_root; the built-in
+                # launcher works there
+                log.warning("bubblewrap cannot run here (%s); using the built-in launcher", e)
+                self.launcher, self.bwrap = "builtin", None
+                self._probe()
         except BaseException:
             self.close()
             raise
@@ -206,6 +216,8 @@ class NamespaceSandbox(WarmPool):
             elif os.path.isdir(p):
                 argv += ["--ro-bind", p, p]
         argv += ["--proc", "/proc", "--dev", "/dev"]
+        for sub in PROC_COVER:  # bwrap covers these only where root cannot write the top entry
+            argv += ["--ro-bind-try", f"/proc/{sub}", f"/proc/{sub}"]
         for dest in (WORKDIR, "/tmp"):
             argv += ["--size", size_b, "--tmpfs", dest]
         argv += ["--perms", "0755", "--dir", "/opt/tangram", "--perms", "0755", "--dir", "/run"]

@@ -41,6 +41,14 @@ def test_mountinfo_names_no_host_path(sandbox_backend: Any, tmp_path: Path) -> N
         assert leak not in text, f"{leak!r} shows in the sandbox's mountinfo:\n{text}"
 
 
+def test_kernel_tunables_are_read_only(sandbox_backend: Any) -> None:
+    """Given a sandbox, when it looks at /proc/sys, then it is a read-only mount (the runner is
+    root of the host's user namespace: sysctls must be out of its reach too)."""
+    code = "import os; print(bool(os.statvfs('/proc/sys').f_flag & os.ST_RDONLY))"
+    res = run(sandbox_backend, tid(), language="python", code=code)
+    assert (res.status, res.stdout) == (ActionStatus.OK, "True\n"), res
+
+
 def test_runner_state_dir_is_root_only_and_holds_no_host_file(sandbox_backend: Any) -> None:
     """Given a sandbox that ran an action, when the host looks at the directory it shares with
     the sandbox (the runner's socket dir), then it is root-owned 0700 and holds only what the
