@@ -398,3 +398,104 @@ def test_docker_containers_do_not_outlive_a_killed_worker(docker_engine: str, tm
         wait_until("the reaper exited", lambda: _stat(reaper) is None or _stat(reaper)[0] == "Z")  # type: ignore[index]
     finally:
         client.close()
+
+
+STARTER_SCRIPT = """
+import sys
+from tangram_celery.config import SandboxConfig
+from tangram_celery.sandbox import ExecRequest, SandboxScope, open_sandbox
+cfg = SandboxConfig.model_validate_json(sys.argv[1])
+box = open_sandbox(cfg, SandboxScope(sys.argv[2]))
+print(box._exit_reaper.proc.pid, flush=True)
+i = 0
+while True:  # a new sandbox every time: the worker dies in the middle of some start
+    box.run(f"t{i}", ExecRequest(language="python", code="pass"))
+    i += 1
+"""
+
+
+@pytest.mark.parametrize("launcher", ["bwrap", "builtin"])
+def test_no_runner_outlives_a_worker_killed_while_sandboxes_start(launcher: str) -> None:
+    """Given a worker that starts sandbox after sandbox, when it is SIGKILLed at random moments
+    (its reaper killed first, so only the parent-death chain can help), then no runner of it
+    survives: every hop from worker to runner arms its parent-death signal and then checks that
+    its parent still lives (bwrap alone arms late, which left a runner behind in a soak)."""
+    import json
+    import random
+
+    sandbox = {"backend": "namespace", "namespace_launcher": launcher}
+    require_sandbox(sandbox)
+    rng = random.Random(7)
+    for round_ in range(8):
+        scope = SandboxScope().scope
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STARTER_SCRIPT, json.dumps(sandbox), scope],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        reaper = int(proc.stdout.readline())
+        time.sleep(rng.uniform(0.2, 1.5))
+        os.kill(reaper, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        try:
+            wait_until(
+                f"round {round_}: no process left in the worker's sandboxes",
+                lambda: not cgroup_pids(scope),  # noqa: B023 - called at once
+                20,
+            )
+        finally:
+            from tangram_celery.sandbox.reaper import remove_cgroups, remove_stage
+
+            remove_cgroups(f"{scope}-")  # the dead worker's empty cgroups (its reaper was killed)
+            for d in (Path(DEFAULT_STAGE_DIR) / scope).glob("*"):
+                if d.is_dir():
+                    remove_stage(d)
+
+
+DIE_SCRIPT = """
+import os, signal, sys
+from tangram_celery.config import SandboxConfig
+from tangram_celery.sandbox import ExecRequest, SandboxScope, open_sandbox
+cfg = SandboxConfig.model_validate_json(sys.argv[1])
+box = open_sandbox(cfg, SandboxScope(sys.argv[2]))
+os.kill(box._exit_reaper.proc.pid, signal.SIGKILL)  # only the parent-death chain can help now
+spawn = box._popen
+
+def spawn_then_die(argv, log_path):
+    proc = spawn(argv, log_path)
+    os.kill(os.getpid(), signal.SIGKILL)  # the launcher has just been exec'd, nothing is armed yet
+
+box._popen = spawn_then_die
+box.run("t", ExecRequest(language="python", code="pass"))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["bwrap", "builtin"])
+def test_no_runner_outlives_a_worker_killed_right_after_spawning_it(launcher: str) -> None:
+    """Given a worker SIGKILLed the moment its sandbox launcher has been exec'd (before anything
+    in the chain could arm a parent-death signal; its reaper killed before), then the sandbox
+    never comes up behind it: each hop checks its parent after arming. (With bubblewrap's own
+    --die-with-parent, armed only after clone, such a runner lived on as an orphan.)"""
+    import json
+
+    sandbox = {"backend": "namespace", "namespace_launcher": launcher}
+    require_sandbox(sandbox)
+    scope = SandboxScope().scope
+    res = subprocess.run(
+        [sys.executable, "-c", DIE_SCRIPT, json.dumps(sandbox), scope], cwd=ROOT, timeout=120, check=False
+    )
+    assert res.returncode == -signal.SIGKILL
+    try:
+        time.sleep(5)  # long enough for an unguarded launcher to have started its runner
+        wait_until("no process in the dead worker's sandbox", lambda: not cgroup_pids(scope), 20)
+    finally:
+        from tangram_celery.sandbox.reaper import remove_cgroups, remove_stage
+
+        remove_cgroups(f"{scope}-")
+        for d in (Path(DEFAULT_STAGE_DIR) / scope).glob("*"):
+            if d.is_dir():
+                remove_stage(d)
