@@ -40,7 +40,7 @@ from tangram_celery.sandbox.limits import (
 )
 from tangram_celery.sandbox.pool import Handle, WarmPool
 from tangram_celery.sandbox.reaper import Reaper
-from tangram_celery.sandbox.stage import SandboxScope
+from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
 
 log = logging.getLogger(__name__)
 # root inside the container only needs to own files and signal/setuid to the sandbox uid
@@ -136,6 +136,7 @@ class DockerSandbox(WarmPool):
         super()._sweep_previous()
 
     def _start(self, h: Handle) -> None:
+        reset_private_dir(h.state_dir)
         quota = f"rw,exec,nosuid,nodev,size={self.limits.disk_quota_mb}m,nr_inodes={self.cfg.inodes_limit}"
         volumes = {p: {"bind": p, "mode": "ro"} for p in HOST_RO_PATHS if os.path.exists(p)}
         volumes[str(self.stage.runner)] = {"bind": RUNNER_DIR, "mode": "ro"}

@@ -51,7 +51,7 @@ from tangram_celery.sandbox.limits import (
 )
 from tangram_celery.sandbox.pool import Handle, WarmPool
 from tangram_celery.sandbox.reaper import Reaper
-from tangram_celery.sandbox.stage import SandboxScope
+from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
 
 log = logging.getLogger(__name__)
 RUNNER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETUID", "CAP_SETGID")
@@ -271,6 +271,7 @@ class NamespaceSandbox(WarmPool):
 
     # -- WarmPool hooks ----------------------------------------------------------------------------
     def _start(self, h: Handle) -> None:
+        reset_private_dir(h.state_dir)
         procs_files: list[str] = []
         if self.cgroup_version is not None:
             h.cgroups = CgroupSet.create(f"{self.who.prefix}{h.state_dir.name}")

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -67,16 +68,24 @@ class Handle:
         return self.state_dir / "runner.sock"
 
 
-def call_runner(path: Path, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def call_runner(path: Path, payload: dict[str, Any], timeout_s: float, owner_uid: int = 0) -> dict[str, Any]:
     """One request/response with the runner over its unix socket.
 
-    The socket is opened without following a link (O_PATH | O_NOFOLLOW) and connected through
-    /proc/self/fd: its directory is bound into the sandbox, so the name is not to be trusted."""
+    Its directory is bound into the sandbox, so nothing in it is trusted: the socket is opened
+    without following a link (O_PATH | O_NOFOLLOW), must be a socket owned by the runner's uid
+    (`owner_uid`, root) in a directory still private to that uid — user code that got the
+    directory handed over and planted its own "runner" is not talked to — and is connected
+    through /proc/self/fd."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         fd = -1
         try:
             fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            sock, parent = os.fstat(fd), os.lstat(path.parent)
+            if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != owner_uid:
+                raise RunnerGone(f"{path.name} is not a socket of uid {owner_uid}: not the runner's")
+            if parent.st_uid != owner_uid or parent.st_mode & 0o077:
+                raise RunnerGone("the runner's directory is no longer private to it")
             s.connect(f"/proc/self/fd/{fd}")
             s.sendall(json.dumps(payload).encode() + b"\n")
             buf = bytearray()

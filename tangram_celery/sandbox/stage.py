@@ -98,6 +98,19 @@ def _copy_tree(src: Path, dest: Path) -> None:
             os.chmod(dest / entry.name, 0o644)
 
 
+def reset_private_dir(path: Path) -> None:
+    """Empty `path` and make it owner-only again before a sandbox (re)starts on it: an earlier
+    sandbox on the same directory may have changed its owner, mode or contents. `path` itself
+    sits in a root-only directory of ours, so it cannot have been swapped for a link."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
+    os.chown(path, os.geteuid(), os.getegid())
+    os.chmod(path, 0o700)
+
+
 class Stage:
     """One worker incarnation's directory tree (see the module docstring)."""
 

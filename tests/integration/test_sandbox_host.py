@@ -5,6 +5,7 @@ differ in characters a container name cannot hold."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import tempfile
 import uuid
@@ -62,6 +63,41 @@ def test_runner_state_dir_is_root_only_and_holds_no_host_file(sandbox_backend: A
     stage = sandbox_backend.stage
     assert stat.S_IMODE(os.lstat(stage.dir).st_mode) == 0o700
     assert stat.S_IMODE(os.lstat(stage.scope_dir).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("tamper", ["directory-handed-over", "fake-runner-socket"])
+def test_host_does_not_talk_to_a_runner_socket_it_cannot_trust(sandbox_backend: Any, tamper: str) -> None:
+    """Given the shared directory handed to the sandbox uid (what a root runner tricked into
+    chowning it did), or a socket of the sandbox uid planted as the runner's, when the next
+    action runs, then the host refuses to talk to it (the action ends `error` and the sandbox is
+    reset) and the action after runs in a fresh sandbox whose directory is private again."""
+    traj = tid()
+    assert run(sandbox_backend, traj, language="python", code="print(1)").status is ActionStatus.OK
+    state_dir = sandbox_backend._handles[traj].state_dir
+    fake = None
+    os.chown(state_dir, 10001, 10001)
+    if tamper == "fake-runner-socket":
+        os.chmod(state_dir, 0o700)
+        os.unlink(state_dir / "runner.sock")
+        fake = socket.socket(socket.AF_UNIX)
+        fake.bind(str(state_dir / "runner.sock"))
+        os.chown(state_dir / "runner.sock", 10001, 10001)
+        os.chown(state_dir, 0, 0)  # the directory looks fine; the socket is the user's
+        fake.listen(1)
+        fake.setblocking(False)
+    try:
+        res = run(sandbox_backend, traj, language="python", code="print(2)")
+        assert res.status is ActionStatus.ERROR and "reset" in res.detail, res
+        if fake is not None:
+            with pytest.raises(BlockingIOError):
+                fake.accept()  # nobody connected to the fake runner
+        res = run(sandbox_backend, traj, language="python", code="print(3)")
+        assert (res.status, res.stdout) == (ActionStatus.OK, "3\n"), res
+        st = os.lstat(state_dir)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
+    finally:
+        if fake is not None:
+            fake.close()
 
 
 def test_tmpfs_mounts_have_the_configured_inode_cap(sandbox_factory: Any) -> None:
