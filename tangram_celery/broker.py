@@ -54,6 +54,7 @@ class EmbeddedRedis:
         fsync: str = "everysec",
         bind: str = "127.0.0.1",
         netns: str | None = None,
+        maxmemory_mb: int = 2048,
         die_with_parent: bool = False,
     ):
         """`bind`: the address to listen on (loopback by default; a multi-host deployment binds
@@ -63,6 +64,7 @@ class EmbeddedRedis:
         (`tangram up`)."""
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
+        self.maxmemory_mb = maxmemory_mb
         self.bind = bind
         self.netns = netns
         self.die_with_parent = die_with_parent
@@ -91,6 +93,9 @@ class EmbeddedRedis:
                     "save ''",
                     "daemonize no",
                     "maxclients 4096",
+                    # a ceiling, never eviction: an evicted key would be a lost action
+                    f"maxmemory {self.maxmemory_mb}mb",
+                    "maxmemory-policy noeviction",
                     f"logfile {self.data_dir / 'redis.log'}",
                 ]
             )

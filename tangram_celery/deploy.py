@@ -77,7 +77,10 @@ class Deployment:
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
             self.redis = EmbeddedRedis(
-                self.state_dir / "redis", fsync=self.cfg.broker.fsync, die_with_parent=True
+                self.state_dir / "redis",
+                fsync=self.cfg.broker.fsync,
+                maxmemory_mb=self.cfg.broker.maxmemory_mb,
+                die_with_parent=True,
             ).start()
             self.url = self.redis.url
         else:
