@@ -67,6 +67,10 @@ class Sandbox(Protocol):
         a sandbox of that generation (a newer one started since is kept)."""
         ...
 
+    def start_prewarm(self) -> None:
+        """Start keeping ready sandboxes (`sandbox.prewarm`) in the background."""
+        ...
+
     def held(self) -> list[tuple[str, str]]:
         """(trajectory, generation) of every sandbox this backend holds for a trajectory."""
         ...

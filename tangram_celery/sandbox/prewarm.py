@@ -52,13 +52,21 @@ class ReadyPool(Generic[H]):
         self.started = 0  # sandboxes started by the pool (for tests and metrics)
         self.handed_out = 0
         self._thread: threading.Thread | None = None
-        if size > 0:
+
+    def start(self) -> None:
+        """Start filling (idempotent). Not done on construction: a backend starts it once it is
+        fully set up (`open_sandbox`), and the first `take` starts it otherwise."""
+        with self._lock:
+            if self._thread is not None or self.size <= 0 or self._stop.is_set():
+                return
             self._wanted.set()
             self._thread = threading.Thread(target=self._fill, name="sandbox-prewarm", daemon=True)
             self._thread.start()
 
     def take(self) -> H | None:
         """A ready sandbox, or None when none is (the caller starts its own)."""
+        if self._thread is None:
+            self.start()
         while True:
             with self._lock:
                 if not self._ready:
@@ -88,6 +96,7 @@ class ReadyPool(Generic[H]):
 
     def wait_full(self, timeout_s: float) -> bool:
         """Block until `size` sandboxes are ready (for tests and benchmarks)."""
+        self.start()
         deadline = time.monotonic() + timeout_s
         while len(self) < self.size:
             if time.monotonic() >= deadline:
@@ -97,10 +106,12 @@ class ReadyPool(Generic[H]):
 
     def close(self) -> None:
         """Stop refilling and remove the ready sandboxes."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
         self._wanted.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
+        if thread is not None:
+            thread.join(timeout=60)
         with self._lock:
             left = list(self._ready)
             self._ready.clear()
