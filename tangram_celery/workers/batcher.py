@@ -23,6 +23,7 @@ ScoreFn = Callable[[str, list[Mapping[str, Any]], tuple[int, ...] | None], tuple
 class Scored(NamedTuple):
     output: dict[str, Any]
     exec_s: float  # seconds the batch this request rode in took to score
+    batch_size: int  # requests scored in that one call, this one included
 
 
 @dataclass
@@ -79,4 +80,4 @@ class Batcher:
                 f.set_exception(e)
             return
         for f, res in zip(p.futures, out, strict=True):
-            f.set_result(Scored(res, exec_s))
+            f.set_result(Scored(res, exec_s, len(p.rows)))
