@@ -1,12 +1,15 @@
-"""The demo workload: a mixed agentic RL rollout against a running deployment, on every pool.
+"""The demo workload: one step of agentic RL (rollout, then reward stage) on every pool.
 
-Each trajectory solves one problem over several turns, like an agent would: it probes its code
-(tool executions on a CPU node), calls an API (`calc` or `docsearch`), submits a first (often
-buggy) attempt, runs an elastic test suite (`cpus='1..N'`), and computes its final answer with
-its own code. The final answer is then scored as a trainer would: every configured reward model
-at once, i.e. a rule check (math-equiv, a CPU action), embedding similarity to a reference
-sentence and a sequence-classification reward (GPU actions, batched on Triton). Trajectories run
-concurrently; every turn waits for the previous one's result, as a real rollout does.
+Rollout: each trajectory solves one problem over several turns, like an agent would: it probes
+its code (tool executions in a sandbox on a CPU node), calls an API (`calc` or `docsearch`),
+submits a first (often buggy) attempt, runs an elastic test suite (`cpus='1..N'`), and computes
+its final answer with its own code. Trajectories run concurrently; every turn waits for the
+previous one's result, as a real rollout does.
+
+Reward stage: every final answer is scored by every configured reward model at once, as a
+trainer's reward stage does: a rule check (math-equiv: a CPU action), embedding similarity to a
+reference sentence and a sequence-classification reward (GPU actions, which the scheduler sends
+to a chunk together and the GPU worker scores in one Triton call).
 
 At the end the summary gives ACT, the queue/exec split and batch sizes per pool, and `tangram
 report` plots of this run are written to `<state_dir>/report/`.
@@ -78,7 +81,8 @@ class _Trajectory:
             out.append(res)
         return out
 
-    def run(self, turns: int, max_cpus: int, apis: list[str]) -> None:
+    def run(self, turns: int, max_cpus: int, apis: list[str]) -> str:
+        """The rollout: tool turns, the final test suite; returns the final answer (stdout)."""
         p, rng = self.problem, self.rng
         attempt = p.buggy if rng.random() < 0.5 else p.solution
         steps = max(1, turns - 1)
@@ -113,13 +117,43 @@ class _Trajectory:
             ]
         )
         self.client.close_trajectory(self.tid)  # the rollout is over: its sandbox and memory go
-        if answer and self.cfg.reward_models:  # the reward stage scores the final answer
-            self.run_all(
-                [
-                    RewardAction(trajectory_id=self.tid, model=m.name, inputs=reward_inputs(m, p, answer))
-                    for m in self.cfg.reward_models
-                ]
-            )
+        return answer
+
+    def rewards(self, answer: str) -> list[RewardAction]:
+        """The reward actions that score this trajectory's final `answer`: one per model."""
+        return [
+            RewardAction(trajectory_id=self.tid, model=m.name, inputs=reward_inputs(m, self.problem, answer))
+            for m in self.cfg.reward_models
+        ]
+
+
+def _reward_stage(
+    client: TangramClient,
+    broker_url: str,
+    cfg: TangramConfig,
+    rewards: list[tuple[_Trajectory, RewardAction]],
+    sink: Callable[[str, str, ActionResult], None],
+    count: Callable[[int], None],
+) -> None:
+    """Score every final answer of the rollout at once, as a trainer's reward stage does: the
+    scheduler sends the reward actions of one model on a GPU chunk together, and the GPU worker
+    scores them in one Triton call. A fresh deployment warms its reward services in the
+    background during the rollout; the stage waits for that rather than pay cold loads."""
+    gpu = gpu_worker_nodes(cfg)
+    if gpu:
+        t_warm = time.monotonic()
+        warm = wait_warm(broker_url, gpu, timeout_s=600)
+        waited_s = time.monotonic() - t_warm
+        loaded = sum(len(st.get("loaded") or []) for st in warm.values())
+        print(f"reward services warm ({loaded} replica(s)); waited {waited_s:.1f} s for them", flush=True)
+    models = sorted({r.model for _, r in rewards})
+    print(
+        f"reward stage: {len(rewards)} actions ({', '.join(models)}) for {len(rewards) // len(models)} final answers"
+    )
+    count(len(rewards))
+    handles = client.submit_many([r for _, r in rewards])
+    for (t, action), handle in zip(rewards, handles, strict=True):
+        sink(*t.pool_of(action), handle.result(timeout=600))
 
 
 def _write_report(cfg: TangramConfig, ids: set[str], out_dir: Path, wait_s: float = 10.0) -> Path:
@@ -194,14 +228,6 @@ def run_demo(
         f"demo: {trajectories} trajectories x {turns} turns on {', '.join(pools)}{models}; "
         f"policy {cfg.scheduler.policy}"
     )
-    gpu = gpu_worker_nodes(cfg)
-    if gpu:
-        # A fresh deployment warms its reward services in the background; the demo's figures are
-        # those of a warm one, as a trainer that starts after `tangram up` would see them.
-        t_warm = time.monotonic()
-        print("waiting for the reward services to be warm ...", flush=True)
-        wait_warm(broker_url, gpu, timeout_s=600)
-        print(f"warm after {time.monotonic() - t_warm:.1f} s", flush=True)
     ticker = threading.Thread(target=progress, daemon=True)
     ticker.start()
     t0 = time.monotonic()
@@ -209,20 +235,28 @@ def run_demo(
         TangramClient(broker_url, config=cfg) as client,
         ThreadPoolExecutor(max_workers=trajectories) as pool,
     ):
-        futs = [
-            pool.submit(
-                _Trajectory(
-                    client, cfg, f"demo-{i}", PROBLEMS[i % len(PROBLEMS)], random.Random(rng.random()), sink, count
-                ).run,
-                turns, max_cpus, apis,
+        trajs = [
+            _Trajectory(
+                client,
+                cfg,
+                f"demo-{i}",
+                PROBLEMS[i % len(PROBLEMS)],
+                random.Random(rng.random()),
+                sink,
+                count,
             )
             for i in range(trajectories)
-        ]  # fmt: skip
-        for f in futs:
+        ]
+        futs = [pool.submit(t.run, turns, max_cpus, apis) for t in trajs]
+        answers: list[tuple[_Trajectory, str]] = []
+        for t, f in zip(trajs, futs, strict=True):
             try:
-                f.result()
+                answers.append((t, f.result()))
             except TangramError as e:
                 print(f"  trajectory failed: {e}")
+        rewards = [(t, r) for t, answer in answers if answer for r in t.rewards(answer)]
+        if rewards:
+            _reward_stage(client, broker_url, cfg, rewards, sink, count)
     done.set()
     summary.wall_s = time.monotonic() - t0
     if report:

@@ -101,7 +101,7 @@ class GpuHandler:
         action = RewardAction.model_validate(payload)
         chunk = tuple(int(g) for g in alloc.get("unit_ids") or ()) or None
         try:
-            scored = self.batcher.submit(action.model, action.inputs, chunk)
+            scored = self.batcher.submit(action.model, action.inputs, chunk, int(alloc.get("batch", 0)))
         except InputRejected as e:
             return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
         finally:
