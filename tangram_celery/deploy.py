@@ -318,5 +318,8 @@ def flower_command(
         "FLOWER_BASIC_AUTH": f"{auth[0]}:{auth[1]}",
         "FLOWER_UNAUTHENTICATED_API": "",
         "FLOWER_INSPECT_TIMEOUT": "5000",  # ms; the 1 s default misses workers on a busy host
+        # The args column shows each task's action kind and trajectory (the scheduler's argsrepr);
+        # Flower 2.2 hides it by default. Search e.g. `args:trajectory=demo-3`.
+        "FLOWER_TASKS_COLUMNS": "name,uuid,state,args,received,runtime,worker",
     }
     return argv, env
