@@ -92,6 +92,11 @@ class GpuNodeConfig(_Model):
     instance_kind: Literal["auto", "gpu", "cpu"] = Field(
         "auto", description="Triton instance kind: 'gpu' pins devices, 'cpu' serves on CPU"
     )
+    warm_up: bool = Field(
+        True,
+        description="load every reward service onto free GPUs at start, in the background, as memory "
+        "allows (false: each loads on its first request)",
+    )
 
     @field_validator("num_gpus")
     @classmethod

@@ -30,7 +30,7 @@ from tangram_celery.client import TangramClient
 from tangram_celery.config import RewardModelConfig, TangramConfig
 from tangram_celery.demo_problems import PROBLEMS, Problem
 from tangram_celery.demo_summary import Done, Summary
-from tangram_celery.deploy import gpu_worker_nodes, wait_warm
+from tangram_celery.deploy import wait_warm, warm_nodes
 from tangram_celery.errors import TangramError
 
 Action = CodeAction | ApiAction | RewardAction
@@ -95,7 +95,9 @@ class _Trajectory:
                     if api == "calc"
                     else {"query": p.name}
                 )
-                self.run_all([ApiAction(trajectory_id=self.tid, api=api, request=req)])
+                # 30 s: a loaded host can take longer than the 10 s default for docsearch's first
+                # calls, which wait for its index (built once when the API worker starts)
+                self.run_all([ApiAction(trajectory_id=self.tid, api=api, request=req, timeout_s=30)])
                 continue
             last = turn == steps - 1
             code = attempt + "\n" + (p.answer_code if last else p.probe)  # the last turn prints the answer
@@ -139,7 +141,7 @@ def _reward_stage(
     scheduler sends the reward actions of one model on a GPU chunk together, and the GPU worker
     scores them in one Triton call. A fresh deployment warms its reward services in the
     background during the rollout; the stage waits for that rather than pay cold loads."""
-    gpu = gpu_worker_nodes(cfg)
+    gpu = warm_nodes(cfg)
     if gpu:
         t_warm = time.monotonic()
         warm = wait_warm(broker_url, gpu, timeout_s=600)

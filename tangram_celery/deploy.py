@@ -81,20 +81,21 @@ class Deployment:
             self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name])
         for a in self.cfg.apis:
             self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
-        warm = self._gpu_nodes()
-        if warm:
+        gpu = gpu_worker_nodes(self.cfg)
+        if gpu:
             from reward_servers.tiny_models import build_missing
 
             build_missing(self.cfg, say)  # once: the model stays in place for the next start
             store = Store(self.url)
-            for g in warm:  # a status left by an earlier run of this broker is not this run's
+            for g in gpu:  # a status left by an earlier run of this broker is not this run's
                 store.set_warm_status(g, None)
             store.close()
-        for g in warm:
+        for g in gpu:
             self.spawn(f"worker-gpu-{g}", ["worker", "gpu", "--node", g])
         if self.with_flower:
             self._start_flower()
         self.wait_ready(progress=progress)
+        warm = warm_nodes(self.cfg)
         if warm:
             services = [m.name for m in self.cfg.reward_models if m.backend != "rule"]
             say(
@@ -108,12 +109,9 @@ class Deployment:
         self._supervisor.start()
         return self
 
-    def _gpu_nodes(self) -> list[str]:
-        return gpu_worker_nodes(self.cfg)
-
     def wait_warm(self, timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
         """Block until every GPU worker finished warming its services (see `wait_warm`)."""
-        return wait_warm(self.url, self._gpu_nodes(), timeout_s, self._stopping)
+        return wait_warm(self.url, warm_nodes(self.cfg), timeout_s, self._stopping)
 
     def _report_warm_up(self, say: Callable[[str], object]) -> None:
         try:
@@ -262,6 +260,12 @@ def gpu_worker_nodes(cfg: TangramConfig) -> list[str]:
     if not any(m.backend != "rule" for m in cfg.reward_models):
         return []
     return [g.name for g in cfg.nodes.gpu]
+
+
+def warm_nodes(cfg: TangramConfig) -> list[str]:
+    """GPU nodes whose worker warms the reward services at start (`nodes.gpu[].warm_up`)."""
+    gpu = set(gpu_worker_nodes(cfg))
+    return [g.name for g in cfg.nodes.gpu if g.name in gpu and g.warm_up]
 
 
 def wait_warm(
