@@ -63,6 +63,13 @@ class Deployment:
     def start(self, progress: bool = True) -> Deployment:
         say = print if progress else log.info
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        gpu = gpu_worker_nodes(self.cfg)
+        if gpu:  # before any child starts: nothing is left running when this fails
+            from reward_servers._deps import check_serving
+            from reward_servers.tiny_models import build_missing
+
+            check_serving(self.cfg)
+            build_missing(self.cfg, say)  # once: the model stays in place for the next start
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
             self.redis = EmbeddedRedis(
@@ -81,11 +88,7 @@ class Deployment:
             self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name])
         for a in self.cfg.apis:
             self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
-        gpu = gpu_worker_nodes(self.cfg)
         if gpu:
-            from reward_servers.tiny_models import build_missing
-
-            build_missing(self.cfg, say)  # once: the model stays in place for the next start
             store = Store(self.url)
             for g in gpu:  # a status left by an earlier run of this broker is not this run's
                 store.set_warm_status(g, None)

@@ -6,6 +6,7 @@ CPU/API/GPU workers, tritonserver with CPU-kind instances), a short run of the d
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ def test_short_demo_uses_every_pool_and_loses_nothing(
     """Given the embedded default config, when a short demo runs, then code, API and reward
     actions all complete (0 lost), the summary has a line per pool (cpu, gpu, api) with ACT,
     the queue/exec split and batch sizes, reward actions of one model were scored together,
-    and the run's `tangram report` plots are written where the summary says."""
+    the run's `tangram report` plots are written where the summary says, and no reward action
+    paid a model load (the services were warmed at start)."""
     from tangram_celery.config import default_config_path, load_config
     from tangram_celery.demo import run_demo
     from tangram_celery.deploy import Deployment
@@ -44,6 +46,8 @@ def test_short_demo_uses_every_pool_and_loses_nothing(
     try:
         dep.start(progress=False)
         summary = run_demo(dep.url, dep.cfg, trajectories=6, turns=4)
+        with urllib.request.urlopen(f"http://127.0.0.1:{dep.metrics_ports['worker-gpu-g0']}/metrics") as r:
+            metrics = r.read().decode()
     finally:
         dep.stop()
     out = capsys.readouterr().out
@@ -61,3 +65,6 @@ def test_short_demo_uses_every_pool_and_loses_nothing(
     assert (summary.report_dir / "act_over_time.png").stat().st_size > 0
     assert (summary.report_dir / "utilisation.png").stat().st_size > 0
     assert f"plots of this run: {summary.report_dir}/act_over_time.png" in out
+    # the reward stage found every service warm: the GPU worker loaded nothing on demand
+    restores = [line for line in metrics.splitlines() if line.startswith("tangram_gpu_restores_total{")]
+    assert restores and float(restores[0].split()[-1]) == 0, restores
