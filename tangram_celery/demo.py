@@ -143,6 +143,7 @@ def _reward_stage(
     background during the rollout; the stage waits for that rather than pay cold loads."""
     gpu = warm_nodes(cfg)
     if gpu:
+        print("rollout done; the reward stage waits for the reward services to be warm ...", flush=True)
         t_warm = time.monotonic()
         warm = wait_warm(broker_url, gpu, timeout_s=600)
         waited_s = time.monotonic() - t_warm
@@ -211,10 +212,13 @@ def run_demo(
             summary.submitted += n
 
     def progress() -> None:
+        last = -1
         while not done.wait(2.0):
             with lock:
                 n, sub = len(summary.done), summary.submitted
-            print(f"  ... {n} actions done, {sub - n} in flight", flush=True)
+            if n != last or sub > n:  # quiet while nothing is in flight (the warm-up wait)
+                print(f"  ... {n} actions done, {sub - n} in flight", flush=True)
+            last = n
 
     pools = [f"{len(cfg.nodes.cpu)} CPU node(s)"]
     if cfg.nodes.gpu and cfg.reward_models:
