@@ -45,6 +45,9 @@ class GpuHandler:
         self.cfg = cfg
         self.node = node.name
         self.metrics = metrics
+        if metrics is not None:  # exported at 0 from the start, not only after the first one
+            for counter in (metrics.evictions, metrics.restores, metrics.warm_loads):
+                counter.labels(node=node.name)
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self.service = RewardService(cfg, node.name).start()
