@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.fixtures.common import unavailable
+from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_deps_missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -37,6 +38,7 @@ def test_short_demo_uses_every_pool_and_loses_nothing(
     raw["state_dir"] = str(tmp_path / "state")
     raw["broker"]["data_dir"] = str(tmp_path / "state" / "redis")
     raw["sandbox"]["backend"] = "namespace"
+    require_sandbox(raw["sandbox"])
     for m in raw["reward_models"]:
         if m.get("build"):
             m["path"] = str(tmp_path / "models" / m["name"])

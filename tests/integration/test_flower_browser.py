@@ -18,6 +18,7 @@ import pytest
 
 from tests.fixtures.common import unavailable
 from tests.fixtures.redis import deployment_config
+from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_deps_missing
 
 
@@ -30,9 +31,11 @@ def flower_deployment(tmp_path: Path) -> Iterator[Any]:
     missing = reward_deps_missing()
     if missing:
         unavailable(f"reward dependencies missing: {missing}")
+    sandbox = {"backend": "namespace", "default_timeout_s": 10}
+    require_sandbox(sandbox)
     path = deployment_config(
         tmp_path,
-        sandbox={"backend": "namespace", "default_timeout_s": 10},
+        sandbox=sandbox,
         flower={"port": 0},
         nodes={
             "cpu": [{"name": "n0", "cores": 2, "memory_mb": 4096}],

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.fixtures.common import unavailable
+from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_deps_missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -31,6 +32,7 @@ def fresh_gpu_deployment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     missing = reward_deps_missing()
     if missing:
         unavailable(f"reward dependencies missing: {missing}")
+    require_sandbox({"backend": "namespace"})
     model = tmp_path / "models" / "rm"
     cfg = {
         "state_dir": str(tmp_path / "state"),
