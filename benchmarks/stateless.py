@@ -66,8 +66,12 @@ def machine_us() -> float:
 
 @contextlib.contextmanager
 def deployment(backend: str, docker_host: str | None, prewarm: int) -> Iterator[Deployment]:
-    """configs/local.yaml with a private state dir, the chosen backend, no Flower."""
+    """configs/local.yaml's CPU node, sandbox and scheduler settings, with a private state dir,
+    the chosen backend, no Flower, and without the GPU node and reward models (a Triton server
+    warming models in the background would share the 2 cores with what is measured)."""
     cfg = yaml.safe_load(LOCAL.read_text())
+    cfg["nodes"]["gpu"] = []
+    cfg["reward_models"] = []
     with tempfile.TemporaryDirectory(prefix="tangram-stateless-") as tmp:
         cfg["state_dir"] = f"{tmp}/state"
         cfg["broker"]["data_dir"] = f"{tmp}/state/redis"

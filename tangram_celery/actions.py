@@ -237,6 +237,10 @@ class ActionResult(BaseModel):
     node: str = ""
     attempts: int = 1
     sandbox_reset: bool = False
+    # Actions started together with this one, itself included: for a reward action on a GPU, the
+    # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
+    # on the same pool in the same round. 0 when it never ran.
+    batch_size: int = 0
 
     @property
     def ok(self) -> bool:

@@ -178,6 +178,8 @@ class WorkerRuntime:
         result.units = int(alloc.get("units", 0))
         result.node = str(alloc.get("pool", ""))
         result.attempts = int(alloc.get("attempt", 1))
+        if not result.batch_size:
+            result.batch_size = int(alloc.get("batch", 1))
         with self._seq_lock:
             self.seq += 1
             seq = self.seq
