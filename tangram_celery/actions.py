@@ -30,6 +30,7 @@ class ActionStatus(StrEnum):
     DISK_LIMIT = "disk_limit"  # workdir quota exceeded
     REJECTED = "rejected"  # refused before running (bad input, unknown model, over quota)
     ERROR = "error"  # infrastructure failure after retries were exhausted
+    CANCELLED = "cancelled"  # withdrawn by its caller before it was dispatched; it never ran
 
 
 class _Action(BaseModel):

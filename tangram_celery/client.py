@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from tangram_celery.actions import Action, ActionResult, ApiAction, CodeAction, RewardAction
+from tangram_celery.actions import Action, ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
 from tangram_celery.broker import resolve_url
 from tangram_celery.config import TangramConfig, load_config
 from tangram_celery.errors import ActionRejected, ResultTimeout
@@ -79,6 +79,49 @@ def action_meta(action: AnyAction, submitted_s: float) -> dict[str, Any]:
     return meta
 
 
+def coerce_action(action: AnyAction | dict[str, Any]) -> AnyAction:
+    """The action model for a dict (validated), or the model itself."""
+    if isinstance(action, CodeAction | RewardAction | ApiAction):
+        return action
+    try:
+        return _ACTION.validate_python(action)
+    except ValidationError as e:
+        raise ActionRejected(f"invalid action: {e}") from None
+
+
+def pool_view_of(config: TangramConfig) -> dict[str, Any]:
+    from scheduler.service.cluster import pool_view
+
+    return pool_view(config)
+
+
+def check_action(action: AnyAction, meta: dict[str, Any], view: dict[str, Any] | None) -> None:
+    """Raise ActionRejected if `action` can never run on the deployment described by `view`
+    (None: no scheduler has published its pools yet; it will check on intake)."""
+    from scheduler.service.cluster import check_meta
+
+    if view is None:
+        return
+    why = check_meta(meta, view)
+    if why is None and isinstance(action, RewardAction):
+        from reward_servers.backends import input_errors
+
+        errors = input_errors(view["models"][action.model]["backend"], action.inputs)
+        why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
+    if why is not None:
+        raise ActionRejected(f"action {action.id} rejected: {why}")
+
+
+def cancelled_result(action_id: str, reason: str) -> str:
+    """The stored result of an action cancelled before it ran (JSON)."""
+    return ActionResult(
+        action_id=action_id,
+        status=ActionStatus.CANCELLED,
+        error=f"cancelled before it ran: {reason}",
+        attempts=0,
+    ).model_dump_json()
+
+
 class TangramClient:
     """Submit actions to a running Tangram deployment (thread-safe; one per process is enough)."""
 
@@ -94,28 +137,12 @@ class TangramClient:
 
     # ---- validation ------------------------------------------------------------------------
     def _coerce(self, action: AnyAction | dict[str, Any]) -> AnyAction:
-        if isinstance(action, CodeAction | RewardAction | ApiAction):
-            return action
-        try:
-            return _ACTION.validate_python(action)
-        except ValidationError as e:
-            raise ActionRejected(f"invalid action: {e}") from None
+        return coerce_action(action)
 
     def _check(self, action: AnyAction, meta: dict[str, Any]) -> None:
-        from scheduler.service.cluster import check_meta, pool_view
-
         if self._view is None:
-            self._view = pool_view(self.config) if self.config else self.store.published_config()
-        if self._view is None:
-            return  # no scheduler has published its pools yet; it will check on intake
-        why = check_meta(meta, self._view)
-        if why is None and isinstance(action, RewardAction):
-            from reward_servers.backends import input_errors
-
-            errors = input_errors(self._view["models"][action.model]["backend"], action.inputs)
-            why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
-        if why is not None:
-            raise ActionRejected(f"action {action.id} rejected: {why}")
+            self._view = pool_view_of(self.config) if self.config else self.store.published_config()
+        check_action(action, meta, self._view)
 
     # ---- submit ----------------------------------------------------------------------------
     def submit(self, action: AnyAction | dict[str, Any]) -> ActionHandle:
@@ -154,6 +181,15 @@ class TangramClient:
         """The trajectory is finished: its sandbox and reserved memory are released once its
         queued and running actions are done."""
         self.store.control({"control": "close", "trajectory_id": trajectory_id})
+
+    def cancel(self, action_id: str, reason: str = "cancelled by its caller") -> bool:
+        """Withdraw an action that no scheduler has dispatched yet. True: it will never run and
+        its result has status `cancelled`. False: it was already dispatched (it runs to the
+        end), finished, or is unknown."""
+        state = self.store.retrying(
+            "cancel", lambda: self.store.cancel(action_id, cancelled_result(action_id, reason))
+        )
+        return state == "cancelled"
 
     def close(self) -> None:
         self.store.close()

@@ -10,9 +10,13 @@ Keys (all under `tangram:`):
   running           hash action id -> allocation + metadata of every dispatched, unfinished action
   traj              hash trajectory id -> pinned CPU node and reserved memory
   config            the scheduler's published view of pools and models (for client validation)
+  nq:<client>       list of finished action ids of one asyncio client process (`notify` field
+                    of the action's hash): one connection waits on it for all that process's
+                    results instead of one BLPOP per action
 
-Action states: queued -> dispatched -> running -> done. Transitions happen only in the Lua
-scripts below, so a duplicate Celery message can never run an action twice.
+Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
+that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts below, so
+a duplicate Celery message can never run an action twice and a cancelled action never runs.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class ActionState(StrEnum):
     DISPATCHED = "dispatched"
     RUNNING = "running"
     DONE = "done"
+    CANCELLED = "cancelled"
 
 
 def akey(action_id: str) -> str:
@@ -60,6 +65,10 @@ def nkey(action_id: str) -> str:
     return f"{P}n:{action_id}"
 
 
+def notify_key(client_id: str) -> str:
+    return f"{P}nq:{client_id}"
+
+
 _SUBMIT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
@@ -68,8 +77,10 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 local cap = tonumber(ARGV[4])
 if cap > 0 and redis.call('XLEN', KEYS[1]) >= cap then return redis.error_reply('TANGRAM_FULL') end
-redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queued')
-return redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
+local entry = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
+redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queued', 'entry', entry)
+if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'notify', ARGV[5]) end
+return entry
 """
 
 # dispatched -> running for the current attempt only, returning meta and payload; otherwise the
@@ -118,15 +129,92 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
-_COMPLETE = """
+# Wake whoever waits for the result: the asyncio client's per-process list gets the id, a
+# plain waiter its own list with the result itself (it pops it with BLPOP).
+_WAKE = """
+local q = redis.call('HGET', KEYS[1], 'notify')
+if q then
+  redis.call('RPUSH', q, ARGV[1])
+  redis.call('EXPIRE', q, ARGV[4])
+else
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+end
+"""
+
+_COMPLETE = (
+    """
 local s = redis.call('HGET', KEYS[1], 'state')
-if s == 'done' then return 0 end
+if s == 'done' or s == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('RPUSH', KEYS[2], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
+"""
+    + _WAKE
+    + """
 redis.call('XADD', KEYS[3], '*', 'id', ARGV[1], 'event', ARGV[3])
 return 1
+"""
+)
+
+# queued -> cancelled, only for an action that was never dispatched (no attempt yet): a caller
+# told that its action failed must be able to rely on it never running. The intake entry goes
+# (so it no longer counts against the intake bound and is never read), the result is stored
+# and the waiter woken like a completion, and the scheduler is told to drop the action from its
+# waiting queue. `_DISPATCH` dispatches only actions still queued, so a scheduler that decided
+# on the action before it read the event does not run it either.
+_CANCEL = (
+    """
+local s = redis.call('HGET', KEYS[1], 'state')
+if not s then return 'missing' end
+if s ~= 'queued' or redis.call('HEXISTS', KEYS[1], 'attempt') == 1 then return s end
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if entry then
+  redis.pcall('XACK', KEYS[4], ARGV[5], entry)  -- no group yet: nothing to acknowledge
+  redis.call('XDEL', KEYS[4], entry)
+end
+redis.call('HSET', KEYS[1], 'state', 'cancelled', 'result', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+"""
+    + _WAKE
+    + """
+redis.call('XADD', KEYS[3], '*', 'id', ARGV[1], 'event', ARGV[3])
+return 'cancelled'
+"""
+)
+
+# Persist allocations (queued -> dispatched) and take their entries off the intake, atomically;
+# an action no longer queued (cancelled meanwhile) is skipped and returned.
+# KEYS: running, traj, intake, then a:<id> per record.
+# ARGV: group, now, n, then (id, record, attempt) per record, then m, then (trajectory, pin) per
+# pin, then the intake entry ids.
+_DISPATCH = """
+local group, now, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local skipped = {}
+local i = 4
+for k = 1, n do
+  local id, rec, attempt = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = i + 3
+  local key = KEYS[3 + k]
+  if redis.call('HGET', key, 'state') == 'queued' then
+    redis.call('HSET', KEYS[1], id, rec)
+    redis.call('HSET', key, 'state', 'dispatched', 'dispatched_s', now, 'attempt', attempt)
+  else
+    skipped[#skipped + 1] = id
+  end
+end
+local m = tonumber(ARGV[i])
+i = i + 1
+for k = 1, m do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+while i <= #ARGV do
+  local last = math.min(i + 499, #ARGV)
+  redis.call('XACK', KEYS[3], group, unpack(ARGV, i, last))
+  redis.call('XDEL', KEYS[3], unpack(ARGV, i, last))
+  i = last + 1
+end
+return skipped
 """
 
 
@@ -151,6 +239,8 @@ class Store:
         self._requeue = self.r.register_script(_REQUEUE)
         self._give_back = self.r.register_script(_GIVE_BACK)
         self._heartbeat = self.r.register_script(_HEARTBEAT)
+        self._cancel = self.r.register_script(_CANCEL)
+        self._dispatch = self.r.register_script(_DISPATCH)
 
     def retrying(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         """Run `fn`, retrying with backoff while Redis is unreachable (restarts, failovers).
@@ -189,28 +279,21 @@ class Store:
             pipe = self.r.pipeline(transaction=False)
             for action_id, meta, payload in items:
                 self._submit(
-                    keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe
+                    keys=[INTAKE, akey(action_id)],
+                    args=[action_id, meta, payload, max_queued, ""],
+                    client=pipe,
                 )
             return list(pipe.execute(raise_on_error=False))
 
-        replies = self.retrying("submit", send)
-        for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
-            if isinstance(rep, redis.ResponseError):
-                msg = str(rep)
-                if "TANGRAM_FULL" in msg:
-                    raise AdmissionError(
-                        f"intake is full ({max_queued} actions waiting): the first {n} of this "
-                        f"batch were enqueued, action {action_id} and the rest were not; retry "
-                        "them later or raise scheduler.max_queued"
-                    )
-                if "TANGRAM_DUPLICATE" in msg:
-                    raise ActionRejected(f"action id {action_id!r} was already submitted")
-                raise BrokerError(f"submit of {action_id} failed: {msg}")
-            if isinstance(rep, Exception):
-                raise BrokerError(f"submit of {action_id} failed: {rep}")
+        check_submitted(items, self.retrying("submit", send), max_queued)
 
     def control(self, fields: dict[str, str]) -> None:
         self.r.xadd(INTAKE, dict(fields.items()))
+
+    def cancel(self, action_id: str, result_json: str) -> str:
+        """Cancel an action that no scheduler has dispatched yet; 'cancelled' if it was, else
+        its state ('dispatched', 'running', 'done', 'cancelled', or 'missing'), untouched."""
+        return str(self._cancel(keys=cancel_keys(action_id), args=cancel_args(action_id, result_json)))
 
     def wait_result(self, action_id: str, timeout_s: float | None, poll_s: float = 2.0) -> str | None:
         """Block until the action's result exists; return its JSON, or None on timeout.
@@ -309,27 +392,25 @@ class Store:
         pins: dict[str, dict[str, Any]],
         intake_ids: Sequence[str],
         now_s: float,
-    ) -> None:
-        """`records` are (action id, {"alloc", "meta", "attempt"})."""
-        """Persist allocations and take their entries off the intake, in one transaction.
+    ) -> list[str]:
+        """Persist allocations and take their entries off the intake, in one atomic script;
+        `records` are (action id, {"alloc", "meta", "attempt"}). Returns the ids it skipped
+        because they are no longer queued (cancelled after the policy chose them): their
+        messages must not be sent.
 
         This happens before the Celery messages are sent; a scheduler that dies in between
         re-sends every action still in state `dispatched` when it restarts (the worker's claim
         makes a duplicate message harmless).
         """
-        pipe = self.r.pipeline(transaction=True)
+        args: list[Any] = [GROUP, repr(now_s), len(records)]
         for action_id, rec in records:
-            pipe.hset(RUNNING, action_id, json.dumps(rec))
-            pipe.hset(
-                akey(action_id),
-                mapping={"state": "dispatched", "dispatched_s": repr(now_s), "attempt": rec["attempt"]},
-            )
+            args += [action_id, json.dumps(rec), rec["attempt"]]
+        args.append(len(pins))
         for tid, pin in pins.items():
-            pipe.hset(TRAJ, tid, json.dumps(pin))
-        if intake_ids:
-            pipe.xack(INTAKE, GROUP, *intake_ids)
-            pipe.xdel(INTAKE, *intake_ids)
-        pipe.execute()
+            args += [tid, json.dumps(pin)]
+        args += list(intake_ids)
+        keys = [RUNNING, TRAJ, INTAKE, *(akey(a) for a, _ in records)]
+        return [str(a) for a in self._dispatch(keys=keys, args=args)]
 
     def forget_running(self, action_ids: Sequence[str]) -> None:
         if action_ids:
@@ -404,6 +485,32 @@ class Store:
     def finish_unrun(self, action_id: str, result_json: str, trajectory_id: str) -> None:
         """Final result for an action the scheduler refused or gave up on (no worker ran it)."""
         self.complete(action_id, result_json, {"status": "unrun", "trajectory_id": trajectory_id})
+
+
+def check_submitted(items: Sequence[tuple[str, str, str]], replies: Sequence[Any], max_queued: int) -> None:
+    """Raise for the first item the submit script refused (the ones before it were enqueued)."""
+    for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
+        if isinstance(rep, redis.ResponseError):
+            msg = str(rep)
+            if "TANGRAM_FULL" in msg:
+                raise AdmissionError(
+                    f"intake is full ({max_queued} actions waiting): the first {n} of this "
+                    f"batch were enqueued, action {action_id} and the rest were not; retry "
+                    "them later or raise scheduler.max_queued"
+                )
+            if "TANGRAM_DUPLICATE" in msg:
+                raise ActionRejected(f"action id {action_id!r} was already submitted")
+            raise BrokerError(f"submit of {action_id} failed: {msg}")
+        if isinstance(rep, Exception):
+            raise BrokerError(f"submit of {action_id} failed: {rep}")
+
+
+def cancel_keys(action_id: str) -> list[str]:
+    return [akey(action_id), nkey(action_id), EVENTS, INTAKE]
+
+
+def cancel_args(action_id: str, result_json: str) -> list[Any]:
+    return [action_id, result_json, json.dumps({"status": "cancelled"}), RESULT_TTL_S, GROUP]
 
 
 def redact(url: str) -> str:
