@@ -233,7 +233,8 @@ class AsyncTangramClient:
         state, raw = await self._retrying(
             "read result", lambda: self.r.hmget(akey(action_id), ["state", "result"])
         )
-        return state, (ActionResult.model_validate_json(raw) if raw is not None else None)
+        result = ActionResult.model_validate_json(raw) if raw is not None and state in _FINAL else None
+        return (None if state is None else str(state)), result
 
     def _resolve(self, action_id: str, raw: str) -> None:
         w = self._waiters.pop(action_id, None)

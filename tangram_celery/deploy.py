@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,8 @@ class Deployment:
     children: dict[str, Child] = field(default_factory=dict)
     flower_url: str = ""
     flower_auth: tuple[str, str] = ("", "")
+    with_http: bool = True
+    http_url: str = ""
     max_restarts_per_min: int = 5
     metrics_ports: dict[str, int] = field(default_factory=dict)
     _supervisor: threading.Thread | None = None
@@ -80,7 +83,10 @@ class Deployment:
                 self.spawn(f"worker-gpu-{g.name}", ["worker", "gpu", "--node", g.name])
         if self.with_flower:
             self._start_flower()
+        http = self._start_http(say)
         self.wait_ready(progress=progress)
+        if http:
+            self.http_url = self._wait_http_url()
         self._supervisor = threading.Thread(target=self._supervise, name="tangram-supervisor", daemon=True)
         self._supervisor.start()
         return self
@@ -128,6 +134,34 @@ class Deployment:
             )
         self.children[name] = Child(name, proc, log_path, args)
         return self.children[name]
+
+    def _start_http(self, say: Callable[[str], None]) -> bool:
+        """`tangram serve` as one more child, when configured and its extra is installed."""
+        from tangram_celery.web.serve import URL_FILE, missing_extra
+
+        if not (self.with_http and self.cfg.http.enabled):
+            return False
+        why = missing_extra()
+        if why is not None:
+            say(f"http server not started: {why}")
+            return False
+        (self.state_dir / URL_FILE).unlink(missing_ok=True)
+        self.spawn("http", ["serve"])
+        return True
+
+    def _wait_http_url(self, timeout_s: float = 30.0) -> str:
+        from tangram_celery.web.serve import read_url
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            url = read_url(self.state_dir)
+            if url:
+                return url
+            time.sleep(0.05)
+        raise TangramError(
+            f"http server wrote no URL in {timeout_s}s; see {self.state_dir / 'logs' / 'http.log'}"
+        )
 
     def _start_flower(self) -> None:
         from tangram_celery.broker import _free_port
@@ -206,6 +240,7 @@ class Deployment:
         if self.redis is not None:
             self.redis.stop()
             (self.state_dir / URL_FILE).unlink(missing_ok=True)
+        (self.state_dir / "http.url").unlink(missing_ok=True)
 
     def __enter__(self) -> Deployment:
         return self.start()
