@@ -135,7 +135,7 @@ def outcome_response(outcome: Outcome, gate: Gate) -> ActionResult | JSONRespons
         return problem(gate.cfg.overload_status, outcome.reason, outcome.action_id, **{"Retry-After": "1"})
     if isinstance(outcome, Late):
         return problem(
-            504 if gate.cfg.overload_status == 504 else 500,
+            504,
             f"no result {outcome.deadline_s:.1f} s after the request; it may still finish: "
             f"GET /tangram/v1/actions/{outcome.action_id}",
             outcome.action_id,
