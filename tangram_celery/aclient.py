@@ -5,7 +5,7 @@
 
 One Redis connection waits for the results of every action this process submitted: each
 action's hash names this client's notification list (`tangram:nq:<client id>`), the completion
-script pushes the action id onto it, and one listener task pops ids and resolves the waiting
+script pushes the result onto it, and one listener task pops results and resolves the waiting
 futures. The thread-per-waiter BLPOP of `TangramClient.run` is limited by the default thread
 pool (about 20 waiters at a time); here waiting costs one future per action.
 
@@ -236,13 +236,26 @@ class AsyncTangramClient:
         result = ActionResult.model_validate_json(raw) if raw is not None and state in _FINAL else None
         return (None if state is None else str(state)), result
 
-    def _resolve(self, action_id: str, raw: str) -> None:
+    def _resolve(self, action_id: str, raw: str | ActionResult) -> None:
         w = self._waiters.pop(action_id, None)
         if w is not None and not w.future.done():
             try:
-                w.future.set_result(ActionResult.model_validate_json(raw))
+                result = raw if isinstance(raw, ActionResult) else ActionResult.model_validate_json(raw)
             except ValueError as e:
                 w.future.set_exception(TangramError(f"unreadable result of {action_id}: {e}"))
+                return
+            w.future.set_result(result)
+
+    def _deliver(self, raws: list[str]) -> None:
+        """Resolve the waiters of the results popped from the notification list."""
+        for raw in raws:
+            try:
+                result = ActionResult.model_validate_json(raw)
+            except ValueError:
+                log.warning("unreadable result on %s: %.200s", self.notify, raw)
+                continue
+            if result.action_id in self._waiters:
+                self._resolve(result.action_id, result)
 
     async def _fetch(self, ids: list[str]) -> None:
         """Read the results of `ids` (those still awaited) and resolve their futures."""
@@ -272,13 +285,11 @@ class AsyncTangramClient:
         while not self._closed:
             try:
                 got = await self._listen.blpop([self.notify], timeout=self.poll_s)
-                ids: list[str] = []
                 if got is not None:
-                    ids.append(str(got[1]))
+                    raws = [str(got[1])]
                     more = await self._listen.lpop(self.notify, 4096)
-                    ids.extend(str(x) for x in more or [])
-                if ids:
-                    await self._fetch(ids)
+                    raws.extend(str(x) for x in more or [])
+                    self._deliver(raws)
                 if time.monotonic() >= next_sweep:
                     # Results whose wake-up was lost (see the module docstring).
                     await self._fetch(list(self._waiters))

@@ -10,9 +10,9 @@ Keys (all under `tangram:`):
   running           hash action id -> allocation + metadata of every dispatched, unfinished action
   traj              hash trajectory id -> pinned CPU node and reserved memory
   config            the scheduler's published view of pools and models (for client validation)
-  nq:<client>       list of finished action ids of one asyncio client process (`notify` field
-                    of the action's hash): one connection waits on it for all that process's
-                    results instead of one BLPOP per action
+  nq:<client>       list of the results of one asyncio client process (`notify` field of the
+                    action's hash): one connection waits on it for all that process's results
+                    instead of one BLPOP per action
 
 Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
 that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts below, so
@@ -129,12 +129,12 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
-# Wake whoever waits for the result: the asyncio client's per-process list gets the id, a
-# plain waiter its own list with the result itself (it pops it with BLPOP).
+# Wake whoever waits for the result, with the result itself (no second read): the asyncio
+# client's per-process list if the action names one, else the action's own list (BLPOP).
 _WAKE = """
 local q = redis.call('HGET', KEYS[1], 'notify')
 if q then
-  redis.call('RPUSH', q, ARGV[1])
+  redis.call('RPUSH', q, ARGV[2])
   redis.call('EXPIRE', q, ARGV[4])
 else
   redis.call('RPUSH', KEYS[2], ARGV[2])

@@ -289,7 +289,7 @@ def _make_tool_class() -> type:
     from verl.tools.base_tool import BaseTool
     from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-    class TangramCodeTool(BaseTool):  # type: ignore[misc]
+    class TangramCodeTool(BaseTool):
         """verl BaseTool running code in Tangram; files persist per rollout (request_id)."""
 
         def __init__(self, config: dict[str, Any], tool_schema: Any = None) -> None:

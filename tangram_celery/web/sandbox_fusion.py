@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from tangram_celery.actions import ActionResult, CodeAction
@@ -141,9 +141,17 @@ async def capabilities(request: Request) -> Capabilities:
 
 
 @router.post("/run_code", response_model=RunCodeResponse, tags=["sandbox-fusion"])
-async def run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | JSONResponse:
+async def run_code(req: RunCodeRequest, request: Request) -> Response:
     """Run one program, SandboxFusion-compatible. Overload: HTTP 504 (configurable), and the
     action never runs."""
+    answer = await _run_code(req, request)
+    if isinstance(answer, Response):
+        return answer
+    # serialised once here; returning the model would make FastAPI validate it again
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | JSONResponse:
     t0 = time.monotonic()
     state = request.app.state.tangram
     gate: Gate = state.gate
