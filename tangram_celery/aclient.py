@@ -28,6 +28,7 @@ import redis
 import redis.asyncio as aredis
 
 from tangram_celery.actions import ActionResult, new_id
+from tangram_celery.admission import limits_from_view
 from tangram_celery.broker import resolve_url
 from tangram_celery.client import (
     AnyAction,
@@ -35,10 +36,11 @@ from tangram_celery.client import (
     cancelled_result,
     check_action,
     coerce_action,
+    encode_action,
     pool_view_of,
 )
 from tangram_celery.config import TangramConfig, load_config
-from tangram_celery.errors import ActionRejected, BrokerError, ResultTimeout, TangramError
+from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError, ResultTimeout, TangramError
 from tangram_celery.store import (
     _CANCEL,
     _SUBMIT,
@@ -48,6 +50,7 @@ from tangram_celery.store import (
     cancel_args,
     cancel_keys,
     check_submitted,
+    memory_refusal,
     notify_key,
     redact,
 )
@@ -118,6 +121,8 @@ class AsyncTangramClient:
         self._waiters: dict[str, _Waiter] = {}
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
+        self._mem: tuple[int, int] = (0, 0)  # (used, max) bytes of Redis memory, last read
+        self._mem_checked_s = float("-inf")
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> AsyncTangramClient:
@@ -164,6 +169,7 @@ class AsyncTangramClient:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
         view = await self._pool_view()
+        limits = self.config.limits if self.config else limits_from_view(view)
         items: list[tuple[str, str, str]] = []
         handles: list[AsyncActionHandle] = []
         seen: set[str] = set()
@@ -173,26 +179,46 @@ class AsyncTangramClient:
                 raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
             seen.add(action.id)
             meta = action_meta(action, now)
-            check_action(action, meta, view)
-            items.append((action.id, json.dumps(meta), action.model_dump_json()))
+            check_action(action, meta, view, limits)
+            items.append(encode_action(action, meta, limits))
             handles.append(AsyncActionHandle(self, action.id, action.trajectory_id))
         if not items:
             return []
         self._ensure_listener()
         max_queued = int((view or {}).get("max_queued", 0))
+        fraction = (
+            self.config.broker.admit_memory_fraction
+            if self.config
+            else float((view or {}).get("admit_memory_fraction", 0.8))
+        )
+        await self._admit_memory(fraction, len(items))
+        ttl = str(int(limits.queued_ttl_s)) if limits.queued_ttl_s > 0 else "0"
 
         async def send() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for action_id, meta_json, payload in items:
                 await self._submit(
                     keys=[INTAKE, akey(action_id)],
-                    args=[action_id, meta_json, payload, max_queued, self.notify],
+                    args=[action_id, meta_json, payload, max_queued, ttl, self.notify],
                     client=pipe,
                 )
             return list(await pipe.execute(raise_on_error=False))
 
         check_submitted(items, await self._retrying("submit", send), max_queued)
         return handles
+
+    async def _admit_memory(self, fraction: float, n: int) -> None:
+        """AdmissionError while Redis is above `fraction` of its maxmemory (read at most every
+        0.25 s), as `Store.submit` does."""
+        now = time.monotonic()
+        if now - self._mem_checked_s > 0.25:
+            info = await self._retrying("memory check", lambda: self.r.info("memory"))
+            self._mem = (int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+            self._mem_checked_s = now
+        why = memory_refusal(*self._mem, fraction, n)
+        if why is not None:
+            self._mem_checked_s = float("-inf")
+            raise AdmissionError(why)
 
     async def run(self, action: AnyAction | dict[str, Any], timeout: float | None = 600.0) -> ActionResult:
         """Submit and wait for the result."""

@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from tangram_celery.actions import Action, ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
+from tangram_celery.admission import limits_from_view, payload_errors
 from tangram_celery.broker import resolve_url
-from tangram_celery.config import TangramConfig, load_config
+from tangram_celery.config import LimitsConfig, TangramConfig, load_config
 from tangram_celery.errors import ActionRejected, ResultTimeout
 from tangram_celery.store import Store
 
@@ -95,11 +96,17 @@ def pool_view_of(config: TangramConfig) -> dict[str, Any]:
     return pool_view(config)
 
 
-def check_action(action: AnyAction, meta: dict[str, Any], view: dict[str, Any] | None) -> None:
-    """Raise ActionRejected if `action` can never run on the deployment described by `view`
-    (None: no scheduler has published its pools yet; it will check on intake)."""
+def check_action(
+    action: AnyAction, meta: dict[str, Any], view: dict[str, Any] | None, limits: LimitsConfig
+) -> None:
+    """Raise ActionRejected if `action` exceeds the payload caps `limits` or can never run on the
+    deployment described by `view` (None: no scheduler has published its pools yet; it will
+    check on intake)."""
     from scheduler.service.cluster import check_meta
 
+    too_big = payload_errors(action, limits)
+    if too_big:
+        raise ActionRejected(f"action {action.id} rejected: too large: " + "; ".join(too_big))
     if view is None:
         return
     why = check_meta(meta, view)
@@ -110,6 +117,18 @@ def check_action(action: AnyAction, meta: dict[str, Any], view: dict[str, Any] |
         why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
     if why is not None:
         raise ActionRejected(f"action {action.id} rejected: {why}")
+
+
+def encode_action(action: AnyAction, meta: dict[str, Any], limits: LimitsConfig) -> tuple[str, str, str]:
+    """(id, meta JSON, payload JSON) of a checked action; ActionRejected beyond max_payload_bytes."""
+    payload = action.model_dump_json()
+    size = len(payload.encode())
+    if size > limits.max_payload_bytes:
+        raise ActionRejected(
+            f"action {action.id} rejected: {size} bytes as JSON > "
+            f"{limits.max_payload_bytes} (limits.max_payload_bytes)"
+        )
+    return action.id, json.dumps(meta), payload
 
 
 def cancelled_result(action_id: str, reason: str) -> str:
@@ -142,7 +161,10 @@ class TangramClient:
     def _check(self, action: AnyAction, meta: dict[str, Any]) -> None:
         if self._view is None:
             self._view = pool_view_of(self.config) if self.config else self.store.published_config()
-        check_action(action, meta, self._view)
+        check_action(action, meta, self._view, self._limits())
+
+    def _limits(self) -> LimitsConfig:
+        return self.config.limits if self.config else limits_from_view(self._view)
 
     # ---- submit ----------------------------------------------------------------------------
     def submit(self, action: AnyAction | dict[str, Any]) -> ActionHandle:
@@ -162,10 +184,17 @@ class TangramClient:
             seen.add(action.id)
             meta = action_meta(action, now)
             self._check(action, meta)
-            items.append((action.id, json.dumps(meta), action.model_dump_json()))
+            items.append(encode_action(action, meta, self._limits()))
             handles.append(ActionHandle(self, action.id, action.trajectory_id))
         max_queued = int((self._view or {}).get("max_queued", 0))
-        self.store.submit(items, max_queued)
+        fraction = (
+            self.config.broker.admit_memory_fraction
+            if self.config
+            else float((self._view or {}).get("admit_memory_fraction", 0.8))
+        )
+        self.store.submit(
+            items, max_queued, ttl_s=self._limits().queued_ttl_s, admit_memory_fraction=fraction
+        )
         return handles
 
     def handle(self, action_id: str, trajectory_id: str = "") -> ActionHandle:

@@ -9,6 +9,7 @@ Keys (all under `tangram:`):
   n:<id>            list the client blocks on; one element pushed when the result is written
   running           hash action id -> allocation + metadata of every dispatched, unfinished action
   traj              hash trajectory id -> pinned CPU node and reserved memory
+  dead              dead-letter stream: malformed intake entries and why (bounded)
   config            the scheduler's published view of pools and models (for client validation)
   nq:<client>       list of the results of one asyncio client process (`notify` field of the
                     action's hash): one connection waits on it for all that process's results
@@ -42,6 +43,8 @@ EVENTS = P + "events"
 RUNNING = P + "running"
 TRAJ = P + "traj"
 CONFIG = P + "config"
+DEAD = P + "dead"  # dead-letter stream: malformed intake entries, with the reason
+DEAD_MAXLEN = 10_000
 WORKERS = P + "workers"  # worker name -> last heartbeat (Redis server time, s)
 WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:calc" / "gpu:g0"
 GROUP = "sched"
@@ -72,14 +75,19 @@ def notify_key(client_id: str) -> str:
 _SUBMIT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
-  if redis.call('HGET', KEYS[2], 'payload') == ARGV[3] then return 'already' end
+  -- Compared by digest: the payload itself is dropped once the action is done.
+  if redis.call('HGET', KEYS[2], 'digest') == redis.sha1hex(ARGV[3]) then return 'already' end
   return redis.error_reply('TANGRAM_DUPLICATE')
 end
 local cap = tonumber(ARGV[4])
 if cap > 0 and redis.call('XLEN', KEYS[1]) >= cap then return redis.error_reply('TANGRAM_FULL') end
 local entry = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
-redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queued', 'entry', entry)
-if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'notify', ARGV[5]) end
+redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'digest', redis.sha1hex(ARGV[3]),
+           'state', 'queued', 'entry', entry)
+-- the asyncio client's notification list (see `_WAKE`)
+if ARGV[6] and ARGV[6] ~= '' then redis.call('HSET', KEYS[2], 'notify', ARGV[6]) end
+local ttl = tonumber(ARGV[5])
+if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
 return entry
 """
 
@@ -90,6 +98,9 @@ local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'dispatched' then
   if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[3] then return 'stale' end
   redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2])
+  -- queued too long (limits.queued_ttl_s): the payload expired; the worker reports it
+  if redis.call('HEXISTS', KEYS[1], 'payload') == 0 then return 'expired' end
+  redis.call('PERSIST', KEYS[1])  -- a started action's record lives until its result's TTL
   return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
 end
 if s == 'running' and redis.call('HGET', KEYS[1], 'worker') == ARGV[1]
@@ -147,6 +158,7 @@ _COMPLETE = (
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'done' or s == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
+redis.call('HDEL', KEYS[1], 'payload')  -- no longer needed: free the broker's memory now
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 """
     + _WAKE
@@ -173,6 +185,7 @@ if entry then
   redis.call('XDEL', KEYS[4], entry)
 end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'result', ARGV[2])
+redis.call('HDEL', KEYS[1], 'payload')  -- it will never run: free the broker's memory now
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 """
     + _WAKE
@@ -241,6 +254,8 @@ class Store:
         self._heartbeat = self.r.register_script(_HEARTBEAT)
         self._cancel = self.r.register_script(_CANCEL)
         self._dispatch = self.r.register_script(_DISPATCH)
+        self._mem: tuple[int, int] = (0, 0)  # (used, max) bytes of Redis memory, last read
+        self._mem_checked_s = float("-inf")
 
     def retrying(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         """Run `fn`, retrying with backoff while Redis is unreachable (restarts, failovers).
@@ -269,23 +284,48 @@ class Store:
         self.r.close()
 
     # ---- client side ----------------------------------------------------------------------
-    def submit(self, items: Sequence[tuple[str, str, str]], max_queued: int) -> None:
+    def submit(
+        self,
+        items: Sequence[tuple[str, str, str]],
+        max_queued: int,
+        *,
+        ttl_s: float = 0.0,
+        admit_memory_fraction: float = 0.8,
+    ) -> None:
         """Enqueue (id, meta_json, payload_json) items atomically each; raise on the first refusal.
 
-        Items before a refused one stay enqueued (they are valid and were accepted).
+        Items before a refused one stay enqueued (they are valid and were accepted). A payload
+        not run within `ttl_s` expires (0 = never). When Redis has a `maxmemory` and uses more
+        than `admit_memory_fraction` of it, nothing is enqueued (AdmissionError): the rest is
+        headroom for results and scheduling, which must never be refused.
         """
+        self._admit_memory(admit_memory_fraction, len(items))
+        ttl = str(int(ttl_s)) if ttl_s > 0 else "0"
 
         def send() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for action_id, meta, payload in items:
                 self._submit(
                     keys=[INTAKE, akey(action_id)],
-                    args=[action_id, meta, payload, max_queued, ""],
+                    args=[action_id, meta, payload, max_queued, ttl, ""],
                     client=pipe,
                 )
             return list(pipe.execute(raise_on_error=False))
 
         check_submitted(items, self.retrying("submit", send), max_queued)
+
+    def _admit_memory(self, fraction: float, n: int) -> None:
+        """AdmissionError when Redis is above `fraction` of its maxmemory (checked at most every
+        0.25 s per Store: INFO is cheap but not free)."""
+        now = time.monotonic()
+        if now - self._mem_checked_s > 0.25:
+            info = self.retrying("memory check", lambda: self.r.info("memory"))
+            self._mem = (int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+            self._mem_checked_s = now
+        why = memory_refusal(*self._mem, fraction, n)
+        if why is not None:
+            self._mem_checked_s = 0.0  # look again next time: it drains as actions finish
+            raise AdmissionError(why)
 
     def control(self, fields: dict[str, str]) -> None:
         self.r.xadd(INTAKE, dict(fields.items()))
@@ -412,6 +452,12 @@ class Store:
         keys = [RUNNING, TRAJ, INTAKE, *(akey(a) for a, _ in records)]
         return [str(a) for a in self._dispatch(keys=keys, args=args)]
 
+    def dead_letter(self, stream_id: str, fields: dict[str, str], why: str) -> None:
+        """Keep a malformed intake entry for inspection (`XRANGE tangram:dead - +`), bounded."""
+        entry: dict[Any, Any] = dict(fields)
+        entry.update(intake_id=stream_id, reason=why)
+        self.r.xadd(DEAD, entry, maxlen=DEAD_MAXLEN, approximate=True)
+
     def forget_running(self, action_ids: Sequence[str]) -> None:
         if action_ids:
             self.r.hdel(RUNNING, *action_ids)
@@ -487,6 +533,17 @@ class Store:
         self.complete(action_id, result_json, {"status": "unrun", "trajectory_id": trajectory_id})
 
 
+def memory_refusal(used_b: int, max_b: int, fraction: float, n: int) -> str | None:
+    """Why nothing may be enqueued while Redis uses `used_b` of its `max_b` maxmemory (None: fine)."""
+    if max_b > 0 and used_b > fraction * max_b:
+        return (
+            f"broker full: Redis uses {used_b >> 20} MiB of its {max_b >> 20} MiB maxmemory "
+            f"(admission stops at {fraction:.0%}); none of these {n} action(s) were enqueued, "
+            "retry later or raise broker.maxmemory_mb"
+        )
+    return None
+
+
 def check_submitted(items: Sequence[tuple[str, str, str]], replies: Sequence[Any], max_queued: int) -> None:
     """Raise for the first item the submit script refused (the ones before it were enqueued)."""
     for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
@@ -500,6 +557,11 @@ def check_submitted(items: Sequence[tuple[str, str, str]], replies: Sequence[Any
                 )
             if "TANGRAM_DUPLICATE" in msg:
                 raise ActionRejected(f"action id {action_id!r} was already submitted")
+            if msg.startswith("OOM"):
+                raise AdmissionError(
+                    f"broker full (Redis maxmemory reached): the first {n} of this batch were "
+                    f"enqueued, action {action_id} and the rest were not; retry them later"
+                )
             raise BrokerError(f"submit of {action_id} failed: {msg}")
         if isinstance(rep, Exception):
             raise BrokerError(f"submit of {action_id} failed: {rep}")
