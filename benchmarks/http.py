@@ -30,7 +30,9 @@ import ast
 import asyncio
 import importlib.util
 import json
+import logging
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -62,6 +64,7 @@ def load_verl_sandbox_fusion() -> Any:
     assert mspec is not None and mspec.loader is not None
     module = importlib.util.module_from_spec(mspec)
     sys.modules["verl_sandbox_fusion"] = module
+    logging.getLogger("verl_sandbox_fusion").setLevel(logging.CRITICAL)  # one line per retried case
     mspec.loader.exec_module(module)
     return module
 
@@ -80,18 +83,29 @@ def round_trips(dep: Deployment, n: int) -> dict[str, Any]:
     for mode in ("warm", "one_shot"):
         for i in range(n + 5):  # the first 5 of each mode warm up
             tid = "bench-warm" if mode == "warm" else f"oneshot-{uuid.uuid4().hex}"
-            t0 = time.perf_counter()
-            res = client.submit(CodeAction(trajectory_id=tid, code="print(1)")).result(timeout=60)
-            py_s = time.perf_counter() - t0
-            if mode == "one_shot":
-                client.close_trajectory(tid)
             body: dict[str, Any] = {"code": "print(1)", "language": "python"}
             if mode == "warm":
                 body["trajectory_id"] = "bench-warm-http"
-            t0 = time.perf_counter()
-            r = session.post(url, json=body)
-            http_s = time.perf_counter() - t0
-            assert res.stdout == "1\n" and r.json()["run_result"]["stdout"] == "1\n", (res, r.text)
+
+            def python_call(tid: str = tid, mode: str = mode) -> tuple[float, str]:
+                t0 = time.perf_counter()
+                res = client.submit(CodeAction(trajectory_id=tid, code="print(1)")).result(timeout=60)
+                took = time.perf_counter() - t0
+                if mode == "one_shot":  # what the server does after answering
+                    client.close_trajectory(tid)
+                return took, res.stdout
+
+            def http_call(body: dict[str, Any] = body) -> tuple[float, str]:
+                t0 = time.perf_counter()
+                r = session.post(url, json=body)
+                took = time.perf_counter() - t0
+                return took, r.json()["run_result"]["stdout"]
+
+            if i % 2:  # alternate the order, so that neither pays for the other's clean-up
+                (py_s, py_out), (http_s, http_out) = python_call(), http_call()
+            else:
+                (http_s, http_out), (py_s, py_out) = http_call(), python_call()
+            assert py_out == "1\n" and http_out == "1\n", (py_out, http_out)
             if i >= 5:
                 out[mode]["python"].append(py_s)
                 out[mode]["http"].append(http_s)
@@ -239,7 +253,7 @@ def plain_harness(problems: list[dict[str, Any]], workers: int = 2) -> tuple[flo
     return time.monotonic() - t0, passed
 
 
-def humaneval(dep: Deployment, concurrency: int) -> dict[str, Any]:
+def humaneval(dep: Deployment, concurrency: int, max_concurrent: int) -> dict[str, Any]:
     verl_sf = load_verl_sandbox_fusion()
     from tangram_celery.integrations.verl import compute_score_sync
 
@@ -248,8 +262,15 @@ def humaneval(dep: Deployment, concurrency: int) -> dict[str, Any]:
     completions = [f"```python\n{p['solution']}\n```" for p in problems]
     url = dep.http_url + "/run_code"
 
+    import threading
+
+    # verl's reward.sandbox_fusion.max_concurrent: requests in flight, over all problems
+    semaphore = threading.Semaphore(max_concurrent)
+
     def verl_score(i: int) -> float:
-        score, _ = verl_sf.compute_score(url, None, 1024, completions[i], problems[i]["tests"], timeout=10)
+        score, _ = verl_sf.compute_score(
+            url, semaphore, 1024, completions[i], problems[i]["tests"], timeout=10
+        )
         return float(score)
 
     def tangram_score(i: int) -> float:
@@ -259,7 +280,13 @@ def humaneval(dep: Deployment, concurrency: int) -> dict[str, Any]:
             )["score"]
         )
 
-    out: dict[str, Any] = {"problems": len(problems), "cases": n_cases, "problem_concurrency": concurrency}
+    out: dict[str, Any] = {
+        "problems": len(problems),
+        "humaneval_problems": 164,
+        "cases": n_cases,
+        "problem_concurrency": concurrency,
+        "verl_max_concurrent": max_concurrent,
+    }
     for name, fn in (("verl_run_code", verl_score), ("tangram_adapter", tangram_score)):
         t0 = time.monotonic()
         with ThreadPoolExecutor(concurrency) as pool:
@@ -316,15 +343,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--round-trips", type=int, default=60)
-    ap.add_argument("--problem-concurrency", type=int, default=8)
+    ap.add_argument("--problem-concurrency", type=int, default=8, help="problems scored at once")
+    ap.add_argument(
+        "--verl-max-concurrent", type=int, default=8, help="verl's reward.sandbox_fusion.max_concurrent"
+    )
     ap.add_argument("--skip-humaneval", action="store_true")
     ap.add_argument("--skip-round-trips", action="store_true")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tangram-bench-http-"))
     path = deployment_config(tmp, sandbox={"backend": "auto", "default_timeout_s": 10})
     dep = Deployment(load_config(path), path, with_flower=False)
-    dep.start(progress=False)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     try:
+        dep.start(progress=False)
         data: dict[str, Any] = {"load_avg_1m": round(os.getloadavg()[0], 2), "cores": os.cpu_count()}
         if not args.skip_round_trips:
             data["round_trip"] = round_trips(dep, args.round_trips)
@@ -332,7 +363,7 @@ def main() -> None:
         data["concurrency"] = concurrent_calls(dep, args.calls)
         print(json.dumps(data["concurrency"], indent=1), flush=True)
         if not args.skip_humaneval:
-            data["humaneval"] = humaneval(dep, args.problem_concurrency)
+            data["humaneval"] = humaneval(dep, args.problem_concurrency, args.verl_max_concurrent)
             print(json.dumps(data["humaneval"], indent=1), flush=True)
         data["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     finally:

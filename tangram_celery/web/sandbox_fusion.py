@@ -9,8 +9,6 @@ are SandboxFusion-shaped too: status SandboxError with a message saying what to 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from typing import Any
 
@@ -48,26 +46,6 @@ def refusal(message: str, status: str = "rejected", **info: Any) -> RunCodeRespo
     )
 
 
-def decode_files(files: dict[str, str | None]) -> dict[str, str]:
-    """SandboxFusion's base64 files as CodeAction files (text). Raises ValueError naming the
-    file that is not base64 or not UTF-8 text."""
-    out: dict[str, str] = {}
-    for path, content in files.items():
-        if content is None:
-            continue
-        try:
-            raw = base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(f"files[{path!r}] is not valid base64") from None
-        try:
-            out[path] = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(
-                f"files[{path!r}] is binary; this deployment writes text files only (UTF-8)"
-            ) from None
-    return out
-
-
 def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -> CodeAction:
     """The CodeAction of a `/run_code` request (raises ValueError / ValidationError)."""
     fields: dict[str, Any] = {
@@ -75,7 +53,9 @@ def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -
         "language": req.language,
         "code": req.code,
         "stdin": req.stdin,
-        "files": decode_files(req.files),
+        # SandboxFusion's files are base64: written as bytes, as they come
+        "binary_files": {path: b64 for path, b64 in req.files.items() if b64 is not None},
+        "fetch_files": list(req.fetch_files),
         "memory_mb": req.memory_limit_MB if req.memory_limit_MB > 0 else default_memory_mb,
         "cpus": req.cpus,
         "job_id": req.job_id,
@@ -113,6 +93,7 @@ def from_result(result: ActionResult, language: str) -> RunCodeResponse:
         compile_result=compile_result,
         run_result=run_result,
         executor_pod_name=result.node or None,
+        files=result.files,
         tangram=TangramInfo(
             status=str(result.status),
             action_id=result.action_id,
@@ -160,8 +141,6 @@ async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | 
             f"language {req.language!r} is not supported by this Tangram deployment "
             f"(supported: {', '.join(LANGUAGES)}; GET /v1/capabilities)"
         )
-    if req.fetch_files:
-        return refusal("fetch_files is not supported by this deployment yet (files are written, not fetched)")
     if not gate.admit():
         return to_response(
             Overloaded(f"more than {gate.cfg.max_in_flight} requests in flight"),

@@ -60,7 +60,10 @@ class RunCodeRequest(BaseModel):
         default_factory=dict, description="path -> base64 content, written before the run"
     )
     fetch_files: list[str] = Field(
-        default_factory=list, max_length=256, description="paths returned base64 in `files`"
+        default_factory=list,
+        max_length=256,
+        description="paths returned base64 in `files` after the run (relative to the workdir, or "
+        "under /work or /tmp; missing files are left out)",
     )
     # Tangram's extras (SandboxFusion has none of them; its clients never send them)
     trajectory_id: str | None = Field(

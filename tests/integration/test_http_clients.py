@@ -113,3 +113,34 @@ def test_two_hundred_concurrent_calls_all_parse(http_deployment: Any) -> None:
         vr = [pool.submit(verl_call, i) for i in range(120)]
         assert all(f.result() for f in sf)
         assert [f.result() for f in vr] == [[True]] * 120
+
+
+@pytest.mark.deploy(**SLACK)
+def test_files_in_and_fetch_files_out(http_deployment: Any) -> None:
+    """Binary files go in base64 and come back through fetch_files (SandboxFusion's client
+    parses them); a symlink out of the sandbox, a missing file and a root-owned file are left
+    out, and a path escaping the workdir is refused."""
+    import base64
+
+    url = http_deployment.http_url
+    code = (
+        "import os\n"
+        "data = open('in/data.bin', 'rb').read()\n"
+        "open('out.bin', 'wb').write(bytes(reversed(data)))\n"
+        "open('/tmp/t.txt', 'w').write('tmp')\n"
+        "os.symlink('/proc/1/environ', 'leak')\n"
+    )
+    req = _sf_request(
+        code=code,
+        files={"in/data.bin": base64.b64encode(b"\x00\x01\xfe\xff").decode()},
+        fetch_files=["out.bin", "/tmp/t.txt", "leak", "missing.txt", "main.py"],
+    )
+    resp = sandbox_fusion.run_code(req, endpoint=url, max_attempts=1)
+    assert resp.status == "Success", resp
+    assert base64.b64decode(resp.files["out.bin"]) == b"\xff\xfe\x01\x00"
+    assert base64.b64decode(resp.files["/tmp/t.txt"]) == b"tmp"
+    assert "leak" not in resp.files and "missing.txt" not in resp.files
+    bad = requests.post(
+        url + "/run_code", json={"code": "print(1)", "language": "python", "fetch_files": ["../../etc/passwd"]}
+    ).json()
+    assert bad["status"] == "SandboxError" and "fetch_files" in bad["message"]
