@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tangram_celery.aclient import AsyncTangramClient
 from tangram_celery.config import TangramConfig
+from tangram_celery.errors import BrokerError
 from tangram_celery.web.gate import Gate
 from tangram_celery.web.phases import COMPILED, LANGUAGES
 from tangram_celery.web.sandbox_models import Capabilities
@@ -70,7 +72,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        c = client or AsyncTangramClient(broker_url, config=cfg)
+        # Redis retries are bounded by the slack: a request must not outlive its deadline
+        # waiting for a broker that is away (the caller gets 503 instead, see below)
+        c = client or AsyncTangramClient(broker_url, config=cfg, retry_budget_s=cfg.http.slack_s)
         gate = Gate(c, cfg.http)
         app.state.tangram = ServerState(
             cfg=cfg, client=c, gate=gate, default_memory_mb=cfg.sandbox.default_memory_mb
@@ -88,6 +92,13 @@ def create_app(
         version="1",
         lifespan=lifespan,
     )
+
+    @app.exception_handler(BrokerError)
+    async def broker_away(request: Request, exc: BrokerError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"broker unavailable: {exc}"}, status_code=503, headers={"Retry-After": "1"}
+        )
+
     app.include_router(sandbox_router)
     app.include_router(native_router)
     app.include_router(rewards_router)
