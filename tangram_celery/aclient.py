@@ -67,7 +67,8 @@ class UnknownAction(TangramError):
 @dataclass
 class _Waiter:
     future: asyncio.Future[ActionResult]
-    refs: int = 0
+    refs: int = 0  # result() calls waiting on it
+    watched: bool = False  # registered at submit: its result cannot predate it
 
 
 class AsyncActionHandle:
@@ -103,14 +104,17 @@ class AsyncTangramClient:
         self.retry_budget_s = retry_budget_s
         self.client_id = new_id()[:16]
         self.notify = notify_key(self.client_id)
-        # Commands share a small pool; the listener holds its own connection in BLPOP.
-        self.r = aredis.Redis.from_url(
+        # Commands share a small pool (a full pool makes callers wait their turn, it does not
+        # fail them); the listener holds its own connection in BLPOP.
+        pool = aredis.BlockingConnectionPool.from_url(
             broker_url,
             decode_responses=True,
             max_connections=max_connections,
+            timeout=None,
             socket_timeout=30.0,
             health_check_interval=30,
         )
+        self.r = aredis.Redis(connection_pool=pool)
         self._listen = aredis.Redis.from_url(
             broker_url, decode_responses=True, single_connection_client=True, socket_timeout=None
         )
@@ -204,7 +208,19 @@ class AsyncTangramClient:
                 )
             return list(await pipe.execute(raise_on_error=False))
 
-        check_submitted(items, await self._retrying("submit", send), max_queued)
+        # Waiters exist before the actions do: a result pushed before anyone awaits it is kept,
+        # and `result()` needs no read of its own for an action submitted here.
+        loop = asyncio.get_running_loop()
+        fresh = [h.id for h in handles if h.id not in self._waiters]
+        for action_id in fresh:
+            self._waiters[action_id] = _Waiter(loop.create_future(), watched=True)
+        try:
+            check_submitted(items, await self._retrying("submit", send), max_queued)
+        except BaseException:
+            # the ones enqueued before the refusal are found by result() with a read of its own
+            for action_id in fresh:
+                self._waiters.pop(action_id, None)
+            raise
         return handles
 
     async def _admit_memory(self, fraction: float, n: int) -> None:
@@ -300,7 +316,7 @@ class AsyncTangramClient:
                 self._resolve(action_id, raw)
             elif state is None:
                 w = self._waiters.pop(action_id, None)
-                if w is not None and not w.future.done():
+                if w is not None and not w.future.done() and w.refs > 0:
                     w.future.set_exception(
                         UnknownAction(f"no action {action_id!r} (never submitted, or its result expired)")
                     )
@@ -375,6 +391,7 @@ class AsyncTangramClient:
             pass
         await self._listen.aclose()
         await self.r.aclose()
+        await self.r.connection_pool.disconnect()  # a pool passed in is not closed by aclose
 
     async def __aenter__(self) -> AsyncTangramClient:
         return self
