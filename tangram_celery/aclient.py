@@ -328,10 +328,10 @@ class AsyncTangramClient:
             try:
                 got = await self._listen.blpop([self.notify], timeout=self.poll_s)
                 if got is not None:
-                    raws = [str(got[1])]
+                    self._deliver([str(got[1])])  # first, before the drain's round trip
                     more = await self._listen.lpop(self.notify, 4096)
-                    raws.extend(str(x) for x in more or [])
-                    self._deliver(raws)
+                    if more:
+                        self._deliver([str(x) for x in more])
                 if time.monotonic() >= next_sweep:
                     # Results whose wake-up was lost (see the module docstring).
                     await self._fetch(list(self._waiters))

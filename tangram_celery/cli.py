@@ -106,7 +106,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     serve_metrics(registry, args.metrics_port, args.metrics_addr)
     # uvicorn handles SIGINT / SIGTERM itself: it stops accepting, finishes requests, exits
-    serve(cfg, resolve_url(cfg), port=args.port, address=args.address, registry=registry)
+    try:
+        serve(cfg, resolve_url(cfg), port=args.port, address=args.address, registry=registry)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
+        pass
     return 0
 
 
