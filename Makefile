@@ -1,10 +1,11 @@
-# One virtualenv, everything from PyPI. `make demo` and `make test` create/refresh it.
+# One virtualenv, everything from PyPI. `make demo` and `make test` first install the Debian
+# packages they need when missing (scripts/setup-system.sh), then create/refresh the venv.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-unit test-integration lint format bench clean
+.PHONY: venv system-demo system-test demo test test-unit test-integration lint format bench clean
 
 $(STAMP): pyproject.toml requirements/reward.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,10 +19,21 @@ $(STAMP): pyproject.toml requirements/reward.txt
 
 venv: $(STAMP)
 
-demo: venv
+system-demo:
+	@scripts/setup-system.sh demo
+
+system-test:
+	@scripts/setup-system.sh test
+
+# system packages strictly before the venv (python3-venv may be among them), even with -j
+demo:
+	@$(MAKE) --no-print-directory system-demo
+	@$(MAKE) --no-print-directory venv
 	$(BIN)/tangram demo
 
-test: venv
+test:
+	@$(MAKE) --no-print-directory system-test
+	@$(MAKE) --no-print-directory venv
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-unit: venv

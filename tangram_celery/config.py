@@ -125,7 +125,19 @@ class ApiConfig(_Model):
 
 class SandboxConfig(_Model):
     backend: Literal["auto", "docker", "namespace"] = Field(
-        "auto", description="'docker', 'namespace' (bubblewrap/unshare), or 'auto' (docker if reachable)"
+        "auto",
+        description="'docker', 'namespace' (Linux namespaces + cgroups), or 'auto' (docker if reachable)",
+    )
+    namespace_launcher: Literal["auto", "bwrap", "builtin"] = Field(
+        "auto",
+        description=(
+            "how the namespace backend builds a sandbox: 'bwrap' (bubblewrap), 'builtin' (Tangram's "
+            "own launcher, direct syscalls, needs no package), or 'auto' (bwrap when installed)"
+        ),
+    )
+    stage_dir: str = Field(
+        "/run/tangram-sandbox",
+        description="root-only host directory the files bound into sandboxes are staged in (a neutral path)",
     )
     docker_host: str | None = Field(None, description="Docker engine URL; default from DOCKER_HOST")
     image: str = Field("tangram-sandbox", description="image for sandboxes (built from the host if absent)")
@@ -134,6 +146,9 @@ class SandboxConfig(_Model):
     pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
     max_output_bytes: int = Field(65536, ge=1024, description="cap on stdout and on stderr, bytes")
     disk_quota_mb: int = Field(64, ge=1, description="workdir size limit, MiB")
+    inodes_limit: int = Field(
+        16384, ge=64, le=10_000_000, description="files + directories per tmpfs mount (/work and /tmp)"
+    )
     idle_ttl_s: float = Field(600.0, gt=0, description="trajectory sandbox removed after idle, s")
     network: bool = Field(False, description="allow network inside sandboxes (off by default)")
 

@@ -1,7 +1,10 @@
 """Start and stop a whole local deployment: embedded Redis, scheduler, one worker per pool, Flower.
 
 Used by `tangram up`, `tangram demo` and the integration tests. Every child is a real process
-started here and stopped here by its pid.
+started here and stopped here by its pid. Nothing outlives this process: every child is started
+from one long-lived thread and arms a parent-death signal, then checks that this process still
+lives (`tangram_celery/lifeline.py`): Python children from their entry point, Redis and Flower
+through the exec wrapper. A start that fails part-way stops what it had started.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from tangram_celery import lifeline
 from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import TangramError
@@ -62,14 +66,24 @@ class Deployment:
         return Path(self.cfg.state_dir)
 
     def start(self, progress: bool = True) -> Deployment:
+        """Start everything and wait until it is ready; on any failure (or a signal that
+        interrupts it), stop what was started and re-raise."""
+        try:
+            return self._start(progress)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, progress: bool) -> Deployment:
         say = print if progress else log.info
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
             self.redis = EmbeddedRedis(
                 self.state_dir / "redis",
                 fsync=self.cfg.broker.fsync,
                 maxmemory_mb=self.cfg.broker.maxmemory_mb,
+                die_with_parent=True,
             ).start()
             self.url = self.redis.url
         else:
@@ -127,16 +141,16 @@ class Deployment:
             self.metrics_ports[name] = _free_port()
             args = [*args, "--metrics-port", str(self.metrics_ports[name])]
             write_targets(self.state_dir, self.metrics_ports)
-        logs = self.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        env = dict(os.environ, TANGRAM_BROKER_URL=self.url, PYTHONUNBUFFERED="1")
+        log_path = self._log_path(name)
+        # the child arms its parent-death signal against this pid first thing (cli.main)
+        env = dict(
+            os.environ,
+            TANGRAM_BROKER_URL=self.url,
+            PYTHONUNBUFFERED="1",
+            **{lifeline.PARENT_ENV: str(os.getpid())},
+        )
         cmd = [sys.executable, "-m", "tangram_celery.cli", *args, "--config", str(self.config_path)]
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.children[name] = Child(name, proc, log_path, args)
+        self.children[name] = Child(name, self._popen(cmd, log_path, env), log_path, args)
         return self.children[name]
 
     def _start_http(self, say: Callable[[str], None]) -> bool:
@@ -167,6 +181,29 @@ class Deployment:
             f"http server wrote no URL in {timeout_s}s; see {self.state_dir / 'logs' / 'http.log'}"
         )
 
+    def _log_path(self, name: str) -> Path:
+        logs = self.state_dir / "logs"
+        logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return logs / f"{name}.log"
+
+    @staticmethod
+    def _popen(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start `cmd` from the process's one spawner thread (parent-death fires per thread)."""
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            proc: subprocess.Popen[bytes] = lifeline.spawn(
+                subprocess.Popen,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches only us; we stop them
+            )
+        finally:
+            os.close(fd)
+        return proc
+
     def _start_flower(self) -> None:
         from tangram_celery.broker import _free_port
 
@@ -174,14 +211,10 @@ class Deployment:
         password = self.cfg.flower.password or secrets.token_urlsafe(12)
         self.flower_auth = (self.cfg.flower.user, password)
         self.flower_url = f"http://127.0.0.1:{port}"
-        logs = self.state_dir / "logs"
         cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth)
-        env = dict(os.environ, **extra)
-        with open(logs / "flower.log", "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.children["flower"] = Child("flower", proc, logs / "flower.log")
+        log_path = self._log_path("flower")
+        proc = self._popen(lifeline.wrapper_argv(cmd, os.getpid()), log_path, dict(os.environ, **extra))
+        self.children["flower"] = Child("flower", proc, log_path)
 
     def wait_ready(self, timeout_s: float = 60.0, progress: bool = True) -> None:
         """Wait until the scheduler published its pools and every worker answers a ping."""
@@ -225,6 +258,7 @@ class Deployment:
             return c.proc.pid
 
     def stop(self) -> None:
+        """Stop every child (SIGTERM, SIGKILL after 15 s) and the embedded Redis (idempotent)."""
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)

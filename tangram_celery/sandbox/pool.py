@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
-import tempfile
+import stat
 import threading
 import time
 import uuid
@@ -25,7 +26,6 @@ from typing import Any
 from tangram_celery.actions import ActionStatus
 from tangram_celery.config import SandboxConfig
 from tangram_celery.errors import SandboxError
-from tangram_celery.sandbox import tools
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.limits import (
@@ -36,6 +36,7 @@ from tangram_celery.sandbox.limits import (
     runner_payload,
     to_result,
 )
+from tangram_celery.sandbox.stage import SandboxScope, Stage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
@@ -54,7 +55,7 @@ class Handle:
     """One trajectory's live sandbox."""
 
     trajectory_id: str
-    state_dir: Path  # host dir bind-mounted at /run/tangram (holds the runner socket)
+    state_dir: Path  # root-only host dir bind-mounted at /run/tangram (holds the runner socket)
     memory_mb: int
     cores: tuple[int, ...]
     ref: Any = None  # backend object: docker Container or bwrap Popen
@@ -67,12 +68,25 @@ class Handle:
         return self.state_dir / "runner.sock"
 
 
-def call_runner(path: Path, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One request/response with the runner over its unix socket."""
+def call_runner(path: Path, payload: dict[str, Any], timeout_s: float, owner_uid: int = 0) -> dict[str, Any]:
+    """One request/response with the runner over its unix socket.
+
+    Its directory is bound into the sandbox, so nothing in it is trusted: the socket is opened
+    without following a link (O_PATH | O_NOFOLLOW), must be a socket owned by the runner's uid
+    (`owner_uid`, root) in a directory still private to that uid — user code that got the
+    directory handed over and planted its own "runner" is not talked to — and is connected
+    through /proc/self/fd."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
+        fd = -1
         try:
-            s.connect(str(path))
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            sock, parent = os.fstat(fd), os.lstat(path.parent)
+            if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != owner_uid:
+                raise RunnerGone(f"{path.name} is not a socket of uid {owner_uid}: not the runner's")
+            if parent.st_uid != owner_uid or parent.st_mode & 0o077:
+                raise RunnerGone("the runner's directory is no longer private to it")
+            s.connect(f"/proc/self/fd/{fd}")
             s.sendall(json.dumps(payload).encode() + b"\n")
             buf = bytearray()
             while not buf.endswith(b"\n"):
@@ -82,8 +96,11 @@ def call_runner(path: Path, payload: dict[str, Any], timeout_s: float) -> dict[s
                 buf += chunk
         except TimeoutError:
             raise RunnerTimeout(f"no answer in {timeout_s:.1f} s") from None
-        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as e:
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, OSError) as e:
             raise RunnerGone(repr(e)) from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
     out: dict[str, Any] = json.loads(buf)
     return out
 
@@ -93,13 +110,18 @@ class WarmPool(ABC):
 
     name = "abstract"
 
-    def __init__(self, cfg: SandboxConfig, limits: Limits | None = None) -> None:
+    def __init__(
+        self, cfg: SandboxConfig, limits: Limits | None = None, scope: SandboxScope | None = None
+    ) -> None:
         self.cfg = cfg
         self.limits = limits or Limits.from_config(cfg)
-        self.owner = uuid.uuid4().hex[:10]
-        self.state_root = Path(tempfile.mkdtemp(prefix=f"tangram-{self.name}-"))
-        self.tools_dir = tools.tools_dir()
+        self.who = scope or SandboxScope()  # a private scope unless the worker names its node
+        self.owner = self.who.incarnation
+        self.stage = Stage(cfg.stage_dir, self.who)
+        self.state_root = self.stage.sandboxes
+        self.tools_dir = self.stage.stage_tools()
         self.pythonpath = [TOOLS_PATH] if self.tools_dir is not None else []
+        self._sweep_previous()  # before serving: the previous incarnation's sandboxes go
         self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -117,6 +139,12 @@ class WarmPool(ABC):
 
     @abstractmethod
     def _alive(self, h: Handle) -> bool: ...
+
+    def _sweep_previous(self) -> None:
+        """Remove what dead incarnations of this scope left; backends first remove their
+        sandboxes (cgroups, containers), then call this for the directories."""
+        for inc in self.stage.stale_incarnations():
+            self.stage.remove_incarnation(inc)
 
     def _bind(self, h: Handle, cores: tuple[int, ...], memory_mb: int) -> None:
         """Bind cores and memory; the default writes cgroups, Docker falls back to `update`."""
@@ -151,7 +179,7 @@ class WarmPool(ABC):
             self._handles.clear()
         for h in handles:
             self._teardown(h)
-        shutil.rmtree(self.state_root, ignore_errors=True)
+        self.stage.close()
 
     def trajectories(self) -> list[str]:
         with self._lock:

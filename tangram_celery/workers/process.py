@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 from tangram_celery.app import make_app, queue_name
@@ -30,15 +31,20 @@ def run_worker(
     url = resolve_url(cfg)
     app = make_app(url)
     runtime = WorkerRuntime(url, kind, name)
+    closing: list[Callable[[], None]] = []
     if kind == "cpu":
         node = next((n for n in cfg.nodes.cpu if n.name == name), None)
         if node is None:
             raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
-        from tangram_celery.sandbox import open_sandbox
+        from tangram_celery.sandbox import SandboxScope, open_sandbox
         from tangram_celery.workers.cpu import CpuHandler
 
         rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
-        handler = CpuHandler(open_sandbox(cfg.sandbox), cfg.sandbox, rules)
+        # the scope (state dir + node) lets this worker remove what a previous one of the same
+        # node left before it serves; nobody else's sandboxes are touched
+        sandbox = open_sandbox(cfg.sandbox, SandboxScope.of_node(cfg.state_dir, name))
+        closing.append(sandbox.close)
+        handler = CpuHandler(sandbox, cfg.sandbox, rules)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
         slots = concurrency or node.cores
     elif kind == "api":
@@ -65,21 +71,25 @@ def run_worker(
     runtime.start(app)
     serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
-    app.worker_main(
-        [
-            "worker",
-            "-Q",
-            queue_name(kind, name),
-            "-n",
-            runtime.name,
-            "-P",
-            "threads",
-            "-c",
-            str(slots),
-            "--prefetch-multiplier=1",
-            "--without-mingle",
-            "--without-gossip",
-            "-E",
-            f"--loglevel={loglevel}",
-        ]
-    )
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "-Q",
+                queue_name(kind, name),
+                "-n",
+                runtime.name,
+                "-P",
+                "threads",
+                "-c",
+                str(slots),
+                "--prefetch-multiplier=1",
+                "--without-mingle",
+                "--without-gossip",
+                "-E",
+                f"--loglevel={loglevel}",
+            ]
+        )
+    finally:
+        for close in closing:  # sandboxes and their cgroups go with a clean shutdown
+            close()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.redis import deployment_config
+from tests.fixtures.sandbox import require_sandbox
 
 RECORD_API = {
     "name": "rec",
@@ -25,7 +26,10 @@ def _deployment(tmp_path: Path, request: pytest.FixtureRequest, with_http: bool)
     marker = request.node.get_closest_marker("deploy")
     overrides = dict(marker.kwargs) if marker else {}
     path = deployment_config(tmp_path, **overrides)
-    dep = Deployment(load_config(path), path, with_flower=False, with_http=with_http)
+    cfg = load_config(path)
+    if cfg.nodes.cpu:
+        require_sandbox(cfg.sandbox.model_dump(mode="json"))
+    dep = Deployment(cfg, path, with_flower=False, with_http=with_http)
     try:
         dep.start(progress=False)
     except Exception:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.redis import deployment_config
+from tests.fixtures.sandbox import require_sandbox
 
 
 @pytest.fixture
@@ -24,9 +25,9 @@ def flower_deployment(tmp_path: Path) -> Iterator[Any]:
     from tangram_celery.config import load_config
     from tangram_celery.deploy import Deployment
 
-    path = deployment_config(
-        tmp_path, sandbox={"backend": "namespace", "default_timeout_s": 10}, flower={"port": 0}
-    )
+    sandbox = {"backend": "namespace", "default_timeout_s": 10}
+    require_sandbox(sandbox)
+    path = deployment_config(tmp_path, sandbox=sandbox, flower={"port": 0})
     dep = Deployment(load_config(path), path, with_flower=True)
     try:
         dep.start(progress=False)

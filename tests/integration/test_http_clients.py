@@ -141,6 +141,7 @@ def test_files_in_and_fetch_files_out(http_deployment: Any) -> None:
     assert base64.b64decode(resp.files["/tmp/t.txt"]) == b"tmp"
     assert "leak" not in resp.files and "missing.txt" not in resp.files
     bad = requests.post(
-        url + "/run_code", json={"code": "print(1)", "language": "python", "fetch_files": ["../../etc/passwd"]}
+        url + "/run_code",
+        json={"code": "print(1)", "language": "python", "fetch_files": ["../../etc/passwd"]},
     ).json()
     assert bad["status"] == "SandboxError" and "fetch_files" in bad["message"]

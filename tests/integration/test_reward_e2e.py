@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_config_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,6 +35,7 @@ def gpu_deployment(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[Any
     cfg["reward_models"] = [m for m in cfg["reward_models"] if m["name"] in ("rm", "math")]
     cfg["nodes"]["cpu"] = [{"name": "n0", "cores": 2, "memory_mb": 4096}]  # rule verifiers run here
     cfg["sandbox"] = {"backend": "namespace"}
+    require_sandbox(cfg["sandbox"])
     path = tmp_path / "tangram.yaml"
     path.write_text(yaml.safe_dump(cfg))
     dep = Deployment(load_config(path), path, with_flower=False)

@@ -85,19 +85,30 @@ def test_the_example_config_validates_and_takes_its_secrets_from_the_environment
 
 @pytest.mark.unit
 def test_compose_security_defaults() -> None:
-    """Redis requires a password and keeps an AOF; Flower requires one; every published port is
-    on TANGRAM_BIND, loopback unless the operator says otherwise."""
+    """Redis requires a password and keeps an AOF, with the password on no command line (its
+    own or the health check's); Flower requires one; Redis is published on TANGRAM_BIND, the
+    unauthenticated metrics and the plain-HTTP Flower only on loopback unless the operator says
+    otherwise; the CPU worker keeps Docker's seccomp profile."""
     services = _services()
-    redis_cmd = [str(a) for a in services["redis"]["command"]]
-    assert redis_cmd[redis_cmd.index("--requirepass") + 1].startswith("${TANGRAM_REDIS_PASSWORD:?")
-    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    redis = services["redis"]
+    script = " ".join(str(a) for a in redis["entrypoint"])
+    assert "requirepass %s" in script and '"$$TANGRAM_REDIS_PASSWORD"' in script
+    assert "--appendonly yes" in script and "unset TANGRAM_REDIS_PASSWORD REDISCLI_AUTH" in script
+    assert "command" not in redis and "-a " not in " ".join(redis["healthcheck"]["test"])
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${TANGRAM_REDIS_PASSWORD:?")
     assert services["flower"]["environment"]["TANGRAM_FLOWER_PASSWORD"].startswith(
         "${TANGRAM_FLOWER_PASSWORD:?"
     )
     for name, svc in services.items():
         for port in svc.get("ports", []):
-            assert port.startswith("${TANGRAM_BIND:-127.0.0.1}:"), (name, port)
+            want = {"redis": "TANGRAM_BIND", "flower": "TANGRAM_FLOWER_BIND"}.get(
+                name, "TANGRAM_METRICS_BIND"
+            )
+            assert port.startswith(f"${{{want}:-127.0.0.1}}:"), (name, port)
+        for arg in svc.get("command", []):
+            assert "PASSWORD" not in str(arg), (name, arg)
     assert services["worker-cpu"]["environment"]["TANGRAM_REDIS_PASSWORD"].startswith("${")
+    assert not any("seccomp" in o for o in services["worker-cpu"]["security_opt"])
 
 
 @pytest.mark.unit
