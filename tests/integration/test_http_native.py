@@ -131,7 +131,7 @@ def test_verl_adapters(http_deployment: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.deploy(http={"overload_status": 429})  # an overload answer is not a server error
-def test_schema_fuzzing_finds_no_server_error(http_deployment: Any) -> None:
+def test_schema_fuzzing_finds_no_server_error(http_deployment: Any, tmp_path: Path) -> None:
     """schemathesis, driven by the served OpenAPI schema, gets no 5xx from any endpoint
     (bounded: 15 examples per operation, 120 s)."""
     pytest.importorskip("schemathesis")
@@ -157,6 +157,7 @@ def test_schema_fuzzing_finds_no_server_error(http_deployment: Any) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,  # schemathesis writes its cache (.schemathesis/) there
     )
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:], time.monotonic() - t0)
 
