@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from tangram_celery.actions import ActionResult, CodeAction
@@ -109,9 +109,9 @@ def from_result(result: ActionResult, language: str) -> RunCodeResponse:
     )
 
 
-@router.get("/v1/ping", response_class=PlainTextResponse, tags=["sandbox-fusion"])
+@router.get("/v1/ping", tags=["sandbox-fusion"])
 async def ping() -> str:
-    """Liveness, as SandboxFusion answers it."""
+    """Liveness, as SandboxFusion answers it: the JSON string "pong"."""
     return "pong"
 
 

@@ -62,6 +62,8 @@ def test_native_endpoints(http_deployment: Any) -> None:
 
     bad = requests.post(url + "/actions", json={"type": "reward", "model": "nope", "inputs": {}})
     assert bad.status_code == 400 and "unknown reward model" in bad.json()["detail"]
+    ping = requests.get(http_deployment.http_url + "/v1/ping")
+    assert ping.json() == "pong" and ping.headers["content-type"] == "application/json"  # as SandboxFusion
     caps = requests.get(http_deployment.http_url + "/v1/capabilities").json()
     assert caps["languages"] == ["python", "bash", "c"] and caps["reward_models"] == ["exact"]
     assert "/run_code" in requests.get(http_deployment.http_url + "/openapi.json").json()["paths"]
