@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +87,72 @@ def test_an_action_sent_back_to_the_queue_after_a_dispatch_is_not_cancelled(redi
     assert store.action_state("c5") == "queued"
     assert store.cancel("c5", cancelled_result("c5", "deadline")) == "queued"
     assert store.action_state("c5") == "queued"
+
+
+def _scheduler(redis_url: str, tmp_path: Path) -> Any:
+    from scheduler.service import SchedulerService
+    from tangram_celery.config import parse_config
+
+    cfg = parse_config(
+        {
+            "state_dir": str(tmp_path),
+            "nodes": {"cpu": [{"name": "n0", "cores": 2, "memory_mb": 1024}]},
+            "scheduler": {"policy": "fcfs-min"},
+        }
+    )
+    svc = SchedulerService(cfg, redis_url, record=False)
+    svc.start()
+    return svc, cfg
+
+
+def _celery_messages(store: Store) -> int:
+    return int(store.r.llen("tangram.cpu.n0"))
+
+
+def test_the_scheduler_drops_an_action_cancelled_while_it_waits(redis_url: str, tmp_path: Path) -> None:
+    """An action in the scheduler's waiting queue (no free core) that is cancelled leaves the
+    queue on the cancel event, frees its trajectory's count, and is never sent to a worker."""
+    from tangram_celery.actions import CodeAction
+    from tangram_celery.client import TangramClient
+
+    svc, cfg = _scheduler(redis_url, tmp_path)
+    store = Store(redis_url)
+    client = TangramClient(redis_url, config=cfg)
+    hog = client.submit(CodeAction(trajectory_id="t1", code="x", cpus=2))
+    waiting = client.submit(CodeAction(trajectory_id="t2", code="y"))
+    svc.step(block_ms=100)
+    assert hog.id in svc.running_qa and waiting.id in svc.waiting  # both cores held by the hog
+    assert client.cancel(waiting.id, "test") is True
+    svc.step(block_ms=100)
+    assert waiting.id not in svc.waiting and svc.active.get("t2", 0) == 0
+    assert svc.metrics.registry.get_sample_value("tangram_cancelled_total") == 1
+    assert _celery_messages(store) == 1  # the hog's only
+    client.close()
+    store.close()
+
+
+def test_a_cancel_between_decision_and_dispatch_sends_nothing(redis_url: str, tmp_path: Path) -> None:
+    """The policy chose an action, then its caller cancelled it before the scheduler persisted
+    the allocation: the dispatch script skips it, its cores are given back, no message is sent,
+    and the next action gets the cores."""
+    from tangram_celery.actions import CodeAction
+    from tangram_celery.client import TangramClient
+
+    svc, cfg = _scheduler(redis_url, tmp_path)
+    store = Store(redis_url)
+    client = TangramClient(redis_url, config=cfg)
+    first = client.submit(CodeAction(trajectory_id="t1", code="x", cpus=2))
+    intake, events = store.read(10, 100)
+    svc.on_events(events)
+    svc.on_intake(intake)  # in the waiting queue; the policy has not run yet
+    assert client.cancel(first.id, "deadline") is True  # the event is not read yet
+    assert svc._schedule() == 0
+    assert first.id not in svc.running_qa and first.id not in svc.state.running
+    assert len(svc.state.cpu["n0"].free) == 2 and _celery_messages(store) == 0
+    assert store.action_state(first.id) == "cancelled"
+    second = client.submit(CodeAction(trajectory_id="t2", code="y", cpus=2))
+    svc.step(block_ms=100)  # reads the cancel event (ignored: already dropped) and the new one
+    assert second.id in svc.running_qa and _celery_messages(store) == 1
+    assert svc.active.get("t1", 0) == 0
+    client.close()
+    store.close()
