@@ -254,6 +254,10 @@ class ActionResult(BaseModel):
     node: str = ""
     attempts: int = 1
     files: dict[str, str] = Field(default_factory=dict)  # fetch_files: path -> base64 content
+    # Actions started together with this one, itself included: for a reward action on a GPU, the
+    # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
+    # on the same pool in the same round. 0 when it never ran.
+    batch_size: int = 0
 
     @property
     def ok(self) -> bool:

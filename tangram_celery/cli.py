@@ -200,7 +200,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
     import secrets
 
     from tangram_celery.broker import resolve_url
-    from tangram_celery.deploy import flower_command
+    from tangram_celery.deploy import flower_command, pool_queues
 
     cfg = _config(args)
     password = cfg.flower.password or secrets.token_urlsafe(12)
@@ -209,7 +209,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
     shown = "from TANGRAM_FLOWER_PASSWORD" if os.environ.get("TANGRAM_FLOWER_PASSWORD") else password
     print(f"flower on {where} (user {cfg.flower.user}, password {shown})")
     cmd, extra = flower_command(
-        resolve_url(cfg), cfg.flower.port, cfg.flower.address, (cfg.flower.user, password)
+        resolve_url(cfg), cfg.flower.port, cfg.flower.address, (cfg.flower.user, password), pool_queues(cfg)
     )
     os.execve(sys.executable, cmd, dict(os.environ, **extra))
 

@@ -92,6 +92,11 @@ class GpuNodeConfig(_Model):
     instance_kind: Literal["auto", "gpu", "cpu"] = Field(
         "auto", description="Triton instance kind: 'gpu' pins devices, 'cpu' serves on CPU"
     )
+    warm_up: bool = Field(
+        True,
+        description="load every reward service onto free GPUs at start, in the background, as memory "
+        "allows (false: each loads on its first request)",
+    )
 
     @field_validator("num_gpus")
     @classmethod
@@ -165,6 +170,13 @@ class RewardModelConfig(_Model):
     dop_options: tuple[int, ...] = Field((1,), description="GPU counts per replica, from {1,2,4,8}")
     memory_mb: int = Field(1024, ge=1, description="GPU memory footprint of one replica, MiB")
     batch_window_ms: float = Field(5.0, ge=0, description="dynamic-batching delay, ms")
+    build: Literal["tiny-seq-cls", "tiny-causal-lm"] | None = Field(
+        None,
+        description=(
+            "build a tiny random-init model of this kind at `path` when no model is there yet "
+            "(demos and tests: nothing is downloaded; `tangram up` builds it once)"
+        ),
+    )
 
     @field_validator("dop_options")
     @classmethod
@@ -180,6 +192,12 @@ class RewardModelConfig(_Model):
                 raise ValueError("backend 'rule' needs rule: exact-match or math-equiv")
         elif not (self.path or self.package):
             raise ValueError(f"backend {self.backend!r} needs path or package")
+        if self.build is not None:
+            fits = {"tiny-seq-cls": "hf-seq-cls", "tiny-causal-lm": "teacher-logprobs"}[self.build]
+            if self.backend != fits:
+                raise ValueError(f"build {self.build!r} makes a {fits} model, not a {self.backend} one")
+            if not self.path:
+                raise ValueError(f"build {self.build!r} needs path: the directory to build the model into")
         return self
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -77,6 +78,13 @@ class Deployment:
     def _start(self, progress: bool) -> Deployment:
         say = print if progress else log.info
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        gpu = gpu_worker_nodes(self.cfg)
+        if gpu:  # before any child starts: nothing is left running when this fails
+            from reward_servers._deps import check_serving
+            from reward_servers.tiny_models import build_missing
+
+            check_serving(self.cfg)
+            build_missing(self.cfg, say)  # once: the model stays in place for the next start
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
             self.redis = EmbeddedRedis(
@@ -96,18 +104,49 @@ class Deployment:
             self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name])
         for a in self.cfg.apis:
             self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
-        for g in self.cfg.nodes.gpu:
-            if any(m.backend != "rule" for m in self.cfg.reward_models):
-                self.spawn(f"worker-gpu-{g.name}", ["worker", "gpu", "--node", g.name])
+        if gpu:
+            store = Store(self.url)
+            for g in gpu:  # a status left by an earlier run of this broker is not this run's
+                store.set_warm_status(g, None)
+            store.close()
+        for g in gpu:
+            self.spawn(f"worker-gpu-{g}", ["worker", "gpu", "--node", g])
         if self.with_flower:
             self._start_flower()
         http = self._start_http(say)
         self.wait_ready(progress=progress)
         if http:
             self.http_url = self._wait_http_url()
+        warm = warm_nodes(self.cfg)
+        if warm:
+            services = [m.name for m in self.cfg.reward_models if m.backend != "rule"]
+            say(
+                f"warming {len(services)} reward service(s) ({', '.join(services)}) on GPU node(s) "
+                f"{', '.join(warm)} in the background"
+            )
+            threading.Thread(
+                target=self._report_warm_up, args=(say,), name="tangram-warm-up", daemon=True
+            ).start()
         self._supervisor = threading.Thread(target=self._supervise, name="tangram-supervisor", daemon=True)
         self._supervisor.start()
         return self
+
+    def wait_warm(self, timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
+        """Block until every GPU worker finished warming its services (see `wait_warm`)."""
+        return wait_warm(self.url, warm_nodes(self.cfg), timeout_s, self._stopping)
+
+    def _report_warm_up(self, say: Callable[[str], object]) -> None:
+        try:
+            status = self.wait_warm()
+        except Exception as e:  # the deployment stopped, or warming is slow: requests load on demand
+            log.info("warm-up not reported: %s", e)
+            return
+        for node, st in sorted(status.items()):
+            loaded, failed = st.get("loaded") or [], st.get("failed") or {}
+            line = f"reward services warm on {node}: {len(loaded)} replica(s) in {st.get('seconds', 0):.1f} s"
+            if failed:
+                line += f"; failed: {', '.join(failed)} (they load on demand; see the worker's log)"
+            say(line)
 
     def _supervise(self, every_s: float = 0.5) -> None:
         """Restart children that exit (crash, kill, stuck-consumer exit), like a process manager."""
@@ -211,7 +250,7 @@ class Deployment:
         password = self.cfg.flower.password or secrets.token_urlsafe(12)
         self.flower_auth = (self.cfg.flower.user, password)
         self.flower_url = f"http://127.0.0.1:{port}"
-        cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth)
+        cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth, pool_queues(self.cfg))
         log_path = self._log_path("flower")
         proc = self._popen(lifeline.wrapper_argv(cmd, os.getpid()), log_path, dict(os.environ, **extra))
         self.children["flower"] = Child("flower", proc, log_path)
@@ -287,24 +326,75 @@ class Deployment:
         self.stop()
 
 
+def gpu_worker_nodes(cfg: TangramConfig) -> list[str]:
+    """GPU nodes that get a worker (and Triton): those of a config with Triton-served models."""
+    if not any(m.backend != "rule" for m in cfg.reward_models):
+        return []
+    return [g.name for g in cfg.nodes.gpu]
+
+
+def warm_nodes(cfg: TangramConfig) -> list[str]:
+    """GPU nodes whose worker warms the reward services at start (`nodes.gpu[].warm_up`)."""
+    gpu = set(gpu_worker_nodes(cfg))
+    return [g.name for g in cfg.nodes.gpu if g.name in gpu and g.warm_up]
+
+
+def wait_warm(
+    url: str, nodes: list[str], timeout_s: float = 300.0, stop: threading.Event | None = None
+) -> dict[str, dict[str, Any]]:
+    """Block until the GPU workers of `nodes` finished warming their services; node -> warm-up
+    status (`loaded` replicas, `failed` ones, `seconds`). Raises TangramError on timeout."""
+    store = Store(url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            status = store.warm_status()
+            if all(status.get(n, {}).get("state") == "done" for n in nodes):
+                return {n: status[n] for n in nodes}
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                raise TangramError(f"reward services not warm after {timeout_s:.0f} s: {status}")
+            time.sleep(0.25)
+    finally:
+        store.close()
+
+
 def write_config(cfg: TangramConfig, path: Path) -> Path:
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return path
 
 
+def pool_queues(cfg: TangramConfig) -> list[str]:
+    """The Celery queue of every configured pool: tangram.cpu.*, tangram.gpu.*, tangram.api.*."""
+    from tangram_celery.app import queue_name
+
+    gpu = [g.name for g in cfg.nodes.gpu if any(m.backend != "rule" for m in cfg.reward_models)]
+    return (
+        [queue_name("cpu", n.name) for n in cfg.nodes.cpu]
+        + [queue_name("gpu", g) for g in gpu]
+        + [queue_name("api", a.name) for a in cfg.apis]
+    )
+
+
 def flower_command(
-    broker_url: str, port: int, address: str, auth: tuple[str, str]
+    broker_url: str, port: int, address: str, auth: tuple[str, str], queues: list[str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Flower on `address`:`port` with basic auth always on: (argv, extra environment).
 
     The broker URL and the credentials go through the environment (Celery's BROKER_URL,
-    Flower's FLOWER_BASIC_AUTH), so that no password shows in the process list.
+    Flower's FLOWER_BASIC_AUTH), so that no password shows in the process list. Flower runs
+    with `tangram_celery.flower_app`, whose broker page lists `queues` (with their lengths)
+    even before Flower has inspected the workers that consume them.
     """
-    argv = [sys.executable, "-m", "celery", "flower", f"--port={port}", f"--address={address}"]
+    argv = [sys.executable, "-m", "celery", "-A", "tangram_celery.flower_app", "flower"]
+    argv += [f"--port={port}", f"--address={address}"]
     env = {
+        "TANGRAM_FLOWER_QUEUES": ",".join(queues or []),
         "BROKER_URL": broker_url,
         "FLOWER_BASIC_AUTH": f"{auth[0]}:{auth[1]}",
         "FLOWER_UNAUTHENTICATED_API": "",
         "FLOWER_INSPECT_TIMEOUT": "5000",  # ms; the 1 s default misses workers on a busy host
+        # The args column shows each task's action kind and trajectory (the scheduler's argsrepr);
+        # Flower 2.2 hides it by default. Search e.g. `args:trajectory=demo-3`.
+        "FLOWER_TASKS_COLUMNS": "name,uuid,state,args,received,runtime,worker",
     }
     return argv, env

@@ -75,6 +75,12 @@ class WorkerMetrics:
         self.restores = Counter(
             "tangram_gpu_restores_total", "Reward services loaded on demand", ["node"], registry=r
         )
+        self.warm_loads = Counter(
+            "tangram_gpu_warm_loads_total",
+            "Reward services loaded ahead of requests (warm-up at start)",
+            ["node"],
+            registry=r,
+        )
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:

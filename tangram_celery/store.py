@@ -14,6 +14,7 @@ Keys (all under `tangram:`):
   nq:<client>       list of the results of one asyncio client process (`notify` field of the
                     action's hash): one connection waits on it for all that process's results
                     instead of one BLPOP per action
+  warm              hash GPU node -> its warm-up status (JSON: state, services, loaded, seconds)
 
 Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
 that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts below, so
@@ -47,6 +48,7 @@ DEAD = P + "dead"  # dead-letter stream: malformed intake entries, with the reas
 DEAD_MAXLEN = 10_000
 WORKERS = P + "workers"  # worker name -> last heartbeat (Redis server time, s)
 WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:calc" / "gpu:g0"
+WARM = P + "warm"  # GPU node -> warm-up status (JSON)
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600
@@ -486,6 +488,24 @@ class Store:
             ),
         )
         return bool(rep)
+
+    def publish_residency(self, node: str, resident: dict[str, list[str]]) -> None:
+        """Tell the scheduler which models GPU `node` holds on which chunks ("0,1" -> models),
+        outside any action's completion (after a warm-up load). It goes on the events stream,
+        so it is ordered with the completions that carry the same map."""
+        event = json.dumps({"type": "residency", "pool": node, "resident": resident})
+        self.retrying("residency", lambda: self.r.xadd(EVENTS, {"id": "", "event": event}))
+
+    def set_warm_status(self, node: str, status: dict[str, Any] | None) -> None:
+        """Record GPU `node`'s warm-up status; None forgets it (a new deployment starts)."""
+        if status is None:
+            self.retrying("warm status", lambda: self.r.hdel(WARM, node))
+        else:
+            self.retrying("warm status", lambda: self.r.hset(WARM, node, json.dumps(status)))
+
+    def warm_status(self) -> dict[str, dict[str, Any]]:
+        """GPU node -> its warm-up status ({'state': 'warming' | 'done', ...})."""
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(WARM).items()}
 
     def heartbeat(self, worker: str, pool_key: str) -> None:
         self._heartbeat(keys=[WORKERS, WORKER_POOLS], args=[worker, pool_key])

@@ -178,6 +178,9 @@ class SchedulerService:
         for e in events:
             action_id = e.fields["id"]
             ev = json.loads(e.fields.get("event", "{}"))
+            if ev.get("type") == "residency":
+                self._learn_residency(str(ev.get("pool", "")), ev.get("resident"))
+                continue
             if ev.get("status") == "retry":
                 self._retry_elsewhere(action_id, str(ev.get("error", "")))
                 continue
@@ -186,10 +189,7 @@ class SchedulerService:
                 continue
             alloc = self._release(action_id)
             if alloc is not None and alloc.kind is ResourceKind.GPU and "resident" in ev:
-                self.state.gpu[alloc.pool].resident = {
-                    tuple(int(g) for g in chunk.split(",")): list(models)
-                    for chunk, models in ev["resident"].items()
-                }
+                self._learn_residency(alloc.pool, ev["resident"])
             if alloc is not None:
                 done.append(action_id)
                 self.attempt.pop(action_id, None)
@@ -204,6 +204,20 @@ class SchedulerService:
         self.store.ack(EVENTS, [e.stream_id for e in events])
         self.progress_s = time.monotonic()
         self._close_ready()
+
+    def _learn_residency(self, pool: str, resident: Any) -> None:
+        """What GPU node `pool` holds ("0,1" -> models), from a completion or a warm-up event:
+        placement prefers those chunks (no restore). A malformed map is ignored, not fatal."""
+        node = self.state.gpu.get(pool)
+        if node is None or not isinstance(resident, dict):
+            return
+        try:
+            node.resident = {
+                tuple(int(g) for g in chunk.split(",")): [str(m) for m in models]
+                for chunk, models in resident.items()
+            }
+        except (AttributeError, TypeError, ValueError):
+            log.warning("ignored a malformed residency report for %s: %.200r", pool, resident)
 
     def on_intake(self, intake: list[IntakeEntry]) -> None:
         rejected: list[str] = []
@@ -336,18 +350,28 @@ class SchedulerService:
         """Publish one Celery message per allocation, pipelined into one Redis round trip.
 
         Results flow through the Tangram store, so Celery's result backend is not involved
-        (ignore_result) and the arguments' repr is precomputed (it is tiny).
+        (ignore_result). The arguments' repr, which Flower shows and searches, names the action's
+        kind and trajectory. `batch` counts the actions sent together on the same pool (on a GPU
+        node: the same chunk, i.e. one batch of reward requests).
         """
+        batch = Counter(_batch_key(a) for a in allocs)
         with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
             for alloc in allocs:
+                qa = self.running_qa.get(alloc.action_id)
+                what = f"kind={qa.kind}, trajectory={qa.trajectory_id}, " if qa is not None else ""
+                record = {
+                    **alloc.to_dict(),
+                    "attempt": self.attempt[alloc.action_id],
+                    "batch": batch[_batch_key(alloc)],
+                }
                 self.app.send_task(
                     _TASKS[alloc.kind],
-                    args=[alloc.action_id, {**alloc.to_dict(), "attempt": self.attempt[alloc.action_id]}],
+                    args=[alloc.action_id, record],
                     task_id=alloc.action_id,
                     queue=queue_name(str(alloc.kind), alloc.pool),
                     producer=producer,
                     ignore_result=True,
-                    argsrepr=f"[{alloc.action_id!r}, units={alloc.units}]",
+                    argsrepr=f"[{alloc.action_id!r}, {what}units={alloc.units}]",
                     kwargsrepr="{}",
                 )
 
@@ -564,6 +588,11 @@ class SchedulerService:
             attempts=0,
         )
         self.store.finish_unrun(meta["id"], res.model_dump_json(), "")
+
+
+def _batch_key(alloc: Allocation) -> tuple[str, str, tuple[int, ...]]:
+    """Actions with one key were sent as one batch: same pool, and on a GPU node the same chunk."""
+    return str(alloc.kind), alloc.pool, alloc.unit_ids if alloc.kind is ResourceKind.GPU else ()
 
 
 def _record(alloc: Allocation, qa: QueuedAction, attempt: int) -> dict[str, Any]:

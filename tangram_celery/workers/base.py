@@ -154,6 +154,8 @@ class WorkerRuntime:
         result.units = int(alloc.get("units", 0))
         result.node = str(alloc.get("pool", ""))
         result.attempts = int(alloc.get("attempt", 1))
+        if not result.batch_size:
+            result.batch_size = int(alloc.get("batch", 1))
         event = {
             "status": str(result.status),
             "exec_s": result.exec_s,

@@ -61,7 +61,10 @@ def run_worker(
             raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
         from tangram_celery.workers.gpu import GpuHandler
 
-        handler_gpu = GpuHandler(cfg, gnode, runtime.metrics)
+        handler_gpu = GpuHandler(cfg, gnode, runtime.metrics, runtime.store, warm=gnode.warm_up)
+        # tritonserver and its Python stubs (one process per loaded replica) go with a clean
+        # shutdown; left to PDEATHSIG, the stubs outlived the server by seconds
+        closing.append(handler_gpu.close)
         tasks.register(app, runtime, gpu=handler_gpu)
         # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
         most = max(

@@ -31,7 +31,8 @@ def gpu_deployment(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[Any
     from tangram_celery.config import load_config
     from tangram_celery.deploy import Deployment
 
-    cfg = reward_config_dict(tmp_path / "state", tiny_models)
+    # no warm-up: these tests are about loading on demand (test_warm_start.py covers warm-up)
+    cfg = reward_config_dict(tmp_path / "state", tiny_models, warm_up=False)
     cfg["reward_models"] = [m for m in cfg["reward_models"] if m["name"] in ("rm", "math")]
     cfg["nodes"]["cpu"] = [{"name": "n0", "cores": 2, "memory_mb": 4096}]  # rule verifiers run here
     cfg["sandbox"] = {"backend": "namespace"}
