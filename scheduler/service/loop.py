@@ -184,6 +184,9 @@ class SchedulerService:
             if ev.get("status") == "retry":
                 self._retry_elsewhere(action_id, str(ev.get("error", "")))
                 continue
+            if ev.get("status") == "cancelled":
+                self._drop_cancelled(action_id)
+                continue
             alloc = self._release(action_id)
             if alloc is not None and alloc.kind is ResourceKind.GPU and "resident" in ev:
                 self._learn_residency(alloc.pool, ev["resident"])
@@ -300,11 +303,15 @@ class SchedulerService:
         allocs = allocs + riders
         started = {a.action_id for a in allocs}
         entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
-        self.store.mark_dispatched(records, pins, entries, now)
-        self.send(allocs)
-        self.recorder.dispatched(allocs)
+        skipped = set(self.store.mark_dispatched(records, pins, entries, now))
         for action_id in started:
             self.waiting.pop(action_id)
+        if skipped:  # cancelled after the policy chose them: undo, send nothing
+            for action_id in skipped:
+                self._undo_dispatch(action_id)
+            allocs = [a for a in allocs if a.action_id not in skipped]
+        self.send(allocs)
+        self.recorder.dispatched(allocs)
         self.dispatched_total += len(allocs)
         self.progress_s = time.monotonic()
         return len(allocs)
@@ -534,6 +541,29 @@ class SchedulerService:
             self.waiting.append(qa)
             self.waiting.sort_by_submission()
         return alloc
+
+    def _drop_cancelled(self, action_id: str) -> None:
+        """A caller cancelled `action_id` before it was dispatched (the store script made sure
+        of that and removed its intake entry): forget it. Idempotent; an action the dispatch
+        script already skipped is gone from the queue and is ignored here."""
+        qa = self.waiting.get(action_id)
+        if qa is None:
+            return
+        self.waiting.pop(action_id)
+        self.entry_of.pop(action_id, None)
+        self._trajectory_done(qa.trajectory_id)
+        self.metrics.cancelled.inc()
+
+    def _undo_dispatch(self, action_id: str) -> None:
+        """The store refused to dispatch `action_id` (cancelled meanwhile): give its units back."""
+        self._release(action_id)
+        self.attempt.pop(action_id, None)
+        self.kind_of.pop(action_id, None)
+        qa = self.running_qa.pop(action_id, None)
+        if qa is not None:
+            self._trajectory_done(qa.trajectory_id)
+        self.metrics.cancelled.inc()
+        log.info("action %s was cancelled before dispatch; not sent", action_id)
 
     def _give_up(self, action_id: str, why: str) -> None:
         qa = self.running_qa.get(action_id)
