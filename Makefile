@@ -11,7 +11,10 @@ $(STAMP): pyproject.toml requirements/reward.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/reward.txt
-	$(BIN)/pip install -q -e '.[dev,reward]'
+	$(BIN)/pip install -q -e '.[dev,reward,http]'
+	# verl's own SandboxFusion client and reward code, for the compatibility tests; without its
+	# dependencies (torch, ray): the tests load the files they need by path
+	$(BIN)/pip install -q --no-deps 'verl==0.9.1'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -32,6 +32,7 @@ class ActionStatus(StrEnum):
     DISK_LIMIT = "disk_limit"  # workdir quota exceeded
     REJECTED = "rejected"  # refused before running (bad input, unknown model, over quota)
     ERROR = "error"  # infrastructure failure after retries were exhausted
+    CANCELLED = "cancelled"  # withdrawn by its caller before it was dispatched; it never ran
 
 
 class _Action(BaseModel):
@@ -83,19 +84,52 @@ class CodeAction(_Action):
     language: Literal["python", "bash", "c"] = "python"
     code: str | None = None  # size capped in bytes by `limits.max_code_bytes` at submit
     files: dict[str, str] = Field(default_factory=dict)
+    binary_files: dict[str, str] = Field(
+        default_factory=dict, description="path -> base64 content, written as bytes before the run"
+    )
+    fetch_files: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="files returned base64 in the result's `files` after the run: relative to the "
+        "workdir, or absolute under /work or /tmp",
+    )
     test_command: str | None = Field(None, max_length=4096)
     test_cases: list[TestCase] = Field(default_factory=list, max_length=100_000)
     memory_mb: int = Field(512, ge=16, le=1 << 20)
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
 
-    @field_validator("files")
+    @field_validator("files", "binary_files")
     @classmethod
     def _paths(cls, v: dict[str, str]) -> dict[str, str]:
         for path in v:
             why = file_path_error(path)
             if why is not None:
                 raise ValueError(f"file path {path!r}: {why}")
+        return v
+
+    @field_validator("binary_files")
+    @classmethod
+    def _base64(cls, v: dict[str, str]) -> dict[str, str]:
+        import base64
+        import binascii
+
+        for path, content in v.items():
+            try:
+                base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError(f"binary_files[{path!r}] is not valid base64") from None
+        return v
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetch_paths(cls, v: list[str]) -> list[str]:
+        for path in v:
+            rel = path.removeprefix("/work/").removeprefix("/tmp/") if path.startswith("/") else path
+            why = "must be relative, or absolute under /work or /tmp" if rel.startswith("/") else None
+            why = why or file_path_error(rel)
+            if why is not None:
+                raise ValueError(f"fetch_files path {path!r}: {why}")
         return v
 
     @field_validator("cpus")
@@ -108,7 +142,7 @@ class CodeAction(_Action):
 
     @model_validator(mode="after")
     def _something(self) -> CodeAction:
-        if self.code is None and not self.files and not self.test_command:
+        if self.code is None and not self.files and not self.binary_files and not self.test_command:
             raise ValueError("a code action needs code, files or a test_command")
         return self
 
@@ -237,6 +271,7 @@ class ActionResult(BaseModel):
     node: str = ""
     attempts: int = 1
     sandbox_reset: bool = False
+    files: dict[str, str] = Field(default_factory=dict)  # fetch_files: path -> base64 content
     # Actions started together with this one, itself included: for a reward action on a GPU, the
     # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
     # on the same pool in the same round. 0 when it never ran.

@@ -130,6 +130,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         dep.start()
         if dep.flower_url:
             _say(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
+        if dep.http_url:
+            _say(
+                f"http: {dep.http_url} (SandboxFusion URL {dep.http_url}/run_code, docs {dep.http_url}/docs)"
+            )
         _say(f"logs: {dep.state_dir / 'logs'}; Ctrl-C (or SIGTERM, SIGHUP) stops everything")
         while True:  # the deployment's supervisor restarts children that exit
             time.sleep(1.0)
@@ -139,6 +143,24 @@ def cmd_up(args: argparse.Namespace) -> int:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         dep.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from tangram_celery.broker import resolve_url
+    from tangram_celery.metrics import serve as serve_metrics
+    from tangram_celery.web.serve import serve
+
+    cfg = _config(args)
+    registry = CollectorRegistry()
+    serve_metrics(registry, args.metrics_port, args.metrics_addr)
+    # uvicorn handles SIGINT / SIGTERM itself: it stops accepting, finishes requests, exits
+    try:
+        serve(cfg, resolve_url(cfg), port=args.port, address=args.address, registry=registry)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
+        pass
     return 0
 
 
@@ -236,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--trajectories", type=int, default=24, help="number of trajectories")
             sp.add_argument("--turns", type=int, default=4, help="code turns per trajectory")
         sp.set_defaults(fn=fn)
+
+    sv = sub.add_parser("serve", help="HTTP server: SandboxFusion-compatible /run_code and native endpoints")
+    _add_config(sv)
+    _add_metrics(sv)
+    sv.add_argument("--port", type=int, default=None, help="override http.port (0 = a free port)")
+    sv.add_argument("--address", default=None, help="override http.address")
+    sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("scheduler", help="run the central scheduler")
     _add_config(s)

@@ -54,6 +54,8 @@ class Deployment:
     children: dict[str, Child] = field(default_factory=dict)
     flower_url: str = ""
     flower_auth: tuple[str, str] = ("", "")
+    with_http: bool = True
+    http_url: str = ""
     max_restarts_per_min: int = 5
     metrics_ports: dict[str, int] = field(default_factory=dict)
     _supervisor: threading.Thread | None = None
@@ -111,7 +113,10 @@ class Deployment:
             self.spawn(f"worker-gpu-{g}", ["worker", "gpu", "--node", g])
         if self.with_flower:
             self._start_flower()
+        http = self._start_http(say)
         self.wait_ready(progress=progress)
+        if http:
+            self.http_url = self._wait_http_url()
         warm = warm_nodes(self.cfg)
         if warm:
             services = [m.name for m in self.cfg.reward_models if m.backend != "rule"]
@@ -186,6 +191,34 @@ class Deployment:
         cmd = [sys.executable, "-m", "tangram_celery.cli", *args, "--config", str(self.config_path)]
         self.children[name] = Child(name, self._popen(cmd, log_path, env), log_path, args)
         return self.children[name]
+
+    def _start_http(self, say: Callable[[str], None]) -> bool:
+        """`tangram serve` as one more child, when configured and its extra is installed."""
+        from tangram_celery.web.serve import URL_FILE, missing_extra
+
+        if not (self.with_http and self.cfg.http.enabled):
+            return False
+        why = missing_extra()
+        if why is not None:
+            say(f"http server not started: {why}")
+            return False
+        (self.state_dir / URL_FILE).unlink(missing_ok=True)
+        self.spawn("http", ["serve"])
+        return True
+
+    def _wait_http_url(self, timeout_s: float = 30.0) -> str:
+        from tangram_celery.web.serve import read_url
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            url = read_url(self.state_dir)
+            if url:
+                return url
+            time.sleep(0.05)
+        raise TangramError(
+            f"http server wrote no URL in {timeout_s}s; see {self.state_dir / 'logs' / 'http.log'}"
+        )
 
     def _log_path(self, name: str) -> Path:
         logs = self.state_dir / "logs"
@@ -284,6 +317,7 @@ class Deployment:
         if self.redis is not None:
             self.redis.stop()
             (self.state_dir / URL_FILE).unlink(missing_ok=True)
+        (self.state_dir / "http.url").unlink(missing_ok=True)
 
     def __enter__(self) -> Deployment:
         return self.start()

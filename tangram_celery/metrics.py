@@ -42,6 +42,9 @@ class SchedulerMetrics:
         self.retries = Counter("tangram_retries_total", "Actions retried after a worker loss", registry=r)
         self.reroutes = Counter("tangram_reroutes_total", "Actions re-routed off an offline pool", registry=r)
         self.rejected = Counter("tangram_rejected_total", "Actions rejected at intake", registry=r)
+        self.cancelled = Counter(
+            "tangram_cancelled_total", "Actions cancelled by their caller before dispatch", registry=r
+        )
         self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
         self.evictions = Counter(
             "tangram_sandbox_evictions_total",

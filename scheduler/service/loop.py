@@ -189,6 +189,9 @@ class SchedulerService:
             if ev.get("status") == "retry":
                 self._retry_elsewhere(action_id, str(ev.get("error", "")))
                 continue
+            if ev.get("status") == "cancelled":
+                self._drop_cancelled(action_id)
+                continue
             alloc = self._release(action_id)
             if alloc is not None and alloc.kind is ResourceKind.GPU and "resident" in ev:
                 self._learn_residency(alloc.pool, ev["resident"])
@@ -337,15 +340,21 @@ class SchedulerService:
         entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
         evicted = [t for _, t, _ in to_close]
         resets = {t: self.book.reset[t] for t in evicted if t in self.book.reset}
-        self.store.mark_dispatched(
-            records, pins, entries, now, forget_pins=evicted, resets=resets, resets_done=resets_done
+        skipped = set(
+            self.store.mark_dispatched(
+                records, pins, entries, now, forget_pins=evicted, resets=resets, resets_done=resets_done
+            )
         )
-        for node, tid, gen in to_close:
+        for node, tid, gen in to_close:  # evicted whether or not their evicter was cancelled
             trajectories.send_close(self, node, tid, gen)
-        self.send(allocs)
-        self.recorder.dispatched(allocs)
         for action_id in started:
             self.waiting.pop(action_id)
+        if skipped:  # cancelled after the policy chose them: undo, send nothing
+            for action_id in skipped:
+                self._undo_dispatch(action_id)
+            allocs = [a for a in allocs if a.action_id not in skipped]
+        self.send(allocs)
+        self.recorder.dispatched(allocs)
         self.dispatched_total += len(allocs)
         self.progress_s = time.monotonic()
         return len(allocs)
@@ -553,6 +562,34 @@ class SchedulerService:
             self.waiting.append(qa)
             self.waiting.sort_by_submission()
         return alloc
+
+    def _drop_cancelled(self, action_id: str) -> None:
+        """A caller cancelled `action_id` before it was dispatched (the store script made sure
+        of that and removed its intake entry): forget it. Idempotent; an action the dispatch
+        script already skipped is gone from the queue and is ignored here."""
+        qa = self.waiting.get(action_id)
+        if qa is None:
+            return
+        self.waiting.pop(action_id)
+        self.entry_of.pop(action_id, None)
+        trajectories.done(self, qa.trajectory_id)
+        self.metrics.cancelled.inc()
+
+    def _undo_dispatch(self, action_id: str) -> None:
+        """The store refused to dispatch `action_id` (cancelled meanwhile): give its units back,
+        and the pin it made, if it pinned its trajectory and nothing else of it runs."""
+        self._release(action_id)
+        self.attempt.pop(action_id, None)
+        self.kind_of.pop(action_id, None)
+        info = self.sandbox_of.pop(action_id, None)
+        qa = self.running_qa.pop(action_id, None)
+        if qa is not None:
+            tid = qa.trajectory_id
+            if info is not None and info.get("new") and not self.state.trajectory_running.get(tid):
+                trajectories.unpin_undone(self, tid, reset=bool(info.get("reset")))
+            trajectories.done(self, tid)
+        self.metrics.cancelled.inc()
+        log.info("action %s was cancelled before dispatch; not sent", action_id)
 
     def _give_up(self, action_id: str, why: str) -> None:
         qa = self.running_qa.get(action_id)

@@ -82,6 +82,16 @@ def release(svc: SchedulerService, tid: str, *, lost: bool, remove: bool = True)
         send_close(svc, node, tid, gen)
 
 
+def unpin_undone(svc: SchedulerService, tid: str, *, reset: bool) -> None:
+    """The action that pinned `tid` was cancelled before it was sent: as if it never was (the
+    pin and reservation go, and a reset it was to report is owed to the next action again)."""
+    svc.state.close_trajectory(tid)
+    svc.book.closed(tid)
+    if reset:
+        svc.book.reset[tid] = svc.clock()
+    svc.store.update_pins({}, [tid], {tid: svc.book.reset[tid]} if reset else None)
+
+
 def done(svc: SchedulerService, tid: str) -> None:
     """One queued or running action of `tid` is over (completed, given up or vanished)."""
     svc.last_active[tid] = svc.clock()

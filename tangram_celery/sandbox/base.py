@@ -20,6 +20,8 @@ class ExecRequest:
     language: str
     code: str | None
     files: dict[str, str] = field(default_factory=dict)
+    binary_files: dict[str, str] = field(default_factory=dict)  # path -> base64
+    fetch_files: list[str] = field(default_factory=list)  # returned base64 in ExecResult.files
     test_command: str | None = None
     test_cases: list[TestCase] = field(default_factory=list)
     stdin: str | None = None
@@ -46,6 +48,7 @@ class ExecResult:
     exec_s: float = 0.0  # wall-clock seconds inside the sandbox (what the scheduler learns from)
     detail: str = ""  # why the backend chose the status, when it is not obvious
     sandbox_reset: bool = False  # ran in a fresh sandbox although the trajectory had one (files gone)
+    files: dict[str, str] = field(default_factory=dict)  # fetch_files: path -> base64
 
 
 class Sandbox(Protocol):

@@ -31,6 +31,8 @@ class CpuHandler:
             language=action.language,
             code=action.code,
             files=dict(action.files),
+            binary_files=dict(action.binary_files),
+            fetch_files=list(action.fetch_files),
             test_command=action.test_command,
             test_cases=list(action.test_cases),
             stdin=action.stdin,
@@ -52,6 +54,7 @@ class CpuHandler:
             stderr=res.stderr,
             tests=res.tests,
             exec_s=res.exec_s,
+            files=res.files,
             sandbox_reset=res.sandbox_reset or bool(sandbox.get("reset", False)),
         )
 

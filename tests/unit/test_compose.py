@@ -63,7 +63,7 @@ def test_every_tangram_service_command_is_accepted_by_the_cli() -> None:
         if args.cmd == "worker" and args.kind == "api":
             assert args.name in {a.name for a in cfg.apis}
         checked.append(args.cmd if args.cmd != "worker" else f"worker-{args.kind}")
-    assert sorted(checked) == ["flower", "scheduler", "worker-api", "worker-cpu", "worker-gpu"]
+    assert sorted(checked) == ["flower", "scheduler", "serve", "worker-api", "worker-cpu", "worker-gpu"]
 
 
 @pytest.mark.unit
@@ -81,6 +81,10 @@ def test_the_example_config_validates_and_takes_its_secrets_from_the_environment
     monkeypatch.setenv("TANGRAM_REDIS_PASSWORD", "s3cret")
     monkeypatch.setenv("TANGRAM_REDIS_HOST", "10.0.0.5")
     assert expand_env(cfg.broker.url) == "redis://:s3cret@10.0.0.5:6379/0"
+    # the HTTP API listens beyond loopback in its container, so its token is required
+    assert not cfg.http.loopback and cfg.http.token == "${TANGRAM_HTTP_TOKEN}"
+    monkeypatch.setenv("TANGRAM_HTTP_TOKEN", "t0ken")
+    assert cfg.http.resolved_token() == "t0ken"
 
 
 @pytest.mark.unit
@@ -104,10 +108,13 @@ def test_compose_security_defaults() -> None:
             want = {"redis": "TANGRAM_BIND", "flower": "TANGRAM_FLOWER_BIND"}.get(
                 name, "TANGRAM_METRICS_BIND"
             )
+            if name == "http" and port.endswith(":8080:8080"):
+                want = "TANGRAM_HTTP_BIND"
             assert port.startswith(f"${{{want}:-127.0.0.1}}:"), (name, port)
         for arg in svc.get("command", []):
             assert "PASSWORD" not in str(arg), (name, arg)
     assert services["worker-cpu"]["environment"]["TANGRAM_REDIS_PASSWORD"].startswith("${")
+    assert services["http"]["environment"]["TANGRAM_HTTP_TOKEN"].startswith("${TANGRAM_HTTP_TOKEN:?")
     assert not any("seccomp" in o for o in services["worker-cpu"]["security_opt"])
 
 
