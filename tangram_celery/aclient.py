@@ -185,7 +185,7 @@ class AsyncTangramClient:
             meta = action_meta(action, now)
             check_action(action, meta, view, limits)
             items.append(encode_action(action, meta, limits))
-            handles.append(AsyncActionHandle(self, action.id, action.trajectory_id))
+            handles.append(AsyncActionHandle(self, action.id, action.trajectory_id or ""))
         if not items:
             return []
         self._ensure_listener()

@@ -39,10 +39,21 @@ class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(default_factory=new_id, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
-    trajectory_id: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    # None: a one-shot action, part of no trajectory (see `ephemeral`)
+    trajectory_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    # True: a code action runs in a fresh sandbox of its own, discarded when it completes,
+    # not in its trajectory's (no files from earlier actions, none left for later ones); its
+    # memory is reserved only while it runs and nothing needs closing. Implied without a
+    # trajectory_id.
+    ephemeral: bool = False
     job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     priority: int = Field(0, ge=-100, le=100)
     timeout_s: float = Field(10.0, gt=0, le=3600)
+
+    @property
+    def one_shot(self) -> bool:
+        """Runs on its own: no trajectory, or `ephemeral`."""
+        return self.ephemeral or self.trajectory_id is None
 
 
 class TestCase(BaseModel):
@@ -236,10 +247,16 @@ class TestOutcome(BaseModel):
 
 
 class ActionResult(BaseModel):
-    """What comes back for every action, whatever happened to it."""
+    """What comes back for every action, whatever happened to it.
+
+    `sandbox_reset` is True when a code action of a trajectory ran in a fresh sandbox although
+    the trajectory had one before: it was evicted to make room (memory is a cache), removed
+    after the idle TTL, lost with its worker or node, or it died. Files written by earlier
+    actions of the trajectory are gone.
+    """
 
     action_id: str
-    trajectory_id: str = ""
+    trajectory_id: str = ""  # empty for a one-shot action
     status: ActionStatus
     stdout: str = ""
     stderr: str = ""
@@ -253,6 +270,7 @@ class ActionResult(BaseModel):
     units: int = 0  # DoP granted
     node: str = ""
     attempts: int = 1
+    sandbox_reset: bool = False
     files: dict[str, str] = Field(default_factory=dict)  # fetch_files: path -> base64 content
     # Actions started together with this one, itself included: for a reward action on a GPU, the
     # requests scored in the one model call it rode in; otherwise the actions the scheduler placed

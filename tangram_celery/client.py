@@ -61,12 +61,14 @@ def action_meta(action: AnyAction, submitted_s: float) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": action.id,
         "type": action.type,
-        "trajectory_id": action.trajectory_id,
+        "trajectory_id": action.trajectory_id or "",
         "job_id": action.job_id,
         "priority": action.priority,
         "timeout_s": action.timeout_s,
         "submitted_s": submitted_s,
     }
+    if action.one_shot:
+        meta["ephemeral"] = True
     if isinstance(action, CodeAction):
         meta.update(
             cpus=list(action.cpu_range),
@@ -185,7 +187,7 @@ class TangramClient:
             meta = action_meta(action, now)
             self._check(action, meta)
             items.append(encode_action(action, meta, self._limits()))
-            handles.append(ActionHandle(self, action.id, action.trajectory_id))
+            handles.append(ActionHandle(self, action.id, action.trajectory_id or ""))
         max_queued = int((self._view or {}).get("max_queued", 0))
         fraction = (
             self.config.broker.admit_memory_fraction

@@ -154,8 +154,18 @@ class SandboxConfig(_Model):
     inodes_limit: int = Field(
         16384, ge=64, le=10_000_000, description="files + directories per tmpfs mount (/work and /tmp)"
     )
-    idle_ttl_s: float = Field(600.0, gt=0, description="trajectory sandbox removed after idle, s")
+    idle_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="idle trajectory sandbox removed after this many s (evicted sooner if memory is short)",
+    )
     network: bool = Field(False, description="allow network inside sandboxes (off by default)")
+    prewarm: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="ready sandboxes each CPU worker keeps for new trajectories and one-shot actions (0: none)",
+    )
 
 
 class RewardModelConfig(_Model):

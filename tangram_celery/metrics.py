@@ -46,6 +46,16 @@ class SchedulerMetrics:
             "tangram_cancelled_total", "Actions cancelled by their caller before dispatch", registry=r
         )
         self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
+        self.evictions = Counter(
+            "tangram_sandbox_evictions_total",
+            "Idle trajectories evicted to make room for an action (CPU memory is a cache)",
+            registry=r,
+        )
+        self.sandboxes_lost = Counter(
+            "tangram_sandboxes_lost_total",
+            "Idle trajectories released because their sandbox was gone (worker restarted or lost)",
+            registry=r,
+        )
         self.decision = Histogram(
             "tangram_decision_seconds",
             "Policy decision time per round",

@@ -8,7 +8,10 @@ Keys (all under `tangram:`):
   a:<id>            hash per action: meta, payload, state, timings, result
   n:<id>            list the client blocks on; one element pushed when the result is written
   running           hash action id -> allocation + metadata of every dispatched, unfinished action
-  traj              hash trajectory id -> pinned CPU node and reserved memory
+  traj              hash trajectory id -> pinned CPU node, reserved memory, sandbox generation
+                    and owner (scheduler/service/sandboxes.py)
+  reset             hash trajectory id -> time its sandbox was lost (evicted, expired, worker gone)
+  sandboxes         hash CPU worker -> the sandboxes it holds and its completion counter
   dead              dead-letter stream: malformed intake entries and why (bounded)
   config            the scheduler's published view of pools and models (for client validation)
   nq:<client>       list of the results of one asyncio client process (`notify` field of the
@@ -48,6 +51,8 @@ DEAD = P + "dead"  # dead-letter stream: malformed intake entries, with the reas
 DEAD_MAXLEN = 10_000
 WORKERS = P + "workers"  # worker name -> last heartbeat (Redis server time, s)
 WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:calc" / "gpu:g0"
+SANDBOXES = P + "sandboxes"  # CPU worker name -> JSON {"seq", "held": [[trajectory, generation]]}
+RESETS = P + "reset"  # trajectory -> when its sandbox was lost (its next result says so)
 WARM = P + "warm"  # GPU node -> warm-up status (JSON)
 GROUP = "sched"
 CONSUMER = "scheduler"
@@ -209,7 +214,7 @@ local i = 4
 for k = 1, n do
   local id, rec, attempt = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
-  local key = KEYS[3 + k]
+  local key = KEYS[4 + k]
   if redis.call('HGET', key, 'state') == 'queued' then
     redis.call('HSET', KEYS[1], id, rec)
     redis.call('HSET', key, 'state', 'dispatched', 'dispatched_s', now, 'attempt', attempt)
@@ -222,6 +227,25 @@ i = i + 1
 for k = 1, m do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
   i = i + 2
+end
+-- evicted trajectories: their pins go, and they are marked reset; resets consumed are unmarked
+local f = tonumber(ARGV[i])
+i = i + 1
+for k = 1, f do
+  redis.call('HDEL', KEYS[2], ARGV[i])
+  i = i + 1
+end
+local r = tonumber(ARGV[i])
+i = i + 1
+for k = 1, r do
+  redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+local d = tonumber(ARGV[i])
+i = i + 1
+for k = 1, d do
+  redis.call('HDEL', KEYS[4], ARGV[i])
+  i = i + 1
 end
 while i <= #ARGV do
   local last = math.min(i + 499, #ARGV)
@@ -434,11 +458,18 @@ class Store:
         pins: dict[str, dict[str, Any]],
         intake_ids: Sequence[str],
         now_s: float,
+        *,
+        forget_pins: Sequence[str] = (),
+        resets: dict[str, float] | None = None,
+        resets_done: Sequence[str] = (),
     ) -> list[str]:
-        """Persist allocations and take their entries off the intake, in one atomic script;
-        `records` are (action id, {"alloc", "meta", "attempt"}). Returns the ids it skipped
-        because they are no longer queued (cancelled after the policy chose them): their
-        messages must not be sent.
+        """Persist allocations and take their entries off the intake, in one atomic script.
+
+        `records` are (action id, {"alloc", "meta", "attempt", "sandbox"}); `pins` are pin
+        records to write, `forget_pins` pins to delete (evicted trajectories), `resets` and
+        `resets_done` trajectories to mark reset and to unmark (`update_pins`). Returns the ids
+        it skipped because they are no longer queued (cancelled after the policy chose them):
+        their messages must not be sent.
 
         This happens before the Celery messages are sent; a scheduler that dies in between
         re-sends every action still in state `dispatched` when it restarts (the worker's claim
@@ -450,8 +481,16 @@ class Store:
         args.append(len(pins))
         for tid, pin in pins.items():
             args += [tid, json.dumps(pin)]
+        args.append(len(forget_pins))
+        args += list(forget_pins)
+        resets = resets or {}
+        args.append(len(resets))
+        for tid, at in resets.items():
+            args += [tid, repr(at)]
+        args.append(len(resets_done))
+        args += list(resets_done)
         args += list(intake_ids)
-        keys = [RUNNING, TRAJ, INTAKE, *(akey(a) for a, _ in records)]
+        keys = [RUNNING, TRAJ, INTAKE, RESETS, *(akey(a) for a, _ in records)]
         return [str(a) for a in self._dispatch(keys=keys, args=args)]
 
     def dead_letter(self, stream_id: str, fields: dict[str, str], why: str) -> None:
@@ -466,6 +505,47 @@ class Store:
 
     def forget_pin(self, trajectory_id: str) -> None:
         self.r.hdel(TRAJ, trajectory_id)
+
+    def update_pins(
+        self,
+        pins: dict[str, dict[str, Any]],
+        forget: Sequence[str] = (),
+        resets: dict[str, float] | None = None,
+        resets_done: Sequence[str] = (),
+    ) -> None:
+        """Write and delete pin records, mark trajectories reset (their sandbox was lost) and
+        unmark them, in one round trip."""
+        if pins or forget or resets or resets_done:
+            pipe = self.r.pipeline(transaction=True)
+            self._pin_updates(pipe, pins, forget, resets or {}, resets_done)
+            pipe.execute()
+
+    @staticmethod
+    def _pin_updates(
+        pipe: Any,
+        pins: dict[str, dict[str, Any]],
+        forget: Sequence[str],
+        resets: dict[str, float],
+        resets_done: Sequence[str],
+    ) -> None:
+        for tid, pin in pins.items():
+            pipe.hset(TRAJ, tid, json.dumps(pin))
+        if forget:
+            pipe.hdel(TRAJ, *forget)
+        if resets:
+            pipe.hset(RESETS, mapping={t: repr(at) for t, at in resets.items()})
+        if resets_done:
+            pipe.hdel(RESETS, *resets_done)
+
+    def load_resets(self) -> dict[str, float]:
+        return {str(k): float(v) for k, v in self.r.hgetall(RESETS).items()}
+
+    def report_sandboxes(self, worker: str, seq: int, held: Sequence[tuple[str, str]]) -> None:
+        """A CPU worker's report of the sandboxes it holds, at its completion counter `seq`."""
+        self.r.hset(SANDBOXES, worker, json.dumps({"seq": seq, "held": [list(h) for h in held]}))
+
+    def sandbox_reports(self) -> dict[str, dict[str, Any]]:
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(SANDBOXES).items()}
 
     # ---- worker side -----------------------------------------------------------------------
     def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> tuple[str, str, float] | str:
@@ -523,6 +603,7 @@ class Store:
     def forget_worker(self, worker: str) -> None:
         self.r.hdel(WORKERS, worker)
         self.r.hdel(WORKER_POOLS, worker)
+        self.r.hdel(SANDBOXES, worker)
 
     def owners(self, action_ids: Sequence[str]) -> list[tuple[str | None, str | None, int, float]]:
         """(state, worker, attempt, dispatched_s) of each action."""

@@ -66,7 +66,7 @@ def scoring_action(
     response: str,
     label: Any,
     s: ScoreSettings,
-    trajectory_id: str,
+    trajectory_id: str | None,
 ) -> AnyAction:
     """The action that scores one response (raises ScoringError)."""
     if scorer == CODE_SCORER:
@@ -116,7 +116,7 @@ async def score(
     """Score one response. Raises ScoringError (bad request) or ScoringOverloaded (not run)."""
     t0 = time.monotonic()
 
-    def make(trajectory_id: str) -> AnyAction:
+    def make(trajectory_id: str | None) -> AnyAction:
         return scoring_action(cfg, scorer, prompt, response, label, s, trajectory_id)
 
     try:

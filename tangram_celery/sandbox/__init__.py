@@ -54,4 +54,7 @@ def open_sandbox(cfg: SandboxConfig, scope: SandboxScope | None = None) -> Sandb
     log.info(
         "sandbox backend: %s%s", box.name, f" ({box.launcher} launcher)" if hasattr(box, "launcher") else ""
     )
+    start_prewarm = getattr(box, "start_prewarm", None)  # now that it is set up (probed, reaper armed)
+    if start_prewarm is not None:
+        start_prewarm()
     return box

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram_celery.aclient import AsyncTangramClient
-from tangram_celery.actions import ActionResult, new_id
+from tangram_celery.actions import ActionResult
 from tangram_celery.client import AnyAction
 from tangram_celery.config import HttpConfig
 from tangram_celery.errors import AdmissionError, ResultTimeout
@@ -109,13 +109,9 @@ class Gate:
         except ResultTimeout:
             return Late(handle.id, deadline - t0)
 
-    async def run_one_shot(self, make: Callable[[str], AnyAction], *, t0: float, budget_s: float) -> Outcome:
-        """An action of no trajectory: today it gets a trajectory of its own, closed after
-        the result (its sandbox and memory are released). When one-shot actions exist in the
-        core (no trajectory_id: a pre-warmed sandbox, released after), submit `make(None)`
-        and drop the close."""
-        trajectory_id = f"oneshot-{new_id()}"
-        try:
-            return await self.run(make(trajectory_id), t0=t0, budget_s=budget_s)
-        finally:
-            self.background(self.client.close_trajectory(trajectory_id))
+    async def run_one_shot(
+        self, make: Callable[[str | None], AnyAction], *, t0: float, budget_s: float
+    ) -> Outcome:
+        """An action of no trajectory: a one-shot action (`make(None)`), run in a ready sandbox
+        of its own that is released, with its memory, when it completes; nothing to close."""
+        return await self.run(make(None), t0=t0, budget_s=budget_s)

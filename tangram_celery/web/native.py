@@ -32,15 +32,15 @@ class _Body(BaseModel):
 
 # The action models with `trajectory_id` optional (absent: a one-shot action).
 class CodeBody(CodeAction):
-    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)  # type: ignore[assignment]
+    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
 
 
 class RewardBody(RewardAction):
-    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)  # type: ignore[assignment]
+    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
 
 
 class ApiBody(ApiAction):
-    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)  # type: ignore[assignment]
+    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
 
 
 ActionBody = Annotated[CodeBody | RewardBody | ApiBody, Field(discriminator="type")]
@@ -51,7 +51,7 @@ _MODELS: dict[str, type[CodeAction] | type[RewardAction] | type[ApiAction]] = {
 }
 
 
-def to_action(body: CodeBody | RewardBody | ApiBody, trajectory_id: str) -> AnyAction:
+def to_action(body: CodeBody | RewardBody | ApiBody, trajectory_id: str | None) -> AnyAction:
     fields = body.model_dump(exclude={"trajectory_id"})
     return _MODELS[body.type](**fields, trajectory_id=trajectory_id)
 
@@ -184,22 +184,12 @@ async def submit_action(
 
 
 async def _submit_nowait(gate: Gate, body: CodeBody | RewardBody | ApiBody) -> Submitted | JSONResponse:
-    one_shot = body.trajectory_id is None
-    tid = body.trajectory_id or f"oneshot-{body.id}"
-    try:
-        handle = await gate.client.submit(to_action(body, tid))
+    try:  # without a trajectory: a one-shot action, which releases everything when it completes
+        handle = await gate.client.submit(to_action(body, body.trajectory_id))
     except AdmissionError as e:
         return problem(gate.cfg.overload_status, f"intake full: {e}", **{"Retry-After": "1"})
-    if one_shot:  # release its sandbox once it is done, whoever polls for it
-
-        async def close_after() -> None:
-            try:
-                await gate.client.result(handle.id, timeout=None)
-            finally:
-                await gate.client.close_trajectory(tid)
-
-        gate.background(close_after())
-    return JSONResponse(Submitted(action_id=handle.id, trajectory_id=tid, state="queued").model_dump(), 202)
+    submitted = Submitted(action_id=handle.id, trajectory_id=body.trajectory_id or "", state="queued")
+    return JSONResponse(submitted.model_dump(), 202)
 
 
 @router.get(

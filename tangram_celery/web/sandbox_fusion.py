@@ -155,7 +155,7 @@ async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | 
         except (ValueError, ValidationError) as e:
             return refusal(f"invalid request: {_short(e)}")
 
-        def make(trajectory_id: str) -> CodeAction:
+        def make(trajectory_id: str | None) -> CodeAction:
             return base.model_copy(update={"trajectory_id": trajectory_id})
 
         try:

@@ -46,6 +46,7 @@ def run_worker(
         closing.append(sandbox.close)
         handler = CpuHandler(sandbox, cfg.sandbox, rules)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
+        runtime.held = handler.held  # reported next to the heartbeats
         slots = concurrency or node.cores
     elif kind == "api":
         api = cfg.api(name)

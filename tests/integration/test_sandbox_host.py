@@ -93,6 +93,7 @@ def test_host_does_not_talk_to_a_runner_socket_it_cannot_trust(sandbox_backend: 
                 fake.accept()  # nobody connected to the fake runner
         res = run(sandbox_backend, traj, language="python", code="print(3)")
         assert (res.status, res.stdout) == (ActionStatus.OK, "3\n"), res
+        state_dir = sandbox_backend._handles[traj].state_dir  # a ready sandbox's, when one was
         st = os.lstat(state_dir)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
     finally:
