@@ -50,6 +50,8 @@ class SimResult:
     rejected_calls: int = 0
     limit_violations: int = 0
     restores: int = 0
+    evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
+    sandbox_resets: int = 0  # actions that found their trajectory's sandbox evicted: a fresh one
     makespan_s: float = 0.0
     wall_s: float = 0.0
     unfinished: int = 0
@@ -81,6 +83,8 @@ class SimResult:
             "rejected_calls": self.rejected_calls,
             "limit_violations": self.limit_violations,
             "restores": self.restores,
+            "evictions": self.evictions,
+            "sandbox_resets": self.sandbox_resets,
             "makespan_s": self.makespan_s,
             "avg_trajectory_end_s": (
                 statistics.fmean(self.trajectory_end_s.values()) if self.trajectory_end_s else float("nan")

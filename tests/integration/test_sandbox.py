@@ -48,7 +48,7 @@ def test_python_exception_reports_traceback(sandbox_backend: Any) -> None:
     assert "runner.py" not in res.stderr
 
 
-def test_bash_and_c(sandbox_backend: Any) -> None:
+def test_bash_and_c(sandbox_backend: Any, gcc: str) -> None:
     """Given bash and C programs, when run, then both work (gcc from the host)."""
     traj = tid()
     res = run(sandbox_backend, traj, language="bash", code="echo $((6*7)); echo err >&2")
@@ -57,7 +57,7 @@ def test_bash_and_c(sandbox_backend: Any) -> None:
     assert (res.status, res.stdout) == (ActionStatus.OK, "42\n")
 
 
-def test_c_compile_error_is_failed(sandbox_backend: Any) -> None:
+def test_c_compile_error_is_failed(sandbox_backend: Any, gcc: str) -> None:
     """Given C that does not compile, when run, then FAILED with gcc's message, in the compile
     phase's outcome (and, as there is no run, in stderr too)."""
     res = run(sandbox_backend, tid(), language="c", code="int main( { return 0; }")
@@ -67,7 +67,7 @@ def test_c_compile_error_is_failed(sandbox_backend: Any) -> None:
     assert "error" in res.compile.stderr and not res.compile.timed_out
 
 
-def test_compile_and_run_phases_are_reported_apart(sandbox_backend: Any) -> None:
+def test_compile_and_run_phases_are_reported_apart(sandbox_backend: Any, gcc: str) -> None:
     """Given C that compiles with a warning and prints, when run, then the compile phase carries
     the warning and its own time, and stdout/stderr/exit_code are the program's."""
     code = '#include <stdio.h>\nint main(void){int unused; printf("run\\n"); return 0;}\n'
@@ -78,7 +78,7 @@ def test_compile_and_run_phases_are_reported_apart(sandbox_backend: Any) -> None
     assert py.compile is None
 
 
-def test_compile_phase_has_its_own_time_limit(sandbox_backend: Any) -> None:
+def test_compile_phase_has_its_own_time_limit(sandbox_backend: Any, gcc: str) -> None:
     """Given a compile time limit far below what gcc needs, when run, then TIMEOUT with the
     compile phase marked timed out, and the run never starts."""
     res = run(sandbox_backend, tid(), language="c", code=C_SUM, compile_timeout_s=0.001, timeout_s=5)
@@ -86,7 +86,7 @@ def test_compile_phase_has_its_own_time_limit(sandbox_backend: Any) -> None:
     assert res.compile is not None and res.compile.timed_out and res.compile.exit_code is None
 
 
-def test_stdin_test_cases_in_parallel(sandbox_backend: Any) -> None:
+def test_stdin_test_cases_in_parallel(sandbox_backend: Any, gcc: str) -> None:
     """Given C with 3 stdin tests (one wrong), when run on 2 cores, then 2 pass and FAILED."""
     cases = [
         TestCase(name="a", stdin="1 2", expected_stdout="3"),

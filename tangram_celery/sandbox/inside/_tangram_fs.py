@@ -13,6 +13,7 @@ to win, only planted state.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import os
@@ -67,18 +68,53 @@ def write_files(req: dict) -> str | None:
     """Write `files` and the code unit into the workdir as the sandbox user. Returns why one
     could not be written (a user-caused failure: a directory where a file goes, a link to a
     place the user cannot write), or None."""
-    files = dict(req.get("files") or {})
+    files: dict[str, bytes] = {
+        rel: text.encode("utf-8", "surrogatepass") for rel, text in (req.get("files") or {}).items()
+    }
+    for rel, b64 in (req.get("binary_files") or {}).items():
+        files[rel] = base64.b64decode(b64)
     if req.get("code") is not None:
-        files[UNITS[req["language"]]] = req["code"]
+        files[UNITS[req["language"]]] = req["code"].encode("utf-8", "surrogatepass")
     with as_user(int(req["uid"])):
         for rel, content in files.items():
             path = os.path.join(req["workdir"], rel)
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                _write(path, content.encode("utf-8", "surrogatepass"))
+                _write(path, content)
             except OSError as e:
                 return f"cannot write files entry {rel!r}: {e.strerror or e}"
     return None
+
+
+def fetch_files(req: dict) -> dict[str, str]:
+    """{path: base64} of the requested files, read after every process of the action is gone,
+    as the sandbox user: only regular files owned by it, resolved inside the workdir or /tmp,
+    opened without following a final link; a missing file, anything else, or what exceeds
+    `max_fetch_bytes` in all is left out."""
+    out: dict[str, str] = {}
+    budget = int(req.get("max_fetch_bytes", 16 << 20))
+    roots = tuple(os.path.realpath(r) + os.sep for r in (req["workdir"], "/tmp"))
+    with as_user(int(req["uid"])):
+        for name in req["fetch_files"]:
+            path = os.path.realpath(os.path.join(req["workdir"], name))
+            if not path.startswith(roots):
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != int(req["uid"]) or st.st_size > budget:
+                    continue
+                data = os.read(fd, st.st_size + 1)
+                if len(data) > budget:
+                    continue
+                budget -= len(data)
+                out[name] = base64.b64encode(data).decode("ascii")
+            finally:
+                os.close(fd)
+    return out
 
 
 def _write(path: str, data: bytes) -> None:

@@ -67,6 +67,8 @@ def handle(req: dict, zygote: Zygote) -> dict:
             h.close() if isinstance(h, suite.Channel) else os.close(h)
         if fs.disk_full(req):
             facts["rolled_back"] = fs.roll_back(req, marks, t_wall)
+        if req.get("fetch_files"):
+            facts["files"] = fs.fetch_files(req)
     return facts
 
 

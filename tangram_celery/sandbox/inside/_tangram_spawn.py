@@ -34,13 +34,21 @@ class Zygote:
         self.exits: dict[int, int] = {}  # pid -> exit status reported and not yet taken
         self.verifiers = VerifierPool(self)
 
-    def start(self) -> None:
+    def start(self, pristine: bool = False) -> None:
+        """Start the zygote: exec'd fresh, or, when this process has never held a request
+        (`pristine`: the runner before it serves), forked from it, which saves an interpreter
+        start and shares the runner's pages."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
             try:
                 os.dup2(child.fileno(), 3)
                 os.closerange(4, 1 << 16)
+                if pristine:
+                    sys.path.insert(0, os.path.dirname(self.path))
+                    import _tangram_zygote
+
+                    _tangram_zygote.main()
                 os.execv(sys.executable, [sys.executable, "-E", "-s", "-S", self.path])
             finally:
                 os._exit(127)

@@ -47,7 +47,7 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
         os.chown(path, uid, uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
     zygote = Zygote(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tangram_zygote.py"))
-    zygote.start()
+    zygote.start(pristine=True)  # forked: nothing of a request is in this process yet
     zygote.wait_ready()  # part of the sandbox's start, not of its first action
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path + ".new"
