@@ -306,6 +306,7 @@ def build_filter() -> bytes:
     return a.assemble()
 
 
+_PR_SET_NAME = 15
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -323,7 +324,7 @@ def prepare() -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = libc.prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -337,6 +338,13 @@ def prepare() -> None:
 def installed() -> bool:
     """Did this process, or the process it was forked from, install the filter?"""
     return _state["installed"]
+
+
+def set_name(name: bytes) -> None:
+    """This process's name in ps and /proc/<pid>/comm (at most 15 bytes)."""
+    prepare()
+    prctl = _prepared[0]
+    prctl(_PR_SET_NAME, name, 0, 0, 0)  # type: ignore[operator]
 
 
 def install() -> None:

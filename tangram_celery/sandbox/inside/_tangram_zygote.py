@@ -81,11 +81,13 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
         )
         mode = spec["mode"]
         if mode == "verifier":
+            seccomp.set_name(b"tangram-verify")
             verifier.serve_jobs()  # never returns
         env = {str(k): str(v) for k, v in spec["env"].items()}
         if mode == "exec":
             child.default_signals()
             os.execve(spec["argv"][0], spec["argv"], env)
+        seccomp.set_name(b"python3")  # what it is to the user (ps, /proc/self/comm)
         server = serve.Server(socket.socket(fileno=3)) if mode == "serve" else None
         child.prepare_python(env, spec["workdir"], spec["argv0"], preloaded)
         code, main, exc = child.run_main(spec["argv0"], source)
@@ -173,6 +175,7 @@ class Zygote:
 def main() -> None:
     sock = socket.socket(fileno=3)
     preloaded = preload()
+    seccomp.set_name(b"tangram-zygote")
     seccomp.install()  # inherited by every child: none has to install it
     gc.collect()
     gc.freeze()  # forks share these pages instead of copying them on the first collection
