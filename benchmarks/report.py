@@ -151,7 +151,10 @@ def evaluate(expr: str, sources: Sources) -> Any:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _OPS:
-            return _OPS[type(node.ops[0])](ev(node.left), ev(node.comparators[0]))
+            left, right = ev(node.left), ev(node.comparators[0])
+            if left is None or right is None:  # a figure that was not reached meets nothing
+                return False
+            return _OPS[type(node.ops[0])](left, right)
         if isinstance(node, ast.BoolOp):
             vals = [ev(v) for v in node.values]
             return all(vals) if isinstance(node.op, ast.And) else any(vals)
