@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_CODE_BYTES = 1 << 20
+MAX_CODE_BYTES = 1 << 20  # default cap; `limits` in the config sets the deployment's own
+MAX_JSON_DEPTH = 200  # hard ceiling for request/inputs nesting (serialisers recurse)
+_BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def new_id() -> str:
@@ -68,10 +70,10 @@ class CodeAction(_Action):
 
     type: Literal["code"] = "code"
     language: Literal["python", "bash", "c"] = "python"
-    code: str | None = Field(None, max_length=MAX_CODE_BYTES)
+    code: str | None = None  # size capped in bytes by `limits.max_code_bytes` at submit
     files: dict[str, str] = Field(default_factory=dict)
     test_command: str | None = Field(None, max_length=4096)
-    test_cases: list[TestCase] = Field(default_factory=list, max_length=10_000)
+    test_cases: list[TestCase] = Field(default_factory=list, max_length=100_000)
     memory_mb: int = Field(512, ge=16, le=1 << 20)
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
@@ -80,11 +82,9 @@ class CodeAction(_Action):
     @classmethod
     def _paths(cls, v: dict[str, str]) -> dict[str, str]:
         for path in v:
-            parts = path.split("/")
-            if path.startswith("/") or ".." in parts or not path or len(path) > 255:
-                raise ValueError(f"file path {path!r} must be relative and stay inside the workdir")
-        if sum(len(c) for c in v.values()) > 16 * MAX_CODE_BYTES:
-            raise ValueError("files exceed 16 MiB in total")
+            why = file_path_error(path)
+            if why is not None:
+                raise ValueError(f"file path {path!r}: {why}")
         return v
 
     @field_validator("cpus")
@@ -106,6 +106,53 @@ class CodeAction(_Action):
         return _cpu_bounds(self.cpus)
 
 
+def file_path_error(path: str) -> str | None:
+    """Why `path` cannot name a file in the workdir, or None. Only plain relative paths are
+    accepted: the runner writes them as they are, and anything else (absolute, `..`, `.`, empty
+    components, a trailing `/`, control characters such as NUL) is either an escape attempt or
+    a mistake that would otherwise surface as an `error` inside the sandbox."""
+    if not path:
+        return "empty path"
+    if len(path.encode()) > 1024:
+        return "longer than 1024 bytes"
+    if _BAD_PATH_CHARS.search(path):
+        return "contains a control character (NUL, newline, ...)"
+    if path.startswith("/"):
+        return "must be relative to the workdir"
+    if path.endswith("/"):
+        return "ends with '/' (name a file, not a directory)"
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            return "has an empty, '.' or '..' component (write a plain relative path)"
+        if len(part.encode()) > 255:
+            return "has a component longer than 255 bytes"
+    return None
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON-like value (0 for a scalar), without recursion."""
+    depth = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        elif not isinstance(v, list | tuple):
+            continue
+        d += 1
+        depth = max(depth, d)
+        if depth > MAX_JSON_DEPTH:
+            return depth
+        stack.extend((x, d) for x in v)
+    return depth
+
+
+def _shallow(name: str, v: Any) -> Any:
+    if json_depth(v) > MAX_JSON_DEPTH:
+        raise ValueError(f"{name} is nested deeper than {MAX_JSON_DEPTH} levels")
+    return v
+
+
 def _cpu_bounds(v: int | str) -> tuple[int, int]:
     if isinstance(v, int):
         return v, v
@@ -125,6 +172,11 @@ class RewardAction(_Action):
     model: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
     inputs: dict[str, Any]
 
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs_depth(cls, v: Any) -> Any:
+        return _shallow("inputs", v)
+
 
 class ApiAction(_Action):
     """Call a rate-limited external API through its shared pool."""
@@ -132,6 +184,11 @@ class ApiAction(_Action):
     type: Literal["api"] = "api"
     api: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
     request: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("request", mode="before")
+    @classmethod
+    def _request_depth(cls, v: Any) -> Any:
+        return _shallow("request", v)
 
 
 Action = Annotated[CodeAction | RewardAction | ApiAction, Field(discriminator="type")]

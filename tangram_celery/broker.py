@@ -52,12 +52,14 @@ class EmbeddedRedis:
         fsync: str = "everysec",
         bind: str = "127.0.0.1",
         netns: str | None = None,
+        maxmemory_mb: int = 2048,
     ):
         """`bind`: the address to listen on (loopback by default; a multi-host deployment binds
         the host's private address and relies on the password plus a firewall). `netns`: run
         the server inside that network namespace (`ip netns exec`), as the multi-node tests do."""
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
+        self.maxmemory_mb = maxmemory_mb
         self.bind = bind
         self.netns = netns
         self.port = port or _free_port()
@@ -84,6 +86,9 @@ class EmbeddedRedis:
                     "save ''",
                     "daemonize no",
                     "maxclients 4096",
+                    # a ceiling, never eviction: an evicted key would be a lost action
+                    f"maxmemory {self.maxmemory_mb}mb",
+                    "maxmemory-policy noeviction",
                     f"logfile {self.data_dir / 'redis.log'}",
                 ]
             )

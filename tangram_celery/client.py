@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from tangram_celery.actions import Action, ActionResult, ApiAction, CodeAction, RewardAction
+from tangram_celery.admission import limits_from_view, payload_errors
 from tangram_celery.broker import resolve_url
-from tangram_celery.config import TangramConfig, load_config
+from tangram_celery.config import LimitsConfig, TangramConfig, load_config
 from tangram_celery.errors import ActionRejected, ResultTimeout
 from tangram_celery.store import Store
 
@@ -106,6 +107,9 @@ class TangramClient:
 
         if self._view is None:
             self._view = pool_view(self.config) if self.config else self.store.published_config()
+        too_big = payload_errors(action, self._limits())
+        if too_big:
+            raise ActionRejected(f"action {action.id} rejected: too large: " + "; ".join(too_big))
         if self._view is None:
             return  # no scheduler has published its pools yet; it will check on intake
         why = check_meta(meta, self._view)
@@ -116,6 +120,9 @@ class TangramClient:
             why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
         if why is not None:
             raise ActionRejected(f"action {action.id} rejected: {why}")
+
+    def _limits(self) -> LimitsConfig:
+        return self.config.limits if self.config else limits_from_view(self._view)
 
     # ---- submit ----------------------------------------------------------------------------
     def submit(self, action: AnyAction | dict[str, Any]) -> ActionHandle:
@@ -135,10 +142,24 @@ class TangramClient:
             seen.add(action.id)
             meta = action_meta(action, now)
             self._check(action, meta)
-            items.append((action.id, json.dumps(meta), action.model_dump_json()))
+            payload = action.model_dump_json()
+            limits = self._limits()
+            if len(payload.encode()) > limits.max_payload_bytes:
+                raise ActionRejected(
+                    f"action {action.id} rejected: {len(payload.encode())} bytes as JSON > "
+                    f"{limits.max_payload_bytes} (limits.max_payload_bytes)"
+                )
+            items.append((action.id, json.dumps(meta), payload))
             handles.append(ActionHandle(self, action.id, action.trajectory_id))
         max_queued = int((self._view or {}).get("max_queued", 0))
-        self.store.submit(items, max_queued)
+        fraction = (
+            self.config.broker.admit_memory_fraction
+            if self.config
+            else float((self._view or {}).get("admit_memory_fraction", 0.8))
+        )
+        self.store.submit(
+            items, max_queued, ttl_s=self._limits().queued_ttl_s, admit_memory_fraction=fraction
+        )
         return handles
 
     def handle(self, action_id: str, trajectory_id: str = "") -> ActionHandle:

@@ -34,6 +34,21 @@ class BrokerConfig(_Model):
         description="'embedded' to start a private redis-server, or a redis://[:password@]host:port/db URL",
     )
     data_dir: str = Field(".tangram/redis", description="directory for the embedded Redis AOF")
+    maxmemory_mb: int = Field(
+        2048,
+        ge=64,
+        description=(
+            "embedded Redis memory ceiling, MiB (noeviction: nothing is ever dropped); submits are "
+            "refused with AdmissionError above `admit_memory_fraction` of it"
+        ),
+    )
+    admit_memory_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=0.95,
+        description="share of Redis maxmemory above which submit fails fast (the rest is headroom "
+        "for results and scheduling)",
+    )
     fsync: Literal["always", "everysec"] = Field(
         "everysec",
         description=(
@@ -192,6 +207,27 @@ class FlowerConfig(_Model):
     password: str | None = Field(None, description="basic-auth password; generated when empty")
 
 
+class LimitsConfig(_Model):
+    """Caps on what one action may carry, checked at submit (ActionRejected, nothing enqueued).
+
+    Payloads go to Redis as they are, so these bound the broker's memory per action; the
+    broker's own ceiling (`broker.maxmemory_mb`) turns a flood into AdmissionError."""
+
+    max_code_bytes: int = Field(1 << 20, ge=1024, description="code, UTF-8 bytes")
+    max_stdin_bytes: int = Field(8 << 20, ge=0, description="stdin of a code action, UTF-8 bytes")
+    max_files: int = Field(256, ge=0, description="number of `files` entries of a code action")
+    max_files_bytes: int = Field(16 << 20, ge=0, description="all `files` contents together, UTF-8 bytes")
+    max_test_cases: int = Field(10_000, ge=1, le=100_000, description="test cases of one action")
+    max_test_field_bytes: int = Field(
+        1 << 20, ge=1024, description="one test case's stdin, expected_stdout or assert_code, bytes"
+    )
+    max_payload_bytes: int = Field(64 << 20, ge=1 << 16, description="one action as JSON, bytes")
+    max_json_depth: int = Field(64, ge=1, le=200, description="nesting of API requests / reward inputs")
+    queued_ttl_s: float = Field(
+        86400.0, gt=0, description="a payload not run within this many seconds expires (s)"
+    )
+
+
 class MetricsConfig(_Model):
     enabled: bool = Field(True, description="serve Prometheus metrics from every process on 127.0.0.1")
 
@@ -210,6 +246,7 @@ class TangramConfig(_Model):
     scheduler: SchedulerConfig = SchedulerConfig()
     flower: FlowerConfig = FlowerConfig()
     metrics: MetricsConfig = MetricsConfig()
+    limits: LimitsConfig = LimitsConfig()
     state_dir: str = Field(".tangram", description="directory for runtime state and logs")
 
     @model_validator(mode="after")

@@ -63,7 +63,11 @@ class Deployment:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
-            self.redis = EmbeddedRedis(self.state_dir / "redis", fsync=self.cfg.broker.fsync).start()
+            self.redis = EmbeddedRedis(
+                self.state_dir / "redis",
+                fsync=self.cfg.broker.fsync,
+                maxmemory_mb=self.cfg.broker.maxmemory_mb,
+            ).start()
             self.url = self.redis.url
         else:
             self.url = self.cfg.broker.url

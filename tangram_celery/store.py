@@ -9,6 +9,7 @@ Keys (all under `tangram:`):
   n:<id>            list the client blocks on; one element pushed when the result is written
   running           hash action id -> allocation + metadata of every dispatched, unfinished action
   traj              hash trajectory id -> pinned CPU node and reserved memory
+  dead              dead-letter stream: malformed intake entries and why (bounded)
   config            the scheduler's published view of pools and models (for client validation)
 
 Action states: queued -> dispatched -> running -> done. Transitions happen only in the Lua
@@ -38,6 +39,8 @@ EVENTS = P + "events"
 RUNNING = P + "running"
 TRAJ = P + "traj"
 CONFIG = P + "config"
+DEAD = P + "dead"  # dead-letter stream: malformed intake entries, with the reason
+DEAD_MAXLEN = 10_000
 WORKERS = P + "workers"  # worker name -> last heartbeat (Redis server time, s)
 WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:calc" / "gpu:g0"
 GROUP = "sched"
@@ -63,12 +66,16 @@ def nkey(action_id: str) -> str:
 _SUBMIT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
-  if redis.call('HGET', KEYS[2], 'payload') == ARGV[3] then return 'already' end
+  -- Compared by digest: the payload itself is dropped once the action is done.
+  if redis.call('HGET', KEYS[2], 'digest') == redis.sha1hex(ARGV[3]) then return 'already' end
   return redis.error_reply('TANGRAM_DUPLICATE')
 end
 local cap = tonumber(ARGV[4])
 if cap > 0 and redis.call('XLEN', KEYS[1]) >= cap then return redis.error_reply('TANGRAM_FULL') end
-redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'state', 'queued')
+redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'digest', redis.sha1hex(ARGV[3]),
+           'state', 'queued')
+local ttl = tonumber(ARGV[5])
+if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
 return redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
 """
 
@@ -79,6 +86,9 @@ local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'dispatched' then
   if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[3] then return 'stale' end
   redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2])
+  -- queued too long (limits.queued_ttl_s): the payload expired; the worker reports it
+  if redis.call('HEXISTS', KEYS[1], 'payload') == 0 then return 'expired' end
+  redis.call('PERSIST', KEYS[1])  -- a started action's record lives until its result's TTL
   return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
 end
 if s == 'running' and redis.call('HGET', KEYS[1], 'worker') == ARGV[1]
@@ -122,6 +132,7 @@ _COMPLETE = """
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'done' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
+redis.call('HDEL', KEYS[1], 'payload')  -- no longer needed: free the broker's memory now
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -151,6 +162,8 @@ class Store:
         self._requeue = self.r.register_script(_REQUEUE)
         self._give_back = self.r.register_script(_GIVE_BACK)
         self._heartbeat = self.r.register_script(_HEARTBEAT)
+        self._mem: tuple[int, int] = (0, 0)  # (used, max) bytes of Redis memory, last read
+        self._mem_checked_s = float("-inf")
 
     def retrying(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         """Run `fn`, retrying with backoff while Redis is unreachable (restarts, failovers).
@@ -179,17 +192,31 @@ class Store:
         self.r.close()
 
     # ---- client side ----------------------------------------------------------------------
-    def submit(self, items: Sequence[tuple[str, str, str]], max_queued: int) -> None:
+    def submit(
+        self,
+        items: Sequence[tuple[str, str, str]],
+        max_queued: int,
+        *,
+        ttl_s: float = 0.0,
+        admit_memory_fraction: float = 0.8,
+    ) -> None:
         """Enqueue (id, meta_json, payload_json) items atomically each; raise on the first refusal.
 
-        Items before a refused one stay enqueued (they are valid and were accepted).
+        Items before a refused one stay enqueued (they are valid and were accepted). A payload
+        not run within `ttl_s` expires (0 = never). When Redis has a `maxmemory` and uses more
+        than `admit_memory_fraction` of it, nothing is enqueued (AdmissionError): the rest is
+        headroom for results and scheduling, which must never be refused.
         """
+        self._admit_memory(admit_memory_fraction, len(items))
+        ttl = str(int(ttl_s)) if ttl_s > 0 else "0"
 
         def send() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for action_id, meta, payload in items:
                 self._submit(
-                    keys=[INTAKE, akey(action_id)], args=[action_id, meta, payload, max_queued], client=pipe
+                    keys=[INTAKE, akey(action_id)],
+                    args=[action_id, meta, payload, max_queued, ttl],
+                    client=pipe,
                 )
             return list(pipe.execute(raise_on_error=False))
 
@@ -205,9 +232,31 @@ class Store:
                     )
                 if "TANGRAM_DUPLICATE" in msg:
                     raise ActionRejected(f"action id {action_id!r} was already submitted")
+                if msg.startswith("OOM"):
+                    raise AdmissionError(
+                        f"broker full (Redis maxmemory reached): the first {n} of this batch were "
+                        f"enqueued, action {action_id} and the rest were not; retry them later"
+                    )
                 raise BrokerError(f"submit of {action_id} failed: {msg}")
             if isinstance(rep, Exception):
                 raise BrokerError(f"submit of {action_id} failed: {rep}")
+
+    def _admit_memory(self, fraction: float, n: int) -> None:
+        """AdmissionError when Redis is above `fraction` of its maxmemory (checked at most every
+        0.25 s per Store: INFO is cheap but not free)."""
+        now = time.monotonic()
+        if now - self._mem_checked_s > 0.25:
+            info = self.retrying("memory check", lambda: self.r.info("memory"))
+            self._mem = (int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+            self._mem_checked_s = now
+        used, cap = self._mem
+        if cap > 0 and used > fraction * cap:
+            self._mem_checked_s = 0.0  # look again next time: it drains as actions finish
+            raise AdmissionError(
+                f"broker full: Redis uses {used >> 20} MiB of its {cap >> 20} MiB maxmemory "
+                f"(admission stops at {fraction:.0%}); none of these {n} action(s) were enqueued, "
+                "retry later or raise broker.maxmemory_mb"
+            )
 
     def control(self, fields: dict[str, str]) -> None:
         self.r.xadd(INTAKE, dict(fields.items()))
@@ -330,6 +379,12 @@ class Store:
             pipe.xack(INTAKE, GROUP, *intake_ids)
             pipe.xdel(INTAKE, *intake_ids)
         pipe.execute()
+
+    def dead_letter(self, stream_id: str, fields: dict[str, str], why: str) -> None:
+        """Keep a malformed intake entry for inspection (`XRANGE tangram:dead - +`), bounded."""
+        entry: dict[Any, Any] = dict(fields)
+        entry.update(intake_id=stream_id, reason=why)
+        self.r.xadd(DEAD, entry, maxlen=DEAD_MAXLEN, approximate=True)
 
     def forget_running(self, action_ids: Sequence[str]) -> None:
         if action_ids:

@@ -42,6 +42,8 @@ def pool_view(cfg: TangramConfig) -> dict[str, Any]:
         "models": {m.name: {"backend": m.backend, "max_batch": m.max_batch} for m in cfg.reward_models},
         "apis": [a.name for a in cfg.apis],
         "max_queued": cfg.scheduler.max_queued,
+        "limits": cfg.limits.model_dump(mode="json"),
+        "admit_memory_fraction": cfg.broker.admit_memory_fraction,
     }
 
 

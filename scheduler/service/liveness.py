@@ -60,6 +60,9 @@ def check(svc: SchedulerService, policy: LivenessPolicy) -> None:
         alloc = svc.state.running.get(action_id)
         if alloc is None:
             continue
+        if state is None:  # its record expired or was deleted: nothing will ever complete it
+            svc.forget_vanished(action_id)
+            continue
         key = pool_key(alloc.kind, alloc.pool)
         if key in svc.offline and alloc.kind is not ResourceKind.API:
             svc.reroute(action_id, worker or "", attempt, policy.max_attempts)

@@ -44,6 +44,20 @@ from tangram_celery.store import EVENTS, INTAKE, IntakeEntry, Store
 log = logging.getLogger("tangram.scheduler")
 
 _TASKS = {ResourceKind.CPU: TASK_CPU, ResourceKind.GPU: TASK_GPU, ResourceKind.API: TASK_API}
+_TRANSIENT = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.ResponseError,
+    BrokerError,
+    KombuError,
+    OSError,
+)
+# what a malformed intake entry raises while it is parsed and costed
+_MALFORMED = (KeyError, IndexError, TypeError, ValueError, AssertionError, AttributeError)
+
+
+def _is_oom(e: Exception) -> bool:
+    return str(e).startswith("OOM")
 
 
 class SchedulerService:
@@ -112,7 +126,9 @@ class SchedulerService:
                 self.start()
                 log.info("Redis is back: %d waiting, %d running", len(self.waiting), len(self.state.running))
                 return
-            except (redis.ConnectionError, redis.TimeoutError, BrokerError, KombuError, OSError):
+            except _TRANSIENT as e:
+                if isinstance(e, redis.ResponseError) and not _is_oom(e):
+                    raise
                 self._stop.wait(delay_s)
                 delay_s = min(delay_s * 2, max_delay_s)
 
@@ -137,8 +153,11 @@ class SchedulerService:
                     self.recorder.snapshot(self.waiting, self.state, self.offline)
                     self.recorder.flush()
                     next_check = time.monotonic() + self.liveness.check_every_s
-            except (redis.ConnectionError, redis.TimeoutError, BrokerError, KombuError, OSError) as e:
-                # Redis restarted or failed over: what it kept is the truth; rebuild from it.
+            except _TRANSIENT as e:
+                if isinstance(e, redis.ResponseError) and not _is_oom(e):
+                    raise
+                # Redis restarted, failed over, or refused a write at its memory ceiling (then the
+                # round may have been half applied): what Redis kept is the truth; rebuild from it.
                 log.warning("lost Redis (%s); rebuilding state once it is back", e)
                 self._rejoin()
         self.recorder.close()
@@ -187,16 +206,25 @@ class SchedulerService:
         rejected: list[str] = []
         for e in intake:
             f = e.fields
-            if f.get("control") == "close":
+            if f.get("control") == "close" and f.get("trajectory_id"):
                 self.closing[f["trajectory_id"]] = e.stream_id
                 continue
-            meta = json.loads(f["meta"])
-            why = check_meta(meta, self.view)
-            if why is not None:
-                self._reject(meta, why)
+            try:
+                meta = json.loads(f["meta"])
+                if not isinstance(meta, dict):
+                    raise TypeError(f"meta is a JSON {type(meta).__name__}, not an object")
+                why = check_meta(meta, self.view)
+                qa = to_queued(meta, self.cfg) if why is None else None
+            except _MALFORMED as exc:
+                # Never raise out of the loop for one bad entry: recovery would read it again on
+                # every restart (a crash loop). It goes to the dead-letter stream instead.
+                self._dead_letter(e, f"malformed intake entry: {type(exc).__name__}: {exc}")
                 rejected.append(e.stream_id)
                 continue
-            qa = to_queued(meta, self.cfg)
+            if qa is None:
+                self._reject(meta, str(why))
+                rejected.append(e.stream_id)
+                continue
             if qa.action_id in self.waiting or qa.action_id in self.running_qa:
                 # an entry read again (the intake is at-least-once): the action is already here
                 log.warning("action %s is already queued or running; duplicate intake ignored", qa.action_id)
@@ -208,6 +236,19 @@ class SchedulerService:
             self.active[qa.trajectory_id] += 1
         self.store.ack(INTAKE, rejected)
         self._close_ready()
+
+    def _dead_letter(self, entry: IntakeEntry, why: str) -> None:
+        """Park a malformed intake entry in the dead-letter stream and, when it names an action,
+        finish that action as `rejected` with the reason (its caller is waiting)."""
+        log.error("intake entry %s dead-lettered: %s", entry.stream_id, why)
+        self.metrics.rejected.inc()
+        self.store.dead_letter(entry.stream_id, entry.fields, why)
+        action_id = entry.fields.get("id", "")
+        if action_id and self.store.action_state(action_id) not in (None, "done"):
+            res = ActionResult(
+                action_id=action_id, status=ActionStatus.REJECTED, error=why[:2000], attempts=0
+            )
+            self.store.finish_unrun(action_id, res.model_dump_json(), "")
 
     def _schedule(self) -> int:
         if not self.waiting:
@@ -434,6 +475,17 @@ class SchedulerService:
         if alloc is not None and alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
             self.state.close_trajectory(qa.trajectory_id)  # its sandbox is gone with the node
             self.store.forget_pin(qa.trajectory_id)
+
+    def forget_vanished(self, action_id: str) -> None:
+        """The action's record is gone from Redis (expired, or deleted by hand): free its units."""
+        log.error("action %s has no record in Redis any more; releasing its units", action_id)
+        self._release(action_id)
+        qa = self.running_qa.pop(action_id, None)
+        self.kind_of.pop(action_id, None)
+        self.attempt.pop(action_id, None)
+        self.store.forget_running([action_id])
+        if qa is not None:
+            self._trajectory_done(qa.trajectory_id)
 
     def _retry_elsewhere(self, action_id: str, error: str) -> None:
         """A worker handed `action_id` back after a retryable failure (its reward server crashed

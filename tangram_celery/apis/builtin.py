@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import operator
 import pkgutil
 import re
@@ -28,27 +29,61 @@ _OPS: dict[type, Any] = {
 }
 
 
-def _eval(node: ast.AST) -> float | int:
+MAX_BITS = 4096  # integers beyond ~1233 digits are refused before they are computed
+MAX_DEPTH = 64  # nesting of the expression tree
+
+
+def _check_bits(value: float | int) -> float | int:
+    if isinstance(value, int) and value.bit_length() > MAX_BITS:
+        raise ValueError(f"result larger than {MAX_BITS} bits")
+    return value
+
+
+def _binop(op: ast.operator, left: float | int, right: float | int) -> float | int:
+    """One operation, refused *before* computing when its integer result would be too large: a
+    huge power holds the GIL for seconds (and stalls the worker's heart-beats)."""
+    if isinstance(left, int) and isinstance(right, int):
+        lb, rb = left.bit_length(), right.bit_length()
+        if (
+            isinstance(op, ast.Pow)
+            and right > 0
+            and abs(left) > 1
+            and math.log2(abs(left)) * right > MAX_BITS
+        ):
+            raise ValueError(f"power result larger than {MAX_BITS} bits")
+        if isinstance(op, ast.Mult) and lb + rb > MAX_BITS + 1:
+            raise ValueError(f"product larger than {MAX_BITS} bits")
+    if isinstance(op, ast.Pow) and abs(right) > 1_000_000:
+        raise ValueError("exponent too large")
+    return _check_bits(_OPS[type(op)](left, right))
+
+
+def _eval(node: ast.AST, depth: int = 0) -> float | int:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"expression nested deeper than {MAX_DEPTH} levels")
     if isinstance(node, ast.Expression):
-        return _eval(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
+        return _eval(node.body, depth + 1)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        value: float | int = node.value  # type: ignore[assignment]
+        return _check_bits(value)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        right = _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent too large")
-        return _OPS[type(node.op)](_eval(node.left), right)
+        return _binop(node.op, _eval(node.left, depth + 1), _eval(node.right, depth + 1))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand))
+        return _OPS[type(node.op)](_eval(node.operand, depth + 1))
     raise ValueError(f"unsupported expression element {type(node).__name__}")
 
 
 def calculator(request: dict[str, Any]) -> dict[str, Any]:
-    """{'expr': '2*(3+4)'} -> {'value': 14}. Arithmetic only; anything else is a ValueError."""
+    """{'expr': '2*(3+4)'} -> {'value': 14}. Arithmetic only; anything else, a malformed
+    expression, or a result too large to compute cheaply is a ValueError (status `failed`)."""
     expr = str(request.get("expr", ""))
     if len(expr) > 1000:
         raise ValueError("expression longer than 1000 characters")
-    return {"value": _eval(ast.parse(expr, mode="eval"))}
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, MemoryError, RecursionError) as e:
+        raise ValueError(f"not an arithmetic expression: {e}") from None
+    return {"value": _eval(tree)}
 
 
 @functools.lru_cache(maxsize=1)

@@ -102,6 +102,18 @@ class WorkerRuntime:
         """Run one dispatched action exactly once; returns its final status (or why it was skipped)."""
         started = time.time()
         claimed = self.store.claim(action_id, int(alloc.get("attempt", 1)), self.name, started)
+        if claimed == "expired":
+            log.warning("action %s: payload expired before it ran (limits.queued_ttl_s)", action_id)
+            res = ActionResult(
+                action_id=action_id,
+                status=ActionStatus.REJECTED,
+                error="the action waited longer than limits.queued_ttl_s and its payload expired",
+                attempts=int(alloc.get("attempt", 1)),
+            )
+            self.store.complete(
+                action_id, res.model_dump_json(), {"status": str(res.status), "trajectory_id": ""}
+            )
+            return str(res.status)
         if isinstance(claimed, str):
             log.info("skip %s: %s (duplicate or superseded delivery)", action_id, claimed)
             self.metrics.duplicates.labels(pool=self.pool_key).inc()

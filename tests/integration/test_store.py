@@ -50,3 +50,66 @@ def test_resubmitting_the_same_action_is_idempotent(redis_url: str) -> None:
     _submit(store, "a3")
     store.submit([("a3", "{}", '{"p": 1}')], max_queued=0)
     assert store.r.xlen("tangram:intake") == 1
+
+
+def test_submit_is_refused_with_admission_error_when_redis_memory_is_high(redis_url: str) -> None:
+    """With Redis above the admission share of its maxmemory, submit raises AdmissionError and
+    enqueues nothing; once memory is back under it, submits go through again."""
+    from tangram_celery.errors import AdmissionError
+
+    store = Store(redis_url)
+    used = int(store.r.info("memory")["used_memory"])
+    old = store.r.config_get("maxmemory")["maxmemory"]
+    try:
+        store.r.config_set("maxmemory", str(int(used / 0.5)))  # now at ~50% of the ceiling
+        with pytest.raises(AdmissionError, match="broker full"):
+            store.submit([("m1", "{}", "{}")], max_queued=0, admit_memory_fraction=0.4)
+        assert store.r.xlen("tangram:intake") == 0 and not store.r.exists(akey("m1"))
+        store._mem_checked_s = float("-inf")
+        store.submit([("m1", "{}", "{}")], max_queued=0, admit_memory_fraction=0.9)
+        assert store.r.xlen("tangram:intake") == 1
+    finally:
+        store.r.config_set("maxmemory", old)
+
+
+def test_an_oom_refusal_from_redis_itself_is_an_admission_error(redis_url: str) -> None:
+    """When Redis refuses the write at its ceiling (noeviction), submit raises AdmissionError."""
+    from tangram_celery.errors import AdmissionError
+
+    store = Store(redis_url)
+    old = store.r.config_get("maxmemory")["maxmemory"]
+    try:
+        store.r.config_set("maxmemory", "1")
+        with pytest.raises(AdmissionError, match="maxmemory"):
+            store.submit([("m2", "{}", "{}")], max_queued=0, admit_memory_fraction=0.95)
+    finally:
+        store.r.config_set("maxmemory", old)
+
+
+def test_queued_payload_expires_and_its_claim_reports_it(redis_url: str) -> None:
+    """A payload queued longer than its TTL expires; a claim of a re-created record without a
+    payload says 'expired' (the worker then finishes the action as rejected)."""
+    store = Store(redis_url)
+    store.submit([("e1", "{}", '{"p": 1}')], max_queued=0, ttl_s=1)
+    assert 0 < store.r.ttl(akey("e1")) <= 1
+    time.sleep(1.5)
+    assert not store.r.exists(akey("e1"))
+    store.r.hset(akey("e1"), mapping={"state": "dispatched", "attempt": "1"})  # what dispatch writes
+    assert store.claim("e1", 1, "w", time.time()) == "expired"
+
+
+def test_completion_drops_the_payload_but_resubmission_stays_idempotent(redis_url: str) -> None:
+    """Once done the payload is deleted (broker memory), a claimed action has no TTL until its
+    result, and a late retry of the original submit is still recognised as the same action."""
+    store = Store(redis_url)
+    store.submit([("d1", "{}", '{"p": 1}')], max_queued=0, ttl_s=600)
+    store.r.hset(akey("d1"), mapping={"state": "dispatched", "attempt": "1"})
+    assert not isinstance(store.claim("d1", 1, "w", time.time()), str)
+    assert store.r.ttl(akey("d1")) == -1
+    store.complete("d1", '{"status": "ok"}', {"status": "ok"})
+    assert not store.r.hexists(akey("d1"), "payload")
+    store.submit([("d1", "{}", '{"p": 1}')], max_queued=0)  # no error: same digest
+    from tangram_celery.errors import ActionRejected
+
+    with pytest.raises(ActionRejected):
+        store.submit([("d1", "{}", '{"p": 2}')], max_queued=0)

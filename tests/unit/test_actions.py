@@ -49,6 +49,14 @@ def test_reward_cost_uses_model_dop_and_memory() -> None:
         {"language": "cobol", "code": "x"},
         {},  # nothing to run
         {"code": "x", "files": {"../escape.py": ""}},
+        {"code": "x", "files": {"a\x00b": ""}},
+        {"code": "x", "files": {"./a.py": ""}},
+        {"code": "x", "files": {"a/./b.py": ""}},
+        {"code": "x", "files": {"dir/": ""}},
+        {"code": "x", "files": {"a//b": ""}},
+        {"code": "x", "files": {"": ""}},
+        {"code": "x", "files": {"/etc/passwd": ""}},
+        {"code": "x", "files": {"a\nb": ""}},
         {"code": "x", "timeout_s": -1},
         {"code": "x", "bogus": 1},
     ],
@@ -91,3 +99,53 @@ def test_client_rejects_malformed_reward_inputs_before_enqueue() -> None:
         client._check(bad, meta)
     good = RewardAction(trajectory_id="t", model="rm", inputs={"prompt": "2+2?", "response": "4"})
     client._check(good, action_meta(good, 0.0))
+
+
+def _deep(n: int) -> object:
+    v: object = 1
+    for _ in range(n):
+        v = {"k": [v]}
+    return v
+
+
+def test_deeply_nested_requests_are_rejected_at_submit_not_in_serialisation() -> None:
+    """An API request or reward inputs nested 300 levels deep is an ActionRejected with a reason
+    (not a serialiser's recursion error); 50 levels pass the model and exceed the default cap."""
+    from tangram_celery.admission import payload_errors
+    from tangram_celery.client import TangramClient
+    from tangram_celery.errors import ActionRejected
+
+    client = TangramClient.__new__(TangramClient)
+    client.config, client._view = CFG, None
+    with pytest.raises(ActionRejected, match="nested deeper"):
+        client._coerce({"type": "api", "trajectory_id": "t", "api": "calc", "request": {"x": _deep(300)}})
+    ok = ApiAction(trajectory_id="t", api="calc", request={"x": _deep(40)})
+    assert "request nesting depth: 81 > 64" in payload_errors(ok, CFG.limits)[0]
+
+
+def test_payload_caps_count_bytes_and_name_the_limit() -> None:
+    """Code is capped in UTF-8 bytes (not characters); stdin, the number and size of files and
+    each test case's fields are capped too; each refusal names the `limits.` key to raise."""
+    from tangram_celery.admission import payload_errors
+    from tangram_celery.config import LimitsConfig
+
+    lim = LimitsConfig(max_code_bytes=1024, max_stdin_bytes=10, max_files=2, max_test_field_bytes=1024)
+    wide = "\u00e9" * 600  # 600 characters, 1200 bytes
+    errs = payload_errors(CodeAction(trajectory_id="t", code=wide), lim)
+    assert errs == ["code bytes: 1200 > 1024 (limits.max_code_bytes)"]
+    errs = payload_errors(
+        CodeAction(
+            trajectory_id="t",
+            code="x",
+            stdin="x" * 11,
+            files={"a": "", "b": "", "c": ""},
+            test_cases=[TestCase(name="t1", expected_stdout="y" * 2000)],
+        ),
+        lim,
+    )
+    assert {e.split(" (limits.")[1] for e in errs} == {
+        "max_stdin_bytes)",
+        "max_files)",
+        "max_test_field_bytes)",
+    }
+    assert payload_errors(CodeAction(trajectory_id="t", code="x" * 1024), lim) == []
