@@ -16,6 +16,7 @@ from typing import Any
 from reward_servers.naming import replica_name
 from reward_servers.repository import build_repository, instance_kind
 from reward_servers.service import node_dir
+from reward_servers.tiny_models import build_missing
 from reward_servers.triton import ServerInfo, TritonController, TritonServer, http_ok, pid_alive, stop_pid
 from tangram_celery.config import GpuNodeConfig, TangramConfig, default_config_path, load_config
 from tangram_celery.errors import TangramError
@@ -47,7 +48,9 @@ def deploy(
     """Start one tritonserver per GPU node (kept if already running); optionally load each model's
     smallest-DoP replica on the first chunk. Returns node -> server info."""
     out = {}
-    for node in _nodes(cfg, nodes):
+    targets = _nodes(cfg, nodes)
+    build_missing(cfg)  # models declared with `build:` are made once, before Triton looks for them
+    for node in targets:
         info = _running(cfg, node.name)
         if info is None:
             work = node_dir(cfg, node.name)

@@ -9,7 +9,7 @@ replicated per instance); a GPU's budget is the node's `gpu_memory_mb`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -149,6 +149,38 @@ def plan_placement(
         return None
     _, _, c, victims = min(options)
     return Placement(replica_name(model, dop, c), c, load=True, victims=victims)
+
+
+def plan_warmup(node: NodeReplicas, services: Sequence[tuple[str, int, int]]) -> tuple[Placement, ...]:
+    """Where to load the configured services before any request arrives (a fresh deployment).
+
+    `services` are (model, dop, memory_mb per GPU), in the order to warm. One replica of each
+    first, then further replicas on chunks that do not hold the service yet, round robin, for
+    as long as memory allows, so that the scheduler finds the service warm on whichever chunk
+    is free. Each goes to the chunk with the most free memory (lowest first on a tie). Never
+    evicts, and never loads a service twice on one chunk.
+    """
+    sim = NodeReplicas(node.num_gpus, node.gpu_memory_mb, {k: _copy(r) for k, r in node.replicas.items()})
+    out: list[Placement] = []
+    placed = True
+    while placed:
+        placed = False
+        for model, dop, memory_mb in services:
+            taken = {r.chunk for r in sim.of_service(model, dop)}
+            free = {
+                c: min(sim.gpu_memory_mb - sim.used_mb(g) for g in c)
+                for c in aligned_chunks(sim.num_gpus, dop)
+                if c not in taken
+            }
+            fits = [c for c, mb in free.items() if mb >= memory_mb]
+            if not fits:
+                continue
+            chunk = max(fits, key=lambda c: (free[c], -c[0]))
+            name = replica_name(model, dop, chunk)
+            sim.replicas[name] = Replica(name, model, dop, chunk, memory_mb, ReplicaState.READY)
+            out.append(Placement(name, chunk, load=True))
+            placed = True
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from reward_servers.placement import (
     ScalingPolicy,
     plan_placement,
     plan_scaling,
+    plan_warmup,
 )
 
 
@@ -55,7 +56,15 @@ class ReplicaManager:
         self.memory_mb = dict(memory_mb)  # model -> MiB per GPU of a replica
         self.policy = policy
         self.clock = clock
-        self.stats = {"hits": 0, "loads": 0, "evictions": 0, "load_failures": 0, "load_s": 0.0}
+        # loads: on demand, for a request (restores); warm_loads: ahead of requests (`warm`)
+        self.stats = {
+            "hits": 0,
+            "loads": 0,
+            "warm_loads": 0,
+            "evictions": 0,
+            "load_failures": 0,
+            "load_s": 0.0,
+        }
         self._cond = threading.Condition()
 
     # ---- leasing ------------------------------------------------------------------------------
@@ -115,7 +124,7 @@ class ReplicaManager:
         self.node.replicas[r.name] = r
         return r
 
-    def _finish_load(self, plan: Placement, r: Replica, leased: bool = True) -> Replica:
+    def _finish_load(self, plan: Placement, r: Replica, leased: bool = True, stat: str = "loads") -> Replica:
         """Outside the lock: unload victims, load the replica; on failure drop it and re-raise."""
         t0 = self.clock()
         try:
@@ -131,7 +140,7 @@ class ReplicaManager:
             self.node.transition(r.name, ReplicaState.READY)
             if not leased:
                 r.in_flight -= 1
-            self.stats["loads"] += 1
+            self.stats[stat] += 1
             self.stats["load_s"] += self.clock() - t0
             self._cond.notify_all()
         return r
@@ -150,6 +159,27 @@ class ReplicaManager:
         r = self.acquire(model, dop, chunk)
         self.release(r)
         return r
+
+    def plan_warm(self, services: list[tuple[str, int]]) -> tuple[Placement, ...]:
+        """Where `warm` should load (model, dop) services ahead of requests (`plan_warmup`)."""
+        with self._cond:
+            return plan_warmup(self.node, [(m, d, self.memory_mb[m]) for m, d in services])
+
+    def warm(self, placement: Placement) -> bool:
+        """Load one planned warm-up replica, unless it is there already or requests took the
+        memory since planning (warming never evicts). True when it was loaded."""
+        model, dop, chunk = parse_name(placement.replica)
+        assert chunk is not None
+        with self._cond:
+            mem = self.memory_mb[model]
+            if placement.replica in self.node.replicas or any(
+                self.node.used_mb(g) + mem > self.node.gpu_memory_mb for g in chunk
+            ):
+                return False
+            plan = Placement(placement.replica, chunk, load=True)
+            new = self._begin_load(plan, model, dop)
+        self._finish_load(plan, new, leased=False, stat="warm_loads")
+        return True
 
     def scale(self, demand: Mapping[tuple[str, int], int]) -> ScalingPlan:
         """Apply one autoscaling round for `demand` ((model, dop) -> queued requests)."""

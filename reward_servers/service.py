@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ from reward_servers import client
 from reward_servers.backends import input_errors
 from reward_servers.backends.rules import verify
 from reward_servers.errors import InferenceFailed, InputRejected, ModelLoadFailed, TritonCrashed
-from reward_servers.placement import ScalingPlan, ScalingPolicy
+from reward_servers.placement import Placement, ScalingPlan, ScalingPolicy
 from reward_servers.profile import DopProfile, batch_tokens
 from reward_servers.replicas import ReplicaManager
 from reward_servers.repository import build_repository
 from reward_servers.triton import ServerInfo, TritonController, TritonServer
 from tangram_celery.config import GpuNodeConfig, RewardModelConfig, TangramConfig
+from tangram_celery.errors import RewardServerError
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +264,54 @@ class RewardService:
             for i, res in zip(idx, self.score(model, [requests[i][1] for i in idx], chunk), strict=True):
                 out[i] = res
         return out
+
+    def warm_services(self) -> list[tuple[str, int]]:
+        """The (model, dop) services a fresh node warms: every Triton-served model at its
+        smallest DoP that fits the node (the one a reward action is given when GPUs are short)."""
+        out = []
+        for m in self.models.values():
+            dops = [d for d in m.dop_options if d <= self.node.num_gpus]
+            if m.backend != "rule" and dops:
+                out.append((m.name, min(dops)))
+        return out
+
+    def warm_up(self, on_loaded: Callable[[str], object] | None = None, parallel: int = 2) -> dict[str, Any]:
+        """Load the configured services onto free chunks as memory allows, before any request
+        (`placement.plan_warmup`; never evicts), `parallel` loads at a time (a load is mostly
+        the Triton stub importing torch: CPU-bound). Meant for a background thread at start: a
+        request that arrives meanwhile waits for a replica being warmed instead of loading a
+        second one. `on_loaded(replica)` is called after each load. Returns what was loaded and
+        what failed; a failed load is logged and leaves its service to load on demand."""
+        assert self.manager is not None
+        manager = self.manager
+        t0 = time.monotonic()
+        loaded: list[str] = []
+        failed: dict[str, str] = {}
+        crashed = threading.Event()
+
+        def warm(p: Placement) -> None:
+            if crashed.is_set():
+                return
+            try:
+                if not manager.warm(p):
+                    return
+            except TritonCrashed as e:
+                crashed.set()  # the monitor restarts the server; replicas then load on demand
+                failed[p.replica] = str(e)
+                log.warning("warm-up stopped: %s", e)
+                return
+            except RewardServerError as e:
+                failed[p.replica] = str(e)
+                log.warning("warm-up of %s failed: %s", p.replica, e)
+                return
+            loaded.append(p.replica)
+            log.info("warmed %s", p.replica)
+            if on_loaded is not None:
+                on_loaded(p.replica)
+
+        with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="tangram-warm") as pool:
+            list(pool.map(warm, manager.plan_warm(self.warm_services())))
+        return {"loaded": loaded, "failed": failed, "seconds": time.monotonic() - t0}
 
     def scale(self, demand: Mapping[tuple[str, int], int]) -> ScalingPlan:
         """One autoscaling round: (model, dop) -> queued requests at the worker."""

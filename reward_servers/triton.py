@@ -18,14 +18,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from reward_servers._deps import require
 from reward_servers.errors import ModelLoadFailed, TritonCrashed
+from tangram_celery import lifeline
 from tangram_celery.errors import RewardServerError
 
 
@@ -172,13 +171,16 @@ class TritonServer:
             ]
             with open(log_path, "ab") as log:
                 # A detached server outlives us (`tangram reward deploy`). Any other dies with
-                # its owner, even a SIGKILLed one: PDEATHSIG fires when the spawning *thread*
-                # exits, so every server, restarts included (they come from a health-check
-                # thread), is spawned by one thread that lives as long as this process.
+                # its owner, even a SIGKILLed one: an exec wrapper arms PDEATHSIG and checks the
+                # parent before tritonserver runs, and since PDEATHSIG fires when the spawning
+                # *thread* exits, every server, restarts included (they come from a
+                # health-check thread), is spawned by one thread that lives as long as this
+                # process.
                 if detach:
                     proc = _popen(args, log)
                 else:
-                    proc = _spawner().submit(_popen, args, log, _die_with_parent).result()
+                    wrapped = lifeline.wrapper_argv(args, os.getpid(), signal.SIGTERM)
+                    proc = lifeline.spawn(_popen, wrapped, log)
             info = ServerInfo(proc.pid, *ports, str(self.repository), str(log_path))
             if self._wait_live(proc, info):
                 self._proc, self.info = proc, info
@@ -236,40 +238,10 @@ class TritonServer:
         self.info, self._proc = None, None
 
 
-def _popen(
-    args: list[str], log: IO[bytes], preexec: Callable[[], None] | None = None
-) -> subprocess.Popen[bytes]:
+def _popen(args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        args,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=server_env(),
-        start_new_session=True,
-        preexec_fn=preexec,
+        args, stdout=log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
     )
-
-
-_SPAWNER: ThreadPoolExecutor | None = None
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _spawner() -> ThreadPoolExecutor:
-    """The one long-lived thread that starts tritonserver processes (see `TritonServer.start`)."""
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None:
-            _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="tritonserver-spawner")
-        return _SPAWNER
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the process that owns the server dies (Linux prctl)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

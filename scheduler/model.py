@@ -62,8 +62,10 @@ class CostVector:
     """What an action needs. `units` counts the key resource (cores, GPUs or API slots).
 
     `memory_mb` is host memory the action's sandbox needs (for CPU actions it is reserved for
-    the whole trajectory on its node); `gpu_memory_mb` is the footprint of the service on GPU;
-    `api_quota` is the number of quota tokens one call consumes. `sandbox` is False for a CPU
+    the trajectory on its node while its sandbox lives, raised when a later action asks for
+    more; an idle trajectory's reservation can be evicted, see `Allocation.evict`);
+    `gpu_memory_mb` is the footprint of the service on GPU; `api_quota` is the number of quota
+    tokens one call consumes. `sandbox` is False for a CPU
     action that needs no trajectory sandbox (a rule-based verifier): it runs on any node, and
     neither pins its trajectory nor reserves memory.
     """
@@ -107,6 +109,9 @@ class Allocation:
     """A policy decision: start `action_id` on `pool` with `units` units (the DoP).
 
     `unit_ids` are the concrete core ids (CPU) or GPU ids (a buddy chunk); empty for API pools.
+    `evict` names idle trajectories pinned to the CPU node `pool` whose sandboxes are removed,
+    and their memory reservations released, to make room for this action (memory is a cache:
+    `ClusterState.apply` does it; the executor removes the sandboxes).
     A value: never changed once made (hashable for that reason). Not `frozen=True` only because
     a frozen dataclass costs 4x as much to build, and a round builds one per decision.
     """
@@ -116,24 +121,30 @@ class Allocation:
     pool: str
     units: int
     unit_ids: tuple[int, ...] = ()
+    evict: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "action_id": self.action_id,
             "kind": str(self.kind),
             "pool": self.pool,
             "units": self.units,
             "unit_ids": list(self.unit_ids),
         }
+        if self.evict:
+            out["evict"] = list(self.evict)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> Allocation:
         ids = d.get("unit_ids") or []
-        assert isinstance(ids, list)
+        evict = d.get("evict") or []
+        assert isinstance(ids, list) and isinstance(evict, list)
         return cls(
             action_id=str(d["action_id"]),
             kind=ResourceKind(str(d["kind"])),
             pool=str(d["pool"]),
             units=int(str(d["units"])),
             unit_ids=tuple(int(i) for i in ids),
+            evict=tuple(str(t) for t in evict),
         )

@@ -25,7 +25,7 @@ pools over a `WaitingQueue` as over a list of the same actions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -121,6 +121,10 @@ class WaitingQueue(Sequence[QueuedAction]):
 
     def values(self) -> Iterable[QueuedAction]:
         return self._items.values()
+
+    def trajectories(self) -> Collection[str]:
+        """The trajectories with at least one queued action (a live view)."""
+        return self._per_trajectory.keys()
 
     def position(self, action_id: str) -> int:
         """A number that orders queued actions FCFS (not the index in the sequence)."""

@@ -8,194 +8,24 @@ it (or a `copy()`), never mutate the caller's instance.
 from __future__ import annotations
 
 import copy as _copy
+import math
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.pools import (
+    GPU_CHUNK_SIZES,
+    ApiPool,
+    CpuNode,
+    GpuNode,
+    NumaShape,
+    copy_cpu,
+    copy_gpu,
+    numa_shape,
+)
 
-GPU_CHUNK_SIZES = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True, slots=True)
-class NumaShape:
-    """What is derived from a node's NUMA layout: core -> group, and each group as a set."""
-
-    numa: tuple[tuple[int, ...], ...]
-    group_of: dict[int, int]
-    groups: tuple[frozenset[int], ...]
-
-
-_SHAPES: dict[int, NumaShape] = {}
-
-
-def numa_shape(numa: tuple[tuple[int, ...], ...]) -> NumaShape:
-    """The `NumaShape` of a layout, cached per layout object.
-
-    Keyed by identity (copies of a `CpuNode` share its `numa` tuple): hashing a 256-core tuple
-    on every lookup cost a third of a simulated round.
-    """
-    hit = _SHAPES.get(id(numa))
-    if hit is not None and hit.numa is numa:
-        return hit
-    if len(_SHAPES) > 4096:
-        _SHAPES.clear()
-    group_of = {c: g for g, cores in enumerate(numa) for c in cores}
-    _SHAPES[id(numa)] = hit = NumaShape(numa, group_of, tuple(frozenset(g) for g in numa))
-    return hit
-
-
-@dataclass
-class CpuNode:
-    """A CPU node: cores grouped by NUMA node, host memory reserved per trajectory."""
-
-    name: str
-    numa: tuple[tuple[int, ...], ...]
-    memory_mb: int
-    free: set[int] = field(default_factory=set)
-    trajectory_memory_mb: dict[str, int] = field(default_factory=dict)
-    online: bool = True  # False while no worker serves the node: nothing is placed there
-
-    def __post_init__(self) -> None:
-        if not self.free:
-            self.free = {c for group in self.numa for c in group}
-
-    @classmethod
-    def uniform(cls, name: str, cores: int, memory_mb: int, numa_groups: int = 1) -> CpuNode:
-        per = cores // numa_groups
-        groups = tuple(
-            tuple(range(g * per, (g + 1) * per if g < numa_groups - 1 else cores)) for g in range(numa_groups)
-        )
-        return cls(name=name, numa=groups, memory_mb=memory_mb)
-
-    @property
-    def cores(self) -> int:
-        return sum(len(g) for g in self.numa)
-
-    @property
-    def memory_free_mb(self) -> int:
-        return self.memory_mb - sum(self.trajectory_memory_mb.values())
-
-    def free_in_groups(self) -> list[list[int]]:
-        """Free core ids per NUMA group, each sorted (walks the smaller of the free set and the
-        group: few free cores on a busy node cost little)."""
-        free = self.free
-        return [sorted(free & g) for g in numa_shape(self.numa).groups]
-
-    def free_in_group(self, group: int) -> list[int]:
-        """Free core ids of one NUMA group, sorted."""
-        return sorted(self.free & numa_shape(self.numa).groups[group])
-
-    def max_block(self) -> int:
-        """Largest number of free cores inside one NUMA group."""
-        return max((len(g) for g in self.free_in_groups()), default=0)
-
-    def pick(self, units: int) -> tuple[int, ...] | None:
-        """Free core ids for `units` cores: a single core anywhere, more within one NUMA group.
-
-        Best fit: the group with the fewest free cores that still holds them, to keep large
-        blocks available for elastic actions.
-        """
-        groups = [g for g in self.free_in_groups() if len(g) >= units]
-        if not groups:
-            return None
-        best = min(groups, key=len)
-        return tuple(best[:units])
-
-
-@dataclass
-class GpuNode:
-    """A GPU node: GPUs allocated as aligned buddy chunks of 1/2/4/8 (HiveD style)."""
-
-    name: str
-    num_gpus: int
-    gpu_memory_mb: int
-    free: set[int] = field(default_factory=set)
-    # chunk (tuple of gpu ids) -> services resident there, most recently used last
-    resident: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
-    # chunk -> actions riding on it besides the one it was allocated to (one batch, see `share`)
-    riders: dict[tuple[int, ...], int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.free:
-            self.free = set(range(self.num_gpus))
-
-    def aligned_free_chunks(self, size: int) -> list[tuple[int, ...]]:
-        out = []
-        for start in range(0, self.num_gpus - size + 1, size):
-            chunk = tuple(range(start, start + size))
-            if all(g in self.free for g in chunk):
-                out.append(chunk)
-        return out
-
-    def free_chunk_counts(self) -> dict[int, int]:
-        """Number of free buddy chunks per size, counting each GPU in its largest free chunk."""
-        counts = {s: 0 for s in GPU_CHUNK_SIZES}
-        taken: set[int] = set()
-        for size in sorted(GPU_CHUNK_SIZES, reverse=True):
-            for chunk in self.aligned_free_chunks(size):
-                if not taken.intersection(chunk):
-                    counts[size] += 1
-                    taken.update(chunk)
-        return counts
-
-    def pick(self, units: int, service: str = "") -> tuple[int, ...] | None:
-        """A free aligned chunk of `units` GPUs, preferring one where `service` is resident."""
-        chunks = self.aligned_free_chunks(units)
-        if not chunks:
-            return None
-        for chunk in chunks:
-            if service and service in self.resident.get(chunk, ()):
-                return chunk
-        return chunks[0]
-
-
-@dataclass
-class ApiPool:
-    """An external API: a concurrency cap and/or a token-bucket quota per time window."""
-
-    name: str
-    max_concurrency: int | None = None
-    quota_per_window: int | None = None
-    window_s: float = 60.0
-    in_flight: int = 0
-    tokens: float = -1.0
-    tokens_at_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.tokens < 0 and self.quota_per_window is not None:
-            self.tokens = float(self.quota_per_window)
-
-    def refill(self, now_s: float) -> None:
-        if self.quota_per_window is None:
-            return
-        rate = self.quota_per_window / self.window_s
-        self.tokens = min(
-            float(self.quota_per_window), self.tokens + max(0.0, now_s - self.tokens_at_s) * rate
-        )
-        self.tokens_at_s = max(self.tokens_at_s, now_s)
-
-    def next_fit_s(self, quota: int, now_s: float) -> float | None:
-        """Earliest time (s) at which `quota` tokens will be available, ignoring concurrency.
-
-        None when the bucket can never hold `quota` tokens. Does not mutate the pool.
-        """
-        if self.quota_per_window is None:
-            return now_s
-        if quota > self.quota_per_window:
-            return None
-        rate = self.quota_per_window / self.window_s
-        tokens = min(float(self.quota_per_window), self.tokens + max(0.0, now_s - self.tokens_at_s) * rate)
-        if tokens >= quota:
-            return now_s
-        return now_s + (quota - tokens) / rate
-
-    def fits(self, quota: int, now_s: float) -> bool:
-        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
-            return False
-        if self.quota_per_window is None:
-            return True
-        self.refill(now_s)
-        return self.tokens >= quota
+__all__ = ["GPU_CHUNK_SIZES", "ApiPool", "ClusterState", "CpuNode", "GpuNode", "NumaShape", "numa_shape"]
 
 
 @dataclass
@@ -213,6 +43,14 @@ class ClusterState:
     expected_end_s: dict[str, float] = field(default_factory=dict)
     # actions sharing a GPU chunk allocated to another action of the same model (`share`)
     shared: set[str] = field(default_factory=set)
+    # Which trajectories are busy, for eviction (memory is a cache): running action -> its
+    # trajectory, and trajectory -> number of its running actions (any kind); kept by
+    # apply/share/release.
+    running_trajectory: dict[str, str] = field(default_factory=dict)
+    trajectory_running: dict[str, int] = field(default_factory=dict)
+    # pinned trajectory -> when one of its actions last started or ended (s): least recently
+    # used idle trajectories are evicted first
+    trajectory_used_s: dict[str, float] = field(default_factory=dict)
     # index of `running` per (kind, pool, NUMA group; 0 but for CPU), in start order; kept by
     # apply/share/release/restore
     by_pool: dict[tuple[ResourceKind, str, int], dict[str, Allocation]] = field(
@@ -255,22 +93,32 @@ class ClusterState:
     def copy(self) -> ClusterState:
         """An independent copy, much cheaper than deepcopy (allocations are immutable)."""
         return ClusterState(
-            cpu={k: _copy_cpu(n) for k, n in self.cpu.items()},
-            gpu={k: _copy_gpu(g) for k, g in self.gpu.items()},
+            cpu={k: copy_cpu(n) for k, n in self.cpu.items()},
+            gpu={k: copy_gpu(g) for k, g in self.gpu.items()},
             api={k: _copy.copy(a) for k, a in self.api.items()},
             trajectory_node=dict(self.trajectory_node),
             running=dict(self.running),
             expected_end_s=dict(self.expected_end_s),
             shared=set(self.shared),
+            running_trajectory=dict(self.running_trajectory),
+            trajectory_running=dict(self.trajectory_running),
+            trajectory_used_s=dict(self.trajectory_used_s),
         )
 
     # ---- fit -------------------------------------------------------------------------------
     def cpu_candidates(self, action: QueuedAction, units: int) -> list[CpuNode]:
-        """CPU nodes that can take `action` at `units` cores now (stickiness, memory included)."""
+        """CPU nodes that can take `action` at `units` cores now (stickiness, memory included).
+
+        A pinned trajectory's action that asks for more memory than its trajectory has
+        reserved needs the difference free on its node.
+        """
         pinned = self.trajectory_node.get(action.trajectory_id) if action.cost.sandbox else None
         if pinned is not None:
             node = self.cpu.get(pinned)
-            return [node] if node is not None and node.max_block() >= units else []
+            if node is None or node.max_block() < units:
+                return []
+            extra = action.cost.memory_mb - node.trajectory_memory_mb.get(action.trajectory_id, 0)
+            return [node] if extra <= 0 or node.memory_free_mb >= extra else []
         need = action.cost.memory_mb if action.cost.sandbox else 0
         nodes = [
             n for n in self.cpu.values() if n.online and n.max_block() >= units and n.memory_free_mb >= need
@@ -278,20 +126,45 @@ class ClusterState:
         # Balance memory: the node with the most free memory first.
         return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
 
-    def lacks_memory(self, action: QueuedAction) -> bool:
-        """True for a CPU action of a new trajectory that no node has the memory for.
+    def memory_extra_mb(self, action: QueuedAction) -> int:
+        """MiB `action` needs reserved beyond what its trajectory holds: all of its memory for a
+        new trajectory, the increase for a pinned one (0 when it asks for no more, and for
+        actions without a sandbox)."""
+        if action.cost.key is not ResourceKind.CPU or not action.cost.sandbox:
+            return 0
+        pinned = self.trajectory_node.get(action.trajectory_id)
+        if pinned is None:
+            return action.cost.memory_mb
+        node = self.cpu.get(pinned)
+        held = node.trajectory_memory_mb.get(action.trajectory_id, 0) if node is not None else 0
+        return max(0, action.cost.memory_mb - held)
 
-        Such an action waits for a trajectory to end, which only the actions of pinned
-        trajectories (they need no new memory) can bring about: FCFS must let those pass.
+    def lacks_memory(self, action: QueuedAction) -> bool:
+        """True for a CPU action of a new trajectory that no node has the memory for, or of a
+        pinned one whose node lacks the increase it asks for.
+
+        Such an action waits for memory, which only the actions of other pinned trajectories
+        (they need no new memory) can bring about, by ending their trajectories or becoming
+        idle (evictable): FCFS must let those pass.
         """
-        if (
-            action.cost.key is not ResourceKind.CPU
-            or not action.cost.sandbox
-            or action.trajectory_id in self.trajectory_node
-        ):
+        if action.cost.key is not ResourceKind.CPU or not action.cost.sandbox:
             return False
+        pinned = self.trajectory_node.get(action.trajectory_id)
+        if pinned is not None:
+            node = self.cpu.get(pinned)
+            return node is not None and node.memory_free_mb < self.memory_extra_mb(action)
         need = action.cost.memory_mb
         return all(n.memory_free_mb < need for n in self.cpu.values() if n.online)
+
+    def idle_trajectories(self, node: str, busy: Container[str]) -> list[str]:
+        """Trajectories pinned to CPU node `node` with no action running and none in `busy`
+        (those with queued actions), least recently used first: what eviction may take."""
+        held = self.cpu[node].trajectory_memory_mb
+        running = self.trajectory_running
+        used = self.trajectory_used_s
+        idle = [t for t in held if t not in running and t not in busy and t in self.trajectory_node]
+        idle.sort(key=lambda t: used.get(t, -math.inf))  # never used here (restored): oldest
+        return idle
 
     def place(self, action: QueuedAction, units: int, now_s: float = 0.0) -> Allocation | None:
         """A concrete allocation of `units` for `action`, or None when it does not fit now."""
@@ -323,14 +196,24 @@ class ClusterState:
         """Take the units of `alloc` for `action`. Raises ValueError if they are not free."""
         if alloc.action_id in self.running:
             raise ValueError(f"action {alloc.action_id} is already running")
+        tid = action.trajectory_id
         if alloc.kind is ResourceKind.CPU:
             node = self.cpu[alloc.pool]
             if not node.free.issuperset(alloc.unit_ids):
                 raise ValueError(f"cores {alloc.unit_ids} not free on {node.name}")
+            if alloc.evict:
+                self._evict(alloc)
             node.free.difference_update(alloc.unit_ids)
-            if action.cost.sandbox and action.trajectory_id not in self.trajectory_node:
-                self.trajectory_node[action.trajectory_id] = node.name
-                node.trajectory_memory_mb[action.trajectory_id] = action.cost.memory_mb
+            if action.cost.sandbox:
+                held = node.trajectory_memory_mb
+                if tid not in self.trajectory_node:
+                    self.trajectory_node[tid] = node.name
+                    held[tid] = action.cost.memory_mb
+                elif held.get(tid, 0) < action.cost.memory_mb and self.trajectory_node[tid] == node.name:
+                    held[tid] = action.cost.memory_mb  # a later action asked for more: reserve it
+                used = self.trajectory_used_s
+                used.pop(tid, None)
+                used[tid] = now_s
         elif alloc.kind is ResourceKind.GPU:
             gnode = self.gpu[alloc.pool]
             if not gnode.free.issuperset(alloc.unit_ids):
@@ -344,7 +227,20 @@ class ClusterState:
                 pool.tokens -= action.cost.api_quota
         self.running[alloc.action_id] = alloc
         self._track(alloc)
+        self._busy(alloc.action_id, tid)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
+
+    def _busy(self, action_id: str, tid: str) -> None:
+        self.running_trajectory[action_id] = tid
+        self.trajectory_running[tid] = self.trajectory_running.get(tid, 0) + 1
+
+    def _evict(self, alloc: Allocation) -> None:
+        """Release the idle trajectories `alloc` evicts (checked first: nothing changes on error)."""
+        for tid in alloc.evict:
+            if self.trajectory_node.get(tid) != alloc.pool or tid in self.trajectory_running:
+                raise ValueError(f"cannot evict {tid!r} from {alloc.pool}: not an idle trajectory there")
+        for tid in alloc.evict:
+            self.close_trajectory(tid)
 
     def share(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
         """Let `action` ride on a GPU chunk that is already allocated (to another action of the
@@ -363,6 +259,7 @@ class ClusterState:
         self.shared.add(alloc.action_id)
         self.running[alloc.action_id] = alloc
         self._track(alloc)
+        self._busy(alloc.action_id, action.trajectory_id)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
     def hold(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
@@ -372,11 +269,24 @@ class ClusterState:
         else:
             self.apply(alloc, action, now_s)
 
-    def release(self, action_id: str) -> Allocation | None:
-        """Give back the units held by `action_id`; unknown ids are ignored (idempotent)."""
+    def release(self, action_id: str, now_s: float | None = None) -> Allocation | None:
+        """Give back the units held by `action_id`; unknown ids are ignored (idempotent).
+
+        `now_s`, when given, counts as a use of the action's trajectory (for eviction order).
+        """
         alloc = self.running.pop(action_id, None)
         self.expected_end_s.pop(action_id, None)
         self.shared.discard(action_id)
+        tid = self.running_trajectory.pop(action_id, None)
+        if tid is not None:
+            left = self.trajectory_running[tid] - 1
+            if left:
+                self.trajectory_running[tid] = left
+            else:
+                del self.trajectory_running[tid]
+            if now_s is not None and tid in self.trajectory_used_s:
+                del self.trajectory_used_s[tid]
+                self.trajectory_used_s[tid] = now_s
         if alloc is None:
             return None
         self.by_pool[self.pool_key(alloc)].pop(action_id, None)
@@ -396,8 +306,9 @@ class ClusterState:
         return alloc
 
     def close_trajectory(self, trajectory_id: str) -> None:
-        """Forget a finished trajectory: its node pin and its reserved memory."""
+        """Forget a finished (or evicted) trajectory: its node pin and its reserved memory."""
         node = self.trajectory_node.pop(trajectory_id, None)
+        self.trajectory_used_s.pop(trajectory_id, None)
         if node is not None:
             if len(self.unpin_log) >= 1024:
                 self.unpin_base += len(self.unpin_log)
@@ -413,6 +324,8 @@ class ClusterState:
             "trajectory_memory_mb": {n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()},
             "running": [a.to_dict() for a in self.running.values()],
             "expected_end_s": dict(self.expected_end_s),
+            "running_trajectory": dict(self.running_trajectory),
+            "trajectory_used_s": dict(self.trajectory_used_s),
         }
 
     def restore(self, d: dict[str, Any]) -> None:
@@ -439,20 +352,9 @@ class ClusterState:
         self.expected_end_s = {
             k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in self.running
         }
-
-
-def _copy_cpu(n: CpuNode) -> CpuNode:
-    # Built then overwritten: __post_init__ treats an empty `free` as "all free".
-    out = CpuNode(name=n.name, numa=n.numa, memory_mb=n.memory_mb)
-    out.free = set(n.free)
-    out.trajectory_memory_mb = dict(n.trajectory_memory_mb)
-    out.online = n.online
-    return out
-
-
-def _copy_gpu(g: GpuNode) -> GpuNode:
-    out = GpuNode(name=g.name, num_gpus=g.num_gpus, gpu_memory_mb=g.gpu_memory_mb)
-    out.free = set(g.free)
-    out.resident = {c: list(v) for c, v in g.resident.items()}
-    out.riders = dict(g.riders)
-    return out
+        for aid, tid in d.get("running_trajectory", {}).items():
+            if aid in self.running:
+                self._busy(aid, tid)
+        self.trajectory_used_s = {
+            t: float(v) for t, v in d.get("trajectory_used_s", {}).items() if t in self.trajectory_node
+        }

@@ -1,5 +1,6 @@
 """Tangram: action-level orchestration of external resources for agentic RL, on Celery."""
 
+from tangram_celery.aclient import AsyncActionHandle, AsyncTangramClient
 from tangram_celery.actions import (
     ActionResult,
     ActionStatus,
@@ -18,6 +19,8 @@ __all__ = [
     "ActionStatus",
     "AdmissionError",
     "ApiAction",
+    "AsyncActionHandle",
+    "AsyncTangramClient",
     "CodeAction",
     "RewardAction",
     "TangramClient",

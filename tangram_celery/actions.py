@@ -32,16 +32,28 @@ class ActionStatus(StrEnum):
     DISK_LIMIT = "disk_limit"  # workdir quota exceeded
     REJECTED = "rejected"  # refused before running (bad input, unknown model, over quota)
     ERROR = "error"  # infrastructure failure after retries were exhausted
+    CANCELLED = "cancelled"  # withdrawn by its caller before it was dispatched; it never ran
 
 
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(default_factory=new_id, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
-    trajectory_id: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    # None: a one-shot action, part of no trajectory (see `ephemeral`)
+    trajectory_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    # True: a code action runs in a fresh sandbox of its own, discarded when it completes,
+    # not in its trajectory's (no files from earlier actions, none left for later ones); its
+    # memory is reserved only while it runs and nothing needs closing. Implied without a
+    # trajectory_id.
+    ephemeral: bool = False
     job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     priority: int = Field(0, ge=-100, le=100)
     timeout_s: float = Field(10.0, gt=0, le=3600)
+
+    @property
+    def one_shot(self) -> bool:
+        """Runs on its own: no trajectory, or `ephemeral`."""
+        return self.ephemeral or self.trajectory_id is None
 
 
 class TestCase(BaseModel):
@@ -72,19 +84,52 @@ class CodeAction(_Action):
     language: Literal["python", "bash", "c"] = "python"
     code: str | None = None  # size capped in bytes by `limits.max_code_bytes` at submit
     files: dict[str, str] = Field(default_factory=dict)
+    binary_files: dict[str, str] = Field(
+        default_factory=dict, description="path -> base64 content, written as bytes before the run"
+    )
+    fetch_files: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="files returned base64 in the result's `files` after the run: relative to the "
+        "workdir, or absolute under /work or /tmp",
+    )
     test_command: str | None = Field(None, max_length=4096)
     test_cases: list[TestCase] = Field(default_factory=list, max_length=100_000)
     memory_mb: int = Field(512, ge=16, le=1 << 20)
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
 
-    @field_validator("files")
+    @field_validator("files", "binary_files")
     @classmethod
     def _paths(cls, v: dict[str, str]) -> dict[str, str]:
         for path in v:
             why = file_path_error(path)
             if why is not None:
                 raise ValueError(f"file path {path!r}: {why}")
+        return v
+
+    @field_validator("binary_files")
+    @classmethod
+    def _base64(cls, v: dict[str, str]) -> dict[str, str]:
+        import base64
+        import binascii
+
+        for path, content in v.items():
+            try:
+                base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError(f"binary_files[{path!r}] is not valid base64") from None
+        return v
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetch_paths(cls, v: list[str]) -> list[str]:
+        for path in v:
+            rel = path.removeprefix("/work/").removeprefix("/tmp/") if path.startswith("/") else path
+            why = "must be relative, or absolute under /work or /tmp" if rel.startswith("/") else None
+            why = why or file_path_error(rel)
+            if why is not None:
+                raise ValueError(f"fetch_files path {path!r}: {why}")
         return v
 
     @field_validator("cpus")
@@ -97,7 +142,7 @@ class CodeAction(_Action):
 
     @model_validator(mode="after")
     def _something(self) -> CodeAction:
-        if self.code is None and not self.files and not self.test_command:
+        if self.code is None and not self.files and not self.binary_files and not self.test_command:
             raise ValueError("a code action needs code, files or a test_command")
         return self
 
@@ -202,10 +247,16 @@ class TestOutcome(BaseModel):
 
 
 class ActionResult(BaseModel):
-    """What comes back for every action, whatever happened to it."""
+    """What comes back for every action, whatever happened to it.
+
+    `sandbox_reset` is True when a code action of a trajectory ran in a fresh sandbox although
+    the trajectory had one before: it was evicted to make room (memory is a cache), removed
+    after the idle TTL, lost with its worker or node, or it died. Files written by earlier
+    actions of the trajectory are gone.
+    """
 
     action_id: str
-    trajectory_id: str = ""
+    trajectory_id: str = ""  # empty for a one-shot action
     status: ActionStatus
     stdout: str = ""
     stderr: str = ""
@@ -219,6 +270,12 @@ class ActionResult(BaseModel):
     units: int = 0  # DoP granted
     node: str = ""
     attempts: int = 1
+    sandbox_reset: bool = False
+    files: dict[str, str] = Field(default_factory=dict)  # fetch_files: path -> base64 content
+    # Actions started together with this one, itself included: for a reward action on a GPU, the
+    # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
+    # on the same pool in the same round. 0 when it never ran.
+    batch_size: int = 0
 
     @property
     def ok(self) -> bool:

@@ -29,8 +29,10 @@ def payload_errors(action: CodeAction | RewardAction | ApiAction, limits: Limits
     if isinstance(action, CodeAction):
         cap("code bytes", _b(action.code), "max_code_bytes")
         cap("stdin bytes", _b(action.stdin), "max_stdin_bytes")
-        cap("files entries", len(action.files), "max_files")
-        cap("files bytes", sum(_b(c) for c in action.files.values()), "max_files_bytes")
+        cap("files entries", len(action.files) + len(action.binary_files), "max_files")
+        files_b = sum(_b(c) for c in action.files.values())
+        files_b += sum(len(c) * 3 // 4 for c in action.binary_files.values())  # decoded size
+        cap("files bytes", files_b, "max_files_bytes")
         cap("test cases", len(action.test_cases), "max_test_cases")
         for t in action.test_cases:
             for field in ("stdin", "expected_stdout", "assert_code"):

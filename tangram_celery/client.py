@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from tangram_celery.actions import Action, ActionResult, ApiAction, CodeAction, RewardAction
+from tangram_celery.actions import Action, ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
 from tangram_celery.admission import limits_from_view, payload_errors
 from tangram_celery.broker import resolve_url
 from tangram_celery.config import LimitsConfig, TangramConfig, load_config
@@ -61,12 +61,14 @@ def action_meta(action: AnyAction, submitted_s: float) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": action.id,
         "type": action.type,
-        "trajectory_id": action.trajectory_id,
+        "trajectory_id": action.trajectory_id or "",
         "job_id": action.job_id,
         "priority": action.priority,
         "timeout_s": action.timeout_s,
         "submitted_s": submitted_s,
     }
+    if action.one_shot:
+        meta["ephemeral"] = True
     if isinstance(action, CodeAction):
         meta.update(
             cpus=list(action.cpu_range),
@@ -78,6 +80,67 @@ def action_meta(action: AnyAction, submitted_s: float) -> dict[str, Any]:
     else:
         meta["api"] = action.api
     return meta
+
+
+def coerce_action(action: AnyAction | dict[str, Any]) -> AnyAction:
+    """The action model for a dict (validated), or the model itself."""
+    if isinstance(action, CodeAction | RewardAction | ApiAction):
+        return action
+    try:
+        return _ACTION.validate_python(action)
+    except ValidationError as e:
+        raise ActionRejected(f"invalid action: {e}") from None
+
+
+def pool_view_of(config: TangramConfig) -> dict[str, Any]:
+    from scheduler.service.cluster import pool_view
+
+    return pool_view(config)
+
+
+def check_action(
+    action: AnyAction, meta: dict[str, Any], view: dict[str, Any] | None, limits: LimitsConfig
+) -> None:
+    """Raise ActionRejected if `action` exceeds the payload caps `limits` or can never run on the
+    deployment described by `view` (None: no scheduler has published its pools yet; it will
+    check on intake)."""
+    from scheduler.service.cluster import check_meta
+
+    too_big = payload_errors(action, limits)
+    if too_big:
+        raise ActionRejected(f"action {action.id} rejected: too large: " + "; ".join(too_big))
+    if view is None:
+        return
+    why = check_meta(meta, view)
+    if why is None and isinstance(action, RewardAction):
+        from reward_servers.backends import input_errors
+
+        errors = input_errors(view["models"][action.model]["backend"], action.inputs)
+        why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
+    if why is not None:
+        raise ActionRejected(f"action {action.id} rejected: {why}")
+
+
+def encode_action(action: AnyAction, meta: dict[str, Any], limits: LimitsConfig) -> tuple[str, str, str]:
+    """(id, meta JSON, payload JSON) of a checked action; ActionRejected beyond max_payload_bytes."""
+    payload = action.model_dump_json()
+    size = len(payload.encode())
+    if size > limits.max_payload_bytes:
+        raise ActionRejected(
+            f"action {action.id} rejected: {size} bytes as JSON > "
+            f"{limits.max_payload_bytes} (limits.max_payload_bytes)"
+        )
+    return action.id, json.dumps(meta), payload
+
+
+def cancelled_result(action_id: str, reason: str) -> str:
+    """The stored result of an action cancelled before it ran (JSON)."""
+    return ActionResult(
+        action_id=action_id,
+        status=ActionStatus.CANCELLED,
+        error=f"cancelled before it ran: {reason}",
+        attempts=0,
+    ).model_dump_json()
 
 
 class TangramClient:
@@ -95,31 +158,12 @@ class TangramClient:
 
     # ---- validation ------------------------------------------------------------------------
     def _coerce(self, action: AnyAction | dict[str, Any]) -> AnyAction:
-        if isinstance(action, CodeAction | RewardAction | ApiAction):
-            return action
-        try:
-            return _ACTION.validate_python(action)
-        except ValidationError as e:
-            raise ActionRejected(f"invalid action: {e}") from None
+        return coerce_action(action)
 
     def _check(self, action: AnyAction, meta: dict[str, Any]) -> None:
-        from scheduler.service.cluster import check_meta, pool_view
-
         if self._view is None:
-            self._view = pool_view(self.config) if self.config else self.store.published_config()
-        too_big = payload_errors(action, self._limits())
-        if too_big:
-            raise ActionRejected(f"action {action.id} rejected: too large: " + "; ".join(too_big))
-        if self._view is None:
-            return  # no scheduler has published its pools yet; it will check on intake
-        why = check_meta(meta, self._view)
-        if why is None and isinstance(action, RewardAction):
-            from reward_servers.backends import input_errors
-
-            errors = input_errors(self._view["models"][action.model]["backend"], action.inputs)
-            why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
-        if why is not None:
-            raise ActionRejected(f"action {action.id} rejected: {why}")
+            self._view = pool_view_of(self.config) if self.config else self.store.published_config()
+        check_action(action, meta, self._view, self._limits())
 
     def _limits(self) -> LimitsConfig:
         return self.config.limits if self.config else limits_from_view(self._view)
@@ -142,15 +186,8 @@ class TangramClient:
             seen.add(action.id)
             meta = action_meta(action, now)
             self._check(action, meta)
-            payload = action.model_dump_json()
-            limits = self._limits()
-            if len(payload.encode()) > limits.max_payload_bytes:
-                raise ActionRejected(
-                    f"action {action.id} rejected: {len(payload.encode())} bytes as JSON > "
-                    f"{limits.max_payload_bytes} (limits.max_payload_bytes)"
-                )
-            items.append((action.id, json.dumps(meta), payload))
-            handles.append(ActionHandle(self, action.id, action.trajectory_id))
+            items.append(encode_action(action, meta, self._limits()))
+            handles.append(ActionHandle(self, action.id, action.trajectory_id or ""))
         max_queued = int((self._view or {}).get("max_queued", 0))
         fraction = (
             self.config.broker.admit_memory_fraction
@@ -175,6 +212,15 @@ class TangramClient:
         """The trajectory is finished: its sandbox and reserved memory are released once its
         queued and running actions are done."""
         self.store.control({"control": "close", "trajectory_id": trajectory_id})
+
+    def cancel(self, action_id: str, reason: str = "cancelled by its caller") -> bool:
+        """Withdraw an action that no scheduler has dispatched yet. True: it will never run and
+        its result has status `cancelled`. False: it was already dispatched (it runs to the
+        end), finished, or is unknown."""
+        state = self.store.retrying(
+            "cancel", lambda: self.store.cancel(action_id, cancelled_result(action_id, reason))
+        )
+        return state == "cancelled"
 
     def close(self) -> None:
         self.store.close()

@@ -92,6 +92,11 @@ class GpuNodeConfig(_Model):
     instance_kind: Literal["auto", "gpu", "cpu"] = Field(
         "auto", description="Triton instance kind: 'gpu' pins devices, 'cpu' serves on CPU"
     )
+    warm_up: bool = Field(
+        True,
+        description="load every reward service onto free GPUs at start, in the background, as memory "
+        "allows (false: each loads on its first request)",
+    )
 
     @field_validator("num_gpus")
     @classmethod
@@ -125,7 +130,19 @@ class ApiConfig(_Model):
 
 class SandboxConfig(_Model):
     backend: Literal["auto", "docker", "namespace"] = Field(
-        "auto", description="'docker', 'namespace' (bubblewrap/unshare), or 'auto' (docker if reachable)"
+        "auto",
+        description="'docker', 'namespace' (Linux namespaces + cgroups), or 'auto' (docker if reachable)",
+    )
+    namespace_launcher: Literal["auto", "bwrap", "builtin"] = Field(
+        "auto",
+        description=(
+            "how the namespace backend builds a sandbox: 'bwrap' (bubblewrap), 'builtin' (Tangram's "
+            "own launcher, direct syscalls, needs no package), or 'auto' (bwrap when installed)"
+        ),
+    )
+    stage_dir: str = Field(
+        "/run/tangram-sandbox",
+        description="root-only host directory the files bound into sandboxes are staged in (a neutral path)",
     )
     docker_host: str | None = Field(None, description="Docker engine URL; default from DOCKER_HOST")
     image: str = Field("tangram-sandbox", description="image for sandboxes (built from the host if absent)")
@@ -134,8 +151,21 @@ class SandboxConfig(_Model):
     pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
     max_output_bytes: int = Field(65536, ge=1024, description="cap on stdout and on stderr, bytes")
     disk_quota_mb: int = Field(64, ge=1, description="workdir size limit, MiB")
-    idle_ttl_s: float = Field(600.0, gt=0, description="trajectory sandbox removed after idle, s")
+    inodes_limit: int = Field(
+        16384, ge=64, le=10_000_000, description="files + directories per tmpfs mount (/work and /tmp)"
+    )
+    idle_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="idle trajectory sandbox removed after this many s (evicted sooner if memory is short)",
+    )
     network: bool = Field(False, description="allow network inside sandboxes (off by default)")
+    prewarm: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="ready sandboxes each CPU worker keeps for new trajectories and one-shot actions (0: none)",
+    )
 
 
 class RewardModelConfig(_Model):
@@ -150,6 +180,13 @@ class RewardModelConfig(_Model):
     dop_options: tuple[int, ...] = Field((1,), description="GPU counts per replica, from {1,2,4,8}")
     memory_mb: int = Field(1024, ge=1, description="GPU memory footprint of one replica, MiB")
     batch_window_ms: float = Field(5.0, ge=0, description="dynamic-batching delay, ms")
+    build: Literal["tiny-seq-cls", "tiny-causal-lm"] | None = Field(
+        None,
+        description=(
+            "build a tiny random-init model of this kind at `path` when no model is there yet "
+            "(demos and tests: nothing is downloaded; `tangram up` builds it once)"
+        ),
+    )
 
     @field_validator("dop_options")
     @classmethod
@@ -165,6 +202,12 @@ class RewardModelConfig(_Model):
                 raise ValueError("backend 'rule' needs rule: exact-match or math-equiv")
         elif not (self.path or self.package):
             raise ValueError(f"backend {self.backend!r} needs path or package")
+        if self.build is not None:
+            fits = {"tiny-seq-cls": "hf-seq-cls", "tiny-causal-lm": "teacher-logprobs"}[self.build]
+            if self.backend != fits:
+                raise ValueError(f"build {self.build!r} makes a {fits} model, not a {self.backend} one")
+            if not self.path:
+                raise ValueError(f"build {self.build!r} needs path: the directory to build the model into")
         return self
 
 
@@ -207,6 +250,91 @@ class FlowerConfig(_Model):
     password: str | None = Field(None, description="basic-auth password; generated when empty")
 
 
+class HttpConfig(_Model):
+    """The HTTP front door (`tangram serve`): SandboxFusion-compatible and native endpoints."""
+
+    enabled: bool = Field(True, description="`tangram up` starts the HTTP server (needs the 'http' extra)")
+    address: str = Field("127.0.0.1", description="listen address; any address but loopback requires a token")
+    port: int = Field(0, ge=0, le=65535, description="listen port (0 picks a free one)")
+    token: str | None = Field(
+        None,
+        description="bearer token every request but GET /v1/ping must carry (Authorization: Bearer "
+        "TOKEN); ${VAR} is taken from the environment",
+    )
+    max_in_flight: int = Field(
+        4096, ge=1, le=1_000_000, description="requests served at once; beyond it the overload status"
+    )
+    slack_s: float = Field(
+        8.0,
+        gt=0,
+        le=3600,
+        description="a request is answered within compile + run timeout + slack_s seconds "
+        "(verl's client waits compile + run + 10 s)",
+    )
+    exec_margin_s: float = Field(
+        2.0,
+        ge=0,
+        le=600,
+        description="time an action may need beyond its own timeouts (sandbox start, runner): an "
+        "action not started by the deadline minus its timeouts minus this margin is cancelled",
+    )
+    overload_status: Literal[429, 503, 504] = Field(
+        504, description="HTTP status of an overload answer (verl's client retries 504 only)"
+    )
+    max_body_mb: int = Field(64, ge=1, le=4096, description="largest request body, MiB")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        import ipaddress
+
+        if v != "localhost":
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"{v!r} is not an IP address (or 'localhost')") from None
+        return v
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> HttpConfig:
+        if not self.loopback and not self.token:
+            raise ValueError(
+                f"http.address {self.address} is reachable from other hosts: set http.token "
+                "(e.g. token: ${TANGRAM_HTTP_TOKEN}) or bind 127.0.0.1"
+            )
+        if self.exec_margin_s >= self.slack_s:
+            raise ValueError(
+                f"http.exec_margin_s ({self.exec_margin_s}) must be below http.slack_s ({self.slack_s}): "
+                "their difference is how long a request may wait in the queue"
+            )
+        return self
+
+    @property
+    def loopback(self) -> bool:
+        import ipaddress
+
+        return self.address == "localhost" or ipaddress.ip_address(self.address).is_loopback
+
+    def resolved_token(self) -> str | None:
+        """The token with ${VAR} taken from the environment (ConfigError if VAR is unset)."""
+        if self.token is None:
+            return None
+        return expand_env(self.token, "http.token")
+
+
+def expand_env(value: str, key: str) -> str:
+    """`value` with each ${VAR} replaced from the environment; ConfigError names an unset VAR."""
+    import re
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            raise ConfigError(f"{key}: environment variable {name} is not set")
+        return os.environ[name]
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", sub, value)
+
+
 class LimitsConfig(_Model):
     """Caps on what one action may carry, checked at submit (ActionRejected, nothing enqueued).
 
@@ -245,6 +373,7 @@ class TangramConfig(_Model):
     reward_models: tuple[RewardModelConfig, ...] = ()
     scheduler: SchedulerConfig = SchedulerConfig()
     flower: FlowerConfig = FlowerConfig()
+    http: HttpConfig = HttpConfig()
     metrics: MetricsConfig = MetricsConfig()
     limits: LimitsConfig = LimitsConfig()
     state_dir: str = Field(".tangram", description="directory for runtime state and logs")

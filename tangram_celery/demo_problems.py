@@ -1,4 +1,5 @@
-"""A few programming problems for the demo workload: solution, a buggy first attempt, tests."""
+"""A few programming problems for the demo workload: solution, a buggy first attempt, tests, and
+a question whose final answer the agent computes with its code (scored by the reward models)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ class Problem:
     buggy: str
     tests: tuple[tuple[str, str], ...]  # (name, assert snippet)
     probe: str  # an exploratory snippet a model might run mid-trajectory
+    question: str = ""  # asked of the agent; its final answer is printed by `answer_code`
+    answer_code: str = ""  # prints "The answer is <value>." with the agent's own function
+    answer: str = ""  # the reference value (what a rule verifier compares with)
+    explanation: str = ""  # a reference sentence (what an embedding model compares with)
 
 
 PROBLEMS = (
@@ -21,6 +26,10 @@ PROBLEMS = (
         "def fib(n):\n    a, b = 1, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
         tuple((f"fib_{n}", f"assert fib({n}) == {v}") for n, v in [(0, 0), (1, 1), (10, 55), (30, 832040)]),
         "print([fib(i) for i in range(10)])",
+        question="What is fib(30), the 30th Fibonacci number?",
+        answer_code='print(f"The answer is {fib(30)}.")',
+        answer="832040",
+        explanation="The 30th Fibonacci number, fib(30), is 832040.",
     ),
     Problem(
         "is_prime",
@@ -32,6 +41,10 @@ PROBLEMS = (
             for n, v in [(1, False), (2, True), (4, False), (97, True), (7919, True), (7917, False)]
         ),
         "print([n for n in range(30) if is_prime(n)])",
+        question="How many primes are there below 100?",
+        answer_code='print(f"The answer is {sum(is_prime(n) for n in range(100))}.")',
+        answer="25",
+        explanation="There are 25 prime numbers below 100.",
     ),
     Problem(
         "reverse_words",
@@ -43,6 +56,10 @@ PROBLEMS = (
             ("empty", "assert reverse_words('') == ''"),
         ),
         "print(reverse_words('the quick brown fox'))",
+        question="What is reverse_words('the quick brown fox')?",
+        answer_code="print(f\"The answer is {reverse_words('the quick brown fox')}.\")",
+        answer="fox brown quick the",
+        explanation="Reversing the words of 'the quick brown fox' gives 'fox brown quick the'.",
     ),
     Problem(
         "gcd",
@@ -53,6 +70,10 @@ PROBLEMS = (
             for a, b, v in [(12, 18, 6), (17, 5, 1), (0, 9, 9)]
         ),
         "print(gcd(1071, 462))",
+        question="What is the greatest common divisor of 1071 and 462?",
+        answer_code='print(f"The answer is {gcd(1071, 462)}.")',
+        answer="21",
+        explanation="The greatest common divisor of 1071 and 462 is 21.",
     ),
     Problem(
         "flatten",
@@ -64,6 +85,10 @@ PROBLEMS = (
             ("deep", "assert flatten([1, [2, [3, [4]]]]) == [1, 2, 3, 4]"),
         ),
         "print(flatten([[1, 2], [3, [4, 5]]]))",
+        question="What is flatten([[1, 2], [3, [4, 5]]])?",
+        answer_code='print(f"The answer is {flatten([[1, 2], [3, [4, 5]]])}.")',
+        answer="[1, 2, 3, 4, 5]",
+        explanation="Flattening [[1, 2], [3, [4, 5]]] gives the list [1, 2, 3, 4, 5].",
     ),
     Problem(
         "roman",
@@ -76,5 +101,9 @@ PROBLEMS = (
             for n, s in [(3, "III"), (4, "IV"), (1994, "MCMXCIV")]
         ),
         "print(roman(2024))",
+        question="How is 1994 written in Roman numerals?",
+        answer_code='print(f"The answer is {roman(1994)}.")',
+        answer="MCMXCIV",
+        explanation="The year 1994 is written MCMXCIV in Roman numerals.",
     ),
 )

@@ -1,7 +1,10 @@
 """Start and stop a whole local deployment: embedded Redis, scheduler, one worker per pool, Flower.
 
 Used by `tangram up`, `tangram demo` and the integration tests. Every child is a real process
-started here and stopped here by its pid.
+started here and stopped here by its pid. Nothing outlives this process: every child is started
+from one long-lived thread and arms a parent-death signal, then checks that this process still
+lives (`tangram_celery/lifeline.py`): Python children from their entry point, Redis and Flower
+through the exec wrapper. A start that fails part-way stops what it had started.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from tangram_celery import lifeline
 from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import TangramError
@@ -48,6 +54,8 @@ class Deployment:
     children: dict[str, Child] = field(default_factory=dict)
     flower_url: str = ""
     flower_auth: tuple[str, str] = ("", "")
+    with_http: bool = True
+    http_url: str = ""
     max_restarts_per_min: int = 5
     metrics_ports: dict[str, int] = field(default_factory=dict)
     _supervisor: threading.Thread | None = None
@@ -59,14 +67,31 @@ class Deployment:
         return Path(self.cfg.state_dir)
 
     def start(self, progress: bool = True) -> Deployment:
+        """Start everything and wait until it is ready; on any failure (or a signal that
+        interrupts it), stop what was started and re-raise."""
+        try:
+            return self._start(progress)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, progress: bool) -> Deployment:
         say = print if progress else log.info
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        gpu = gpu_worker_nodes(self.cfg)
+        if gpu:  # before any child starts: nothing is left running when this fails
+            from reward_servers._deps import check_serving
+            from reward_servers.tiny_models import build_missing
+
+            check_serving(self.cfg)
+            build_missing(self.cfg, say)  # once: the model stays in place for the next start
         if self.cfg.broker.url == "embedded":
             say("starting embedded redis ...")
             self.redis = EmbeddedRedis(
                 self.state_dir / "redis",
                 fsync=self.cfg.broker.fsync,
                 maxmemory_mb=self.cfg.broker.maxmemory_mb,
+                die_with_parent=True,
             ).start()
             self.url = self.redis.url
         else:
@@ -79,15 +104,49 @@ class Deployment:
             self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name])
         for a in self.cfg.apis:
             self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
-        for g in self.cfg.nodes.gpu:
-            if any(m.backend != "rule" for m in self.cfg.reward_models):
-                self.spawn(f"worker-gpu-{g.name}", ["worker", "gpu", "--node", g.name])
+        if gpu:
+            store = Store(self.url)
+            for g in gpu:  # a status left by an earlier run of this broker is not this run's
+                store.set_warm_status(g, None)
+            store.close()
+        for g in gpu:
+            self.spawn(f"worker-gpu-{g}", ["worker", "gpu", "--node", g])
         if self.with_flower:
             self._start_flower()
+        http = self._start_http(say)
         self.wait_ready(progress=progress)
+        if http:
+            self.http_url = self._wait_http_url()
+        warm = warm_nodes(self.cfg)
+        if warm:
+            services = [m.name for m in self.cfg.reward_models if m.backend != "rule"]
+            say(
+                f"warming {len(services)} reward service(s) ({', '.join(services)}) on GPU node(s) "
+                f"{', '.join(warm)} in the background"
+            )
+            threading.Thread(
+                target=self._report_warm_up, args=(say,), name="tangram-warm-up", daemon=True
+            ).start()
         self._supervisor = threading.Thread(target=self._supervise, name="tangram-supervisor", daemon=True)
         self._supervisor.start()
         return self
+
+    def wait_warm(self, timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
+        """Block until every GPU worker finished warming its services (see `wait_warm`)."""
+        return wait_warm(self.url, warm_nodes(self.cfg), timeout_s, self._stopping)
+
+    def _report_warm_up(self, say: Callable[[str], object]) -> None:
+        try:
+            status = self.wait_warm()
+        except Exception as e:  # the deployment stopped, or warming is slow: requests load on demand
+            log.info("warm-up not reported: %s", e)
+            return
+        for node, st in sorted(status.items()):
+            loaded, failed = st.get("loaded") or [], st.get("failed") or {}
+            line = f"reward services warm on {node}: {len(loaded)} replica(s) in {st.get('seconds', 0):.1f} s"
+            if failed:
+                line += f"; failed: {', '.join(failed)} (they load on demand; see the worker's log)"
+            say(line)
 
     def _supervise(self, every_s: float = 0.5) -> None:
         """Restart children that exit (crash, kill, stuck-consumer exit), like a process manager."""
@@ -121,17 +180,68 @@ class Deployment:
             self.metrics_ports[name] = _free_port()
             args = [*args, "--metrics-port", str(self.metrics_ports[name])]
             write_targets(self.state_dir, self.metrics_ports)
-        logs = self.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        env = dict(os.environ, TANGRAM_BROKER_URL=self.url, PYTHONUNBUFFERED="1")
+        log_path = self._log_path(name)
+        # the child arms its parent-death signal against this pid first thing (cli.main)
+        env = dict(
+            os.environ,
+            TANGRAM_BROKER_URL=self.url,
+            PYTHONUNBUFFERED="1",
+            **{lifeline.PARENT_ENV: str(os.getpid())},
+        )
         cmd = [sys.executable, "-m", "tangram_celery.cli", *args, "--config", str(self.config_path)]
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.children[name] = Child(name, proc, log_path, args)
+        self.children[name] = Child(name, self._popen(cmd, log_path, env), log_path, args)
         return self.children[name]
+
+    def _start_http(self, say: Callable[[str], None]) -> bool:
+        """`tangram serve` as one more child, when configured and its extra is installed."""
+        from tangram_celery.web.serve import URL_FILE, missing_extra
+
+        if not (self.with_http and self.cfg.http.enabled):
+            return False
+        why = missing_extra()
+        if why is not None:
+            say(f"http server not started: {why}")
+            return False
+        (self.state_dir / URL_FILE).unlink(missing_ok=True)
+        self.spawn("http", ["serve"])
+        return True
+
+    def _wait_http_url(self, timeout_s: float = 30.0) -> str:
+        from tangram_celery.web.serve import read_url
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            url = read_url(self.state_dir)
+            if url:
+                return url
+            time.sleep(0.05)
+        raise TangramError(
+            f"http server wrote no URL in {timeout_s}s; see {self.state_dir / 'logs' / 'http.log'}"
+        )
+
+    def _log_path(self, name: str) -> Path:
+        logs = self.state_dir / "logs"
+        logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return logs / f"{name}.log"
+
+    @staticmethod
+    def _popen(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start `cmd` from the process's one spawner thread (parent-death fires per thread)."""
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            proc: subprocess.Popen[bytes] = lifeline.spawn(
+                subprocess.Popen,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches only us; we stop them
+            )
+        finally:
+            os.close(fd)
+        return proc
 
     def _start_flower(self) -> None:
         from tangram_celery.broker import _free_port
@@ -140,14 +250,10 @@ class Deployment:
         password = self.cfg.flower.password or secrets.token_urlsafe(12)
         self.flower_auth = (self.cfg.flower.user, password)
         self.flower_url = f"http://127.0.0.1:{port}"
-        logs = self.state_dir / "logs"
-        cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth)
-        env = dict(os.environ, **extra)
-        with open(logs / "flower.log", "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.children["flower"] = Child("flower", proc, logs / "flower.log")
+        cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth, pool_queues(self.cfg))
+        log_path = self._log_path("flower")
+        proc = self._popen(lifeline.wrapper_argv(cmd, os.getpid()), log_path, dict(os.environ, **extra))
+        self.children["flower"] = Child("flower", proc, log_path)
 
     def wait_ready(self, timeout_s: float = 60.0, progress: bool = True) -> None:
         """Wait until the scheduler published its pools and every worker answers a ping."""
@@ -191,6 +297,7 @@ class Deployment:
             return c.proc.pid
 
     def stop(self) -> None:
+        """Stop every child (SIGTERM, SIGKILL after 15 s) and the embedded Redis (idempotent)."""
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)
@@ -210,6 +317,7 @@ class Deployment:
         if self.redis is not None:
             self.redis.stop()
             (self.state_dir / URL_FILE).unlink(missing_ok=True)
+        (self.state_dir / "http.url").unlink(missing_ok=True)
 
     def __enter__(self) -> Deployment:
         return self.start()
@@ -218,24 +326,75 @@ class Deployment:
         self.stop()
 
 
+def gpu_worker_nodes(cfg: TangramConfig) -> list[str]:
+    """GPU nodes that get a worker (and Triton): those of a config with Triton-served models."""
+    if not any(m.backend != "rule" for m in cfg.reward_models):
+        return []
+    return [g.name for g in cfg.nodes.gpu]
+
+
+def warm_nodes(cfg: TangramConfig) -> list[str]:
+    """GPU nodes whose worker warms the reward services at start (`nodes.gpu[].warm_up`)."""
+    gpu = set(gpu_worker_nodes(cfg))
+    return [g.name for g in cfg.nodes.gpu if g.name in gpu and g.warm_up]
+
+
+def wait_warm(
+    url: str, nodes: list[str], timeout_s: float = 300.0, stop: threading.Event | None = None
+) -> dict[str, dict[str, Any]]:
+    """Block until the GPU workers of `nodes` finished warming their services; node -> warm-up
+    status (`loaded` replicas, `failed` ones, `seconds`). Raises TangramError on timeout."""
+    store = Store(url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            status = store.warm_status()
+            if all(status.get(n, {}).get("state") == "done" for n in nodes):
+                return {n: status[n] for n in nodes}
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                raise TangramError(f"reward services not warm after {timeout_s:.0f} s: {status}")
+            time.sleep(0.25)
+    finally:
+        store.close()
+
+
 def write_config(cfg: TangramConfig, path: Path) -> Path:
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return path
 
 
+def pool_queues(cfg: TangramConfig) -> list[str]:
+    """The Celery queue of every configured pool: tangram.cpu.*, tangram.gpu.*, tangram.api.*."""
+    from tangram_celery.app import queue_name
+
+    gpu = [g.name for g in cfg.nodes.gpu if any(m.backend != "rule" for m in cfg.reward_models)]
+    return (
+        [queue_name("cpu", n.name) for n in cfg.nodes.cpu]
+        + [queue_name("gpu", g) for g in gpu]
+        + [queue_name("api", a.name) for a in cfg.apis]
+    )
+
+
 def flower_command(
-    broker_url: str, port: int, address: str, auth: tuple[str, str]
+    broker_url: str, port: int, address: str, auth: tuple[str, str], queues: list[str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Flower on `address`:`port` with basic auth always on: (argv, extra environment).
 
     The broker URL and the credentials go through the environment (Celery's BROKER_URL,
-    Flower's FLOWER_BASIC_AUTH), so that no password shows in the process list.
+    Flower's FLOWER_BASIC_AUTH), so that no password shows in the process list. Flower runs
+    with `tangram_celery.flower_app`, whose broker page lists `queues` (with their lengths)
+    even before Flower has inspected the workers that consume them.
     """
-    argv = [sys.executable, "-m", "celery", "flower", f"--port={port}", f"--address={address}"]
+    argv = [sys.executable, "-m", "celery", "-A", "tangram_celery.flower_app", "flower"]
+    argv += [f"--port={port}", f"--address={address}"]
     env = {
+        "TANGRAM_FLOWER_QUEUES": ",".join(queues or []),
         "BROKER_URL": broker_url,
         "FLOWER_BASIC_AUTH": f"{auth[0]}:{auth[1]}",
         "FLOWER_UNAUTHENTICATED_API": "",
         "FLOWER_INSPECT_TIMEOUT": "5000",  # ms; the 1 s default misses workers on a busy host
+        # The args column shows each task's action kind and trajectory (the scheduler's argsrepr);
+        # Flower 2.2 hides it by default. Search e.g. `args:trajectory=demo-3`.
+        "FLOWER_TASKS_COLUMNS": "name,uuid,state,args,received,runtime,worker",
     }
     return argv, env

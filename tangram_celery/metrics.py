@@ -42,7 +42,20 @@ class SchedulerMetrics:
         self.retries = Counter("tangram_retries_total", "Actions retried after a worker loss", registry=r)
         self.reroutes = Counter("tangram_reroutes_total", "Actions re-routed off an offline pool", registry=r)
         self.rejected = Counter("tangram_rejected_total", "Actions rejected at intake", registry=r)
+        self.cancelled = Counter(
+            "tangram_cancelled_total", "Actions cancelled by their caller before dispatch", registry=r
+        )
         self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
+        self.evictions = Counter(
+            "tangram_sandbox_evictions_total",
+            "Idle trajectories evicted to make room for an action (CPU memory is a cache)",
+            registry=r,
+        )
+        self.sandboxes_lost = Counter(
+            "tangram_sandboxes_lost_total",
+            "Idle trajectories released because their sandbox was gone (worker restarted or lost)",
+            registry=r,
+        )
         self.decision = Histogram(
             "tangram_decision_seconds",
             "Policy decision time per round",
@@ -71,6 +84,12 @@ class WorkerMetrics:
         )
         self.restores = Counter(
             "tangram_gpu_restores_total", "Reward services loaded on demand", ["node"], registry=r
+        )
+        self.warm_loads = Counter(
+            "tangram_gpu_warm_loads_total",
+            "Reward services loaded ahead of requests (warm-up at start)",
+            ["node"],
+            registry=r,
         )
 
 

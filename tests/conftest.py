@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.triton",
     "tests.fixtures.netns",
     "tests.fixtures.browser",
+    "tests.fixtures.sandbox",
 ]

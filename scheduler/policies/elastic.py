@@ -138,7 +138,9 @@ def cpu_decision(
         if u == 0:
             out[action.action_id] = None
             continue
-        out[action.action_id] = Allocation(action.action_id, cpu, alloc.pool, u, free[pos : pos + u])
+        out[action.action_id] = Allocation(
+            action.action_id, cpu, alloc.pool, u, free[pos : pos + u], alloc.evict
+        )
         pos += u
     return out
 

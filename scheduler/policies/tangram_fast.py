@@ -24,6 +24,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
+from scheduler.eviction import Evictions
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.common import PoolKey, waiting
@@ -46,17 +47,22 @@ def fast_candidates(
     """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions.
 
     Per-node views are built lazily (only nodes the scan touches), from the free cores only.
-    Also returns each candidate's action, and its pool where the pass knows it (CPU).
+    Memory is counted per node as it is taken; an action that lacks it evicts idle
+    trajectories as `fcfs_prefix` does (`scheduler.eviction`). Also returns each candidate's
+    action, and its pool where the pass knows it (CPU).
     """
     groups = _LazyGroups(state)
     mem_free: dict[str, int] = {}
     pins: dict[str, str] = {}
+    held_now: dict[str, int] = {}  # memory reserved this pass for trajectories it pinned or grew
     picked: list[Allocation] = []
     pools: list[PoolKey | None] = []
     actions: list[QueuedAction] = []
     gpu: list[QueuedAction] = []
     api: list[QueuedAction] = []
     no_memory = False
+    waiting_for_memory: set[str] = set()  # trajectories whose earlier action waits for memory
+    ev: Evictions | None = None
     blocked_at = -1  # queue position of the first CPU action that does not fit
     cpu_kind, gpu_kind = ResourceKind.CPU, ResourceKind.GPU
     pinned = state.trajectory_node
@@ -70,10 +76,38 @@ def fast_candidates(
         elastic = len(options) > 1
         tid = action.trajectory_id
         sandbox = action.cost.sandbox
+        if sandbox and waiting_for_memory and tid in waiting_for_memory:
+            continue
         node = (pinned.get(tid) or pins.get(tid)) if sandbox else None
         gi = -1
+        evict: tuple[str, ...] = ()
         if node is not None:
             gi = _best_group(groups[node], units, elastic) if node in state.cpu else -1
+            held = held_now.get(tid)
+            if held is None and node in state.cpu:
+                held = state.cpu[node].trajectory_memory_mb.get(tid, 0)
+            extra = action.cost.memory_mb - held if sandbox and held is not None else 0
+            if extra > 0:  # a later action asks for more memory than its trajectory holds
+                if no_memory:
+                    waiting_for_memory.add(tid)
+                    continue
+                if not mem_free:
+                    mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items() if c.online})
+                free_mb = mem_free.get(node, 0)
+                if free_mb < extra:
+                    if ev is None:
+                        ev = Evictions(state, queue)
+                    victims = ev.victims(node, extra - free_mb) if gi >= 0 else None
+                    if victims is None:
+                        no_memory = True  # as for a new trajectory: the others go on
+                        waiting_for_memory.add(tid)
+                        continue
+                    evict = victims
+                    ev.take(victims)
+                    mem_free[node] = 0  # the surplus is free from the next round on
+                elif gi >= 0:
+                    mem_free[node] = free_mb - extra
+                held_now[tid] = action.cost.memory_mb
         elif no_memory and sandbox:
             continue  # a new trajectory before it waits for memory: no overtaking among new ones
         else:
@@ -89,8 +123,25 @@ def fast_candidates(
                     node = name
                     if sandbox:
                         pins[tid] = name
+                        held_now[tid] = need
                         mem_free[name] -= need
                     break
+            if node is None and sandbox and need > 0:
+                if ev is None:
+                    ev = Evictions(state, queue)
+                for name in order:  # the nodes with the cores, most free memory first
+                    short_mb = need - mem_free[name]
+                    if short_mb <= 0:
+                        continue  # it has the memory: cores are what it lacks
+                    g = _best_group(groups[name], units, elastic)
+                    victims = ev.victims(name, short_mb) if g >= 0 else None
+                    if victims is not None:
+                        node, gi, evict = name, g, victims
+                        ev.take(victims)
+                        pins[tid] = name
+                        held_now[tid] = need
+                        mem_free[name] = 0  # the surplus is free from the next round on
+                        break
             if node is None and max(mem_free.values(), default=0) < need:
                 no_memory = True  # see `fcfs_prefix`: pinned trajectories behind it go on
                 continue
@@ -100,7 +151,7 @@ def fast_candidates(
         free = groups[node][gi]
         ids = tuple(free[:units])
         del free[:units]
-        picked.append(Allocation(action.action_id, cpu_kind, node, units, ids))
+        picked.append(Allocation(action.action_id, cpu_kind, node, units, ids, evict))
         pools.append(("cpu", node, gi))
         actions.append(action)
     if blocked_at >= 0 and (state.gpu or state.api):  # no CPU action passes it (FCFS); GPU

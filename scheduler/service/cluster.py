@@ -6,6 +6,7 @@ from typing import Any
 
 from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
+from scheduler.service.sandboxes import one_shot_key
 from tangram_celery.config import TangramConfig
 
 
@@ -95,9 +96,12 @@ def to_queued(meta: dict[str, Any], cfg: TangramConfig) -> QueuedAction:
     else:
         cost = CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1)
         kind, target = f"api:{meta['api']}", meta["api"]
+    tid = meta.get("trajectory_id") or ""
+    if meta.get("ephemeral") or not tid:
+        tid = one_shot_key(meta["id"])  # a key of its own, released when the action completes
     return QueuedAction(
         action_id=meta["id"],
-        trajectory_id=meta["trajectory_id"],
+        trajectory_id=tid,
         cost=cost,
         submitted_s=float(meta["submitted_s"]),
         kind=kind,

@@ -52,6 +52,7 @@ def check(svc: SchedulerService, policy: LivenessPolicy) -> None:
     known = {p for _, p in workers.values()}
     alive_pools = {p for w, (_, p) in workers.items() if w in alive}
     svc.set_offline(known - alive_pools)
+    svc.reconcile_sandboxes(alive, svc.store.sandbox_reports())
     ids = list(svc.state.running)
     if not ids:
         return

@@ -30,13 +30,15 @@ from scheduler.fairshare import FairShare
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import Policy, get_policy
 from scheduler.queue import WaitingQueue
+from scheduler.service import trajectories
 from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
 from scheduler.service.liveness import LivenessPolicy
 from scheduler.service.liveness import check as liveness_check
 from scheduler.service.record import RunRecorder
 from scheduler.service.recovery import recover
+from scheduler.service.sandboxes import SandboxBook, caller_trajectory, is_one_shot
 from tangram_celery.actions import ActionResult, ActionStatus
-from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, make_app, queue_name
+from tangram_celery.app import TASK_API, TASK_CPU, TASK_GPU, make_app, queue_name
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import BrokerError
 from tangram_celery.store import EVENTS, INTAKE, IntakeEntry, Store
@@ -106,6 +108,8 @@ class SchedulerService:
         self.running_qa: dict[str, QueuedAction] = {}  # dispatched action -> its queue entry
         self.offline: set[str] = set()  # pool keys with no live worker
         self.last_active: dict[str, float] = {}  # pinned trajectory -> last dispatch/completion
+        self.book = SandboxBook()  # sandbox generations, owners, pending resets
+        self.sandbox_of: dict[str, dict[str, Any]] = {}  # dispatched CPU action -> sandbox instructions
 
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""
@@ -148,7 +152,7 @@ class SchedulerService:
                 self.step(block_ms=20 if wait_api else idle_block_ms)
                 if time.monotonic() >= next_check:
                     liveness_check(self, self.liveness)
-                    self.expire_idle(self.clock())
+                    trajectories.expire_idle(self, self.clock())
                     self.warn_if_stalled()
                     self.recorder.snapshot(self.waiting, self.state, self.offline)
                     self.recorder.flush()
@@ -175,32 +179,60 @@ class SchedulerService:
         if not events:
             return
         done: list[str] = []
+        owners: dict[str, dict[str, Any]] = {}  # pin records whose sandbox owner changed
         for e in events:
             action_id = e.fields["id"]
             ev = json.loads(e.fields.get("event", "{}"))
+            if ev.get("type") == "residency":
+                self._learn_residency(str(ev.get("pool", "")), ev.get("resident"))
+                continue
             if ev.get("status") == "retry":
                 self._retry_elsewhere(action_id, str(ev.get("error", "")))
                 continue
+            if ev.get("status") == "cancelled":
+                self._drop_cancelled(action_id)
+                continue
             alloc = self._release(action_id)
             if alloc is not None and alloc.kind is ResourceKind.GPU and "resident" in ev:
-                self.state.gpu[alloc.pool].resident = {
-                    tuple(int(g) for g in chunk.split(",")): list(models)
-                    for chunk, models in ev["resident"].items()
-                }
+                self._learn_residency(alloc.pool, ev["resident"])
             if alloc is not None:
                 done.append(action_id)
                 self.attempt.pop(action_id, None)
-                self.recorder.completed(self.running_qa.pop(action_id, None), alloc, ev)
+                self.sandbox_of.pop(action_id, None)
+                qa = self.running_qa.pop(action_id, None)
+                self.recorder.completed(qa, alloc, ev)
                 kind = self.kind_of.pop(action_id, ev.get("kind", ""))
                 if ev.get("status") in (ActionStatus.OK, ActionStatus.FAILED) and ev.get("exec_s"):
                     self.estimator.observe(kind, alloc.units, float(ev["exec_s"]))
-                tid = ev.get("trajectory_id")
+                # the scheduler's own key (a one-shot action's is not in the event)
+                tid = qa.trajectory_id if qa is not None else ev.get("trajectory_id")
                 if tid:
-                    self._trajectory_done(tid)
+                    if (
+                        alloc.kind is ResourceKind.CPU
+                        and self.state.trajectory_node.get(tid) == alloc.pool
+                        and self.book.completed(tid, str(ev.get("worker", "")), int(ev.get("seq", 0)))
+                    ):
+                        owners[tid] = trajectories.pin_record(self, tid)
+                    trajectories.done(self, tid)
         self.store.forget_running(done)
+        self.store.update_pins({t: r for t, r in owners.items() if t in self.state.trajectory_node})
         self.store.ack(EVENTS, [e.stream_id for e in events])
         self.progress_s = time.monotonic()
-        self._close_ready()
+        trajectories.close_ready(self)
+
+    def _learn_residency(self, pool: str, resident: Any) -> None:
+        """What GPU node `pool` holds ("0,1" -> models), from a completion or a warm-up event:
+        placement prefers those chunks (no restore). A malformed map is ignored, not fatal."""
+        node = self.state.gpu.get(pool)
+        if node is None or not isinstance(resident, dict):
+            return
+        try:
+            node.resident = {
+                tuple(int(g) for g in chunk.split(",")): [str(m) for m in models]
+                for chunk, models in resident.items()
+            }
+        except (AttributeError, TypeError, ValueError):
+            log.warning("ignored a malformed residency report for %s: %.200r", pool, resident)
 
     def on_intake(self, intake: list[IntakeEntry]) -> None:
         rejected: list[str] = []
@@ -235,7 +267,7 @@ class SchedulerService:
             self.entry_of[qa.action_id] = e.stream_id
             self.active[qa.trajectory_id] += 1
         self.store.ack(INTAKE, rejected)
-        self._close_ready()
+        trajectories.close_ready(self)
 
     def _dead_letter(self, entry: IntakeEntry, why: str) -> None:
         """Park a malformed intake entry in the dead-letter stream and, when it names an action,
@@ -264,15 +296,35 @@ class SchedulerService:
         by_id.update((a.action_id, self.waiting.action(a.action_id)) for a in riders)
         pins: dict[str, dict[str, Any]] = {}
         records: list[tuple[str, dict[str, Any]]] = []
+        to_close: list[tuple[str, str, str]] = []  # (node, trajectory, generation) evicted
+        resets_done: list[str] = []
         for alloc in allocs:
             qa = by_id[alloc.action_id]
-            fresh = qa.trajectory_id not in self.state.trajectory_node
+            tid = qa.trajectory_id
+            fresh = tid not in self.state.trajectory_node
+            sandboxed = alloc.kind is ResourceKind.CPU and qa.cost.sandbox
+            held = (
+                0 if fresh or not sandboxed else self.state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0)
+            )
             self.state.apply(alloc, qa, now)
-            if fresh and alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
-                pins[qa.trajectory_id] = {"node": alloc.pool, "memory_mb": qa.cost.memory_mb}
+            if alloc.evict:
+                gens = trajectories.evicted(self, alloc, now)
+                to_close += [(alloc.pool, t, g) for t, g in gens.items()]
+            if sandboxed and not is_one_shot(tid):
+                if fresh:
+                    info = self.book.pinned(tid, alloc.action_id, now)
+                    if info["reset"]:
+                        resets_done.append(tid)
+                else:
+                    info = self.book.reuse(tid, alloc.action_id)
+                if fresh or self.state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0) != held:
+                    pins[tid] = trajectories.pin_record(self, tid)  # new, or a larger reservation
+                self.sandbox_of[alloc.action_id] = info
             attempt = self.attempt.get(alloc.action_id, 0) + 1
             self.attempt[alloc.action_id] = attempt
-            records.append((alloc.action_id, _record(alloc, qa, attempt)))
+            records.append(
+                (alloc.action_id, _record(alloc, qa, attempt, self.sandbox_of.get(alloc.action_id)))
+            )
             self.kind_of[alloc.action_id] = qa.kind
             self.running_qa[alloc.action_id] = qa
         for alloc in riders:
@@ -286,11 +338,23 @@ class SchedulerService:
         allocs = allocs + riders
         started = {a.action_id for a in allocs}
         entries = [e for e in (self.entry_of.pop(i, None) for i in started) if e is not None]
-        self.store.mark_dispatched(records, pins, entries, now)
-        self.send(allocs)
-        self.recorder.dispatched(allocs)
+        evicted = [t for _, t, _ in to_close]
+        resets = {t: self.book.reset[t] for t in evicted if t in self.book.reset}
+        skipped = set(
+            self.store.mark_dispatched(
+                records, pins, entries, now, forget_pins=evicted, resets=resets, resets_done=resets_done
+            )
+        )
+        for node, tid, gen in to_close:  # evicted whether or not their evicter was cancelled
+            trajectories.send_close(self, node, tid, gen)
         for action_id in started:
             self.waiting.pop(action_id)
+        if skipped:  # cancelled after the policy chose them: undo, send nothing
+            for action_id in skipped:
+                self._undo_dispatch(action_id)
+            allocs = [a for a in allocs if a.action_id not in skipped]
+        self.send(allocs)
+        self.recorder.dispatched(allocs)
         self.dispatched_total += len(allocs)
         self.progress_s = time.monotonic()
         return len(allocs)
@@ -329,18 +393,31 @@ class SchedulerService:
         """Publish one Celery message per allocation, pipelined into one Redis round trip.
 
         Results flow through the Tangram store, so Celery's result backend is not involved
-        (ignore_result) and the arguments' repr is precomputed (it is tiny).
+        (ignore_result). The arguments' repr, which Flower shows and searches, names the action's
+        kind and trajectory. `batch` counts the actions sent together on the same pool (on a GPU
+        node: the same chunk, i.e. one batch of reward requests).
         """
+        batch = Counter(_batch_key(a) for a in allocs)
         with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
             for alloc in allocs:
+                qa = self.running_qa.get(alloc.action_id)
+                what = f"kind={qa.kind}, trajectory={qa.trajectory_id}, " if qa is not None else ""
+                record = {
+                    **alloc.to_dict(),
+                    "attempt": self.attempt[alloc.action_id],
+                    "batch": batch[_batch_key(alloc)],
+                }
+                sandbox = self.sandbox_of.get(alloc.action_id)
+                if sandbox is not None:
+                    record["sandbox"] = sandbox
                 self.app.send_task(
                     _TASKS[alloc.kind],
-                    args=[alloc.action_id, {**alloc.to_dict(), "attempt": self.attempt[alloc.action_id]}],
+                    args=[alloc.action_id, record],
                     task_id=alloc.action_id,
                     queue=queue_name(str(alloc.kind), alloc.pool),
                     producer=producer,
                     ignore_result=True,
-                    argsrepr=f"[{alloc.action_id!r}, units={alloc.units}]",
+                    argsrepr=f"[{alloc.action_id!r}, {what}units={alloc.units}]",
                     kwargsrepr="{}",
                 )
 
@@ -368,38 +445,12 @@ class SchedulerService:
             len(self.state.running),
         )
 
-    # ---- trajectories ----------------------------------------------------------------------
+    # ---- trajectories (scheduler.service.trajectories) ----------------------------------------
     def expire_idle(self, now_s: float) -> None:
-        """Release trajectories idle past the sandbox TTL: their memory and node pin (the worker
-        removes the sandbox itself after the same TTL)."""
-        ttl_s = self.cfg.sandbox.idle_ttl_s
-        for tid in list(self.state.trajectory_node):
-            if self.active.get(tid, 0) == 0 and now_s - self.last_active.get(tid, now_s) > ttl_s:
-                self._release_trajectory(tid)
-            elif tid not in self.last_active:
-                self.last_active[tid] = now_s
+        trajectories.expire_idle(self, now_s)
 
-    def _trajectory_done(self, tid: str) -> None:
-        self.last_active[tid] = self.clock()
-        self.active[tid] -= 1
-        if self.active[tid] <= 0:
-            del self.active[tid]
-
-    def _close_ready(self) -> None:
-        """Close trajectories whose close was requested and that have nothing queued or running."""
-        for tid in [t for t in self.closing if self.active.get(t, 0) == 0]:
-            stream_id = self.closing.pop(tid)
-            self._release_trajectory(tid)
-            self.store.ack(INTAKE, [stream_id])
-
-    def _release_trajectory(self, tid: str) -> None:
-        """Free the trajectory's memory and pin, and have its node remove its sandbox."""
-        node = self.state.trajectory_node.get(tid)
-        self.state.close_trajectory(tid)
-        self.store.forget_pin(tid)
-        self.last_active.pop(tid, None)
-        if node is not None:
-            self.app.send_task(TASK_CLOSE, args=[tid], queue=queue_name("cpu", node))
+    def reconcile_sandboxes(self, alive: set[str], reports: dict[str, dict[str, Any]]) -> None:
+        trajectories.reconcile(self, alive, reports)
 
     # ---- faults (driven by scheduler.service.liveness) ----------------------------------------
     def set_offline(self, pools: set[str]) -> None:
@@ -412,8 +463,7 @@ class SchedulerService:
                 # for the node forever, and under FCFS everything behind them with them.
                 lost = [t for t, n in self.state.trajectory_node.items() if n == name]
                 for tid in lost:
-                    self.state.close_trajectory(tid)
-                    self.store.forget_pin(tid)
+                    trajectories.release(self, tid, lost=True, remove=False)
                 if lost:
                     log.warning("%d trajectories pinned to %s unpinned", len(lost), name)
         for key in self.offline - pools:
@@ -473,8 +523,8 @@ class SchedulerService:
         log.warning("pool of %s is offline; re-routing (was on %s)", action_id, alloc and alloc.pool)
         self.metrics.reroutes.inc()
         if alloc is not None and alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
-            self.state.close_trajectory(qa.trajectory_id)  # its sandbox is gone with the node
-            self.store.forget_pin(qa.trajectory_id)
+            # its sandbox is gone with the node
+            trajectories.release(self, qa.trajectory_id, lost=True, remove=False)
 
     def forget_vanished(self, action_id: str) -> None:
         """The action's record is gone from Redis (expired, or deleted by hand): free its units."""
@@ -484,8 +534,9 @@ class SchedulerService:
         self.kind_of.pop(action_id, None)
         self.attempt.pop(action_id, None)
         self.store.forget_running([action_id])
+        self.sandbox_of.pop(action_id, None)
         if qa is not None:
-            self._trajectory_done(qa.trajectory_id)
+            trajectories.done(self, qa.trajectory_id)
 
     def _retry_elsewhere(self, action_id: str, error: str) -> None:
         """A worker handed `action_id` back after a retryable failure (its reward server crashed
@@ -506,14 +557,43 @@ class SchedulerService:
         alloc = self._release(action_id)
         qa = self.running_qa.pop(action_id, None)
         self.kind_of.pop(action_id, None)
+        self.sandbox_of.pop(action_id, None)
         if qa is not None:
             self.waiting.append(qa)
             self.waiting.sort_by_submission()
         return alloc
 
+    def _drop_cancelled(self, action_id: str) -> None:
+        """A caller cancelled `action_id` before it was dispatched (the store script made sure
+        of that and removed its intake entry): forget it. Idempotent; an action the dispatch
+        script already skipped is gone from the queue and is ignored here."""
+        qa = self.waiting.get(action_id)
+        if qa is None:
+            return
+        self.waiting.pop(action_id)
+        self.entry_of.pop(action_id, None)
+        trajectories.done(self, qa.trajectory_id)
+        self.metrics.cancelled.inc()
+
+    def _undo_dispatch(self, action_id: str) -> None:
+        """The store refused to dispatch `action_id` (cancelled meanwhile): give its units back,
+        and the pin it made, if it pinned its trajectory and nothing else of it runs."""
+        self._release(action_id)
+        self.attempt.pop(action_id, None)
+        self.kind_of.pop(action_id, None)
+        info = self.sandbox_of.pop(action_id, None)
+        qa = self.running_qa.pop(action_id, None)
+        if qa is not None:
+            tid = qa.trajectory_id
+            if info is not None and info.get("new") and not self.state.trajectory_running.get(tid):
+                trajectories.unpin_undone(self, tid, reset=bool(info.get("reset")))
+            trajectories.done(self, tid)
+        self.metrics.cancelled.inc()
+        log.info("action %s was cancelled before dispatch; not sent", action_id)
+
     def _give_up(self, action_id: str, why: str) -> None:
         qa = self.running_qa.get(action_id)
-        tid = qa.trajectory_id if qa else ""
+        tid = caller_trajectory(qa.trajectory_id) if qa else ""
         res = ActionResult(
             action_id=action_id,
             trajectory_id=tid,
@@ -536,7 +616,14 @@ class SchedulerService:
         self.store.finish_unrun(meta["id"], res.model_dump_json(), "")
 
 
-def _record(alloc: Allocation, qa: QueuedAction, attempt: int) -> dict[str, Any]:
+def _batch_key(alloc: Allocation) -> tuple[str, str, tuple[int, ...]]:
+    """Actions with one key were sent as one batch: same pool, and on a GPU node the same chunk."""
+    return str(alloc.kind), alloc.pool, alloc.unit_ids if alloc.kind is ResourceKind.GPU else ()
+
+
+def _record(
+    alloc: Allocation, qa: QueuedAction, attempt: int, sandbox: dict[str, Any] | None = None
+) -> dict[str, Any]:
     lo, hi = qa.cost.units.min, qa.cost.units.max
     meta: dict[str, Any] = {
         "id": qa.action_id,
@@ -545,10 +632,15 @@ def _record(alloc: Allocation, qa: QueuedAction, attempt: int) -> dict[str, Any]
         "job_id": qa.job_id,
         "priority": qa.priority,
     }
+    if is_one_shot(qa.trajectory_id):
+        meta["ephemeral"] = True
     if qa.kind.startswith("reward:"):
         meta.update(type="reward", model=qa.target)
     elif qa.cost.key is ResourceKind.CPU:
         meta.update(type="code", cpus=[lo, hi], memory_mb=qa.cost.memory_mb, has_tests=qa.kind == "tests")
     else:
         meta.update(type="api", api=qa.target)
-    return {"alloc": alloc.to_dict(), "meta": meta, "attempt": attempt}
+    rec: dict[str, Any] = {"alloc": alloc.to_dict(), "meta": meta, "attempt": attempt}
+    if sandbox is not None:
+        rec["sandbox"] = sandbox
+    return rec

@@ -32,11 +32,17 @@ def recover(svc: SchedulerService) -> None:
         svc.state.hold(Allocation.from_dict(rec["alloc"]), qa, now)
         svc.kind_of[action_id] = qa.kind
         svc.running_qa[action_id] = qa
+        if isinstance(rec.get("sandbox"), dict):
+            svc.sandbox_of[action_id] = rec["sandbox"]
     svc.waiting.sort_by_submission()
     for tid, pin in svc.store.load_pins().items():
         if pin["node"] in svc.state.cpu:
             svc.state.trajectory_node[tid] = pin["node"]
             svc.state.cpu[pin["node"]].trajectory_memory_mb[tid] = int(pin["memory_mb"])
+            svc.book.restore_pin(tid, pin)
+    # Sandboxes of restored pins may be gone (their workers restarted too): the liveness check
+    # releases those (`trajectories.reconcile`) once the workers' reports say so.
+    svc.book.reset.update(svc.store.load_resets())
     # Allocated but maybe never sent (the previous run died between persist and send):
     # send again; the worker's claim turns a duplicate into a no-op.
     resend = [

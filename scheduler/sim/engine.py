@@ -104,7 +104,8 @@ class Simulator:
         self.queue = WaitingQueue()
         self.pending: dict[str, _Pending] = {}
         self.running: dict[str, _Running] = {}
-        self.sandboxes: set[str] = set()
+        self.sandboxes: set[str] = set()  # trajectories with a live sandbox
+        self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
@@ -226,14 +227,21 @@ class Simulator:
         run = _Running(qa, alloc, now, 0.0)
         self.running[qa.action_id] = run
         if alloc.kind is ResourceKind.CPU:
+            for victim in alloc.evict:  # memory is a cache: their sandboxes are gone
+                self.sandboxes.discard(victim)
+                self.evicted.add(victim)
+                self.result.evictions += 1
             pod_delay_s = 0.0
-            if qa.trajectory_id not in self.sandboxes:
+            if qa.cost.sandbox and qa.trajectory_id not in self.sandboxes:
                 self.sandboxes.add(qa.trajectory_id)
                 if self.pods is not None:  # a pod is created and bound, then starts
                     pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id)
                     run.setup_s += pod_delay_s
                 else:
-                    run.setup_s += self.params.sandbox_start_s
+                    run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
+                if qa.trajectory_id in self.evicted:
+                    self.evicted.discard(qa.trajectory_id)
+                    self.result.sandbox_resets += 1
             run.setup_s += self.params.exec_overhead_s
             if self.cpu_sharing:
                 if pod_delay_s > 0:
@@ -310,7 +318,7 @@ class Simulator:
 
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
-        self.state.release(aid)
+        self.state.release(aid, now)
         if self.residency == "keepalive" and run.alloc.kind is ResourceKind.GPU:
             self.caches[run.alloc.pool].touch(run.alloc.unit_ids, run.qa.target, now)  # idle from now
         pend = self.pending[aid]
@@ -350,4 +358,5 @@ class Simulator:
             self._push(now + nxt.think_s, _SUBMIT, (pend.traj, pend.step + 1, None))
         else:
             self.state.close_trajectory(traj.trajectory_id)
+            self.sandboxes.discard(traj.trajectory_id)
             self.result.trajectory_end_s[traj.trajectory_id] = now

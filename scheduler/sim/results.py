@@ -52,6 +52,8 @@ class SimResult:
     restores: int = 0
     cold_loads: int = 0  # loads from storage (cold-start)
     unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
+    evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
+    sandbox_resets: int = 0  # actions that found their trajectory's sandbox evicted: a fresh one
     makespan_s: float = 0.0
     wall_s: float = 0.0
     unfinished: int = 0
@@ -84,6 +86,8 @@ class SimResult:
             "limit_violations": self.limit_violations,
             "restores": self.restores,
             "cold_loads": self.cold_loads,
+            "evictions": self.evictions,
+            "sandbox_resets": self.sandbox_resets,
             "makespan_s": self.makespan_s,
             "avg_trajectory_end_s": (
                 statistics.fmean(self.trajectory_end_s.values()) if self.trajectory_end_s else float("nan")

@@ -20,6 +20,8 @@ class ExecRequest:
     language: str
     code: str | None
     files: dict[str, str] = field(default_factory=dict)
+    binary_files: dict[str, str] = field(default_factory=dict)  # path -> base64
+    fetch_files: list[str] = field(default_factory=list)  # returned base64 in ExecResult.files
     test_command: str | None = None
     test_cases: list[TestCase] = field(default_factory=list)
     stdin: str | None = None
@@ -28,6 +30,12 @@ class ExecRequest:
     cores: tuple[int, ...] = (0,)
     env: dict[str, str] = field(default_factory=dict)  # extra env for user code (allowlist)
     max_output_bytes: int | None = None  # cap per stream; None = the sandbox config's
+    # The scheduler's generation of the trajectory's sandbox ("": no expectation, as for direct
+    # use). A sandbox of another generation is stale and replaced; `new_sandbox`: the scheduler
+    # pinned the trajectory with this action, so no sandbox is expected (otherwise finding none
+    # means it was lost, and the result says `sandbox_reset`).
+    sandbox_gen: str = ""
+    new_sandbox: bool = False
 
 
 @dataclass
@@ -39,6 +47,8 @@ class ExecResult:
     tests: list[TestOutcome] = field(default_factory=list)
     exec_s: float = 0.0  # wall-clock seconds inside the sandbox (what the scheduler learns from)
     detail: str = ""  # why the backend chose the status, when it is not obvious
+    sandbox_reset: bool = False  # ran in a fresh sandbox although the trajectory had one (files gone)
+    files: dict[str, str] = field(default_factory=dict)  # fetch_files: path -> base64
 
 
 class Sandbox(Protocol):
@@ -50,8 +60,22 @@ class Sandbox(Protocol):
         """Run `request` in the trajectory's sandbox, bound to `request.cores`."""
         ...
 
-    def close_trajectory(self, trajectory_id: str) -> None:
-        """Destroy the trajectory's sandbox and its files (idempotent)."""
+    def run_once(self, request: ExecRequest) -> ExecResult:
+        """Run `request` in a fresh sandbox of its own (a ready one when there is one), which is
+        discarded afterwards (a one-shot action)."""
+        ...
+
+    def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
+        """Destroy the trajectory's sandbox and its files (idempotent); with `generation`, only
+        a sandbox of that generation (a newer one started since is kept)."""
+        ...
+
+    def start_prewarm(self) -> None:
+        """Start keeping ready sandboxes (`sandbox.prewarm`) in the background."""
+        ...
+
+    def held(self) -> list[tuple[str, str]]:
+        """(trajectory, generation) of every sandbox this backend holds for a trajectory."""
         ...
 
     def close(self) -> None:

@@ -80,6 +80,21 @@ class CgroupSet:
         return cg
 
     @classmethod
+    def existing(cls, name: str, root: Path = ROOT) -> CgroupSet | None:
+        """The set `tangram/<name>` if it exists (not created), e.g. to sweep it."""
+        ver = version(root)
+        if ver == 2:
+            d = root / "tangram" / name
+            return cls(2, {c: d for c in V1_CONTROLLERS}) if d.is_dir() else None
+        if ver == 1:
+            dirs = {c: root / c / "tangram" / name for c in V1_CONTROLLERS}
+            found = {c: d for c, d in dirs.items() if d.is_dir()}
+            if found:
+                # controllers whose directory is already gone stay out of destroy()
+                return cls(1, {c: found.get(c, found[next(iter(found))]) for c in V1_CONTROLLERS})
+        return None
+
+    @classmethod
     def of_pid(cls, pid: int, root: Path = ROOT) -> CgroupSet | None:
         """The cgroups process `pid` lives in (e.g. a container's init), or None if unreadable."""
         try:
@@ -166,6 +181,20 @@ class CgroupSet:
                 d.rmdir()
             except OSError as e:
                 log.warning("cannot remove cgroup %s: %s", d, e)
+
+
+def children(prefix: str, root: Path = ROOT) -> list[str]:
+    """Names of the sandbox cgroups `tangram/<name>` whose name starts with `prefix` (any
+    controller: a v1 set half removed by a killed worker still shows)."""
+    ver = version(root)
+    parents = [root / "tangram"] if ver == 2 else [root / c / "tangram" for c in V1_CONTROLLERS]
+    names: set[str] = set()
+    for parent in parents:
+        try:
+            names.update(d.name for d in parent.iterdir() if d.is_dir() and d.name.startswith(prefix))
+        except OSError:
+            continue
+    return sorted(names)
 
 
 def _field(text: str, key: str) -> int:

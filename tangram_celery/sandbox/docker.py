@@ -6,20 +6,27 @@ The container's PID 1 is the resident runner, reached over a unix socket in a bi
 directory; the engine must therefore be local (the worker binds host core ids anyway).
 Cores are bound by writing the container's cgroups directly when the host can (sub-ms), else by
 `docker update` (~20 ms).
+
+Containers are named from a hash of the trajectory id (any two ids get two containers; the
+readable id is a label) and labelled with the worker's scope and incarnation. Containers are
+not the worker's children, so a reaper process (`reaper.py`, in its own session) removes this
+incarnation's containers when the worker dies, however it dies; a restarted worker also removes
+what a previous incarnation of the same deployment and node left.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
-import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from tangram_celery.config import SandboxConfig
 from tangram_celery.errors import SandboxError
+from tangram_celery.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
@@ -32,12 +39,21 @@ from tangram_celery.sandbox.limits import (
     Limits,
 )
 from tangram_celery.sandbox.pool import Handle, WarmPool
+from tangram_celery.sandbox.reaper import Reaper
+from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
 
 log = logging.getLogger(__name__)
-RUNNER_SRC_DIR = Path(__file__).with_name("inside")
 # root inside the container only needs to own files and signal/setuid to the sandbox uid
 RUNNER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
-LABEL = "tangram.sandbox"
+LABEL = "tangram.sandbox"  # the worker incarnation that owns the container
+SCOPE_LABEL = "tangram.scope"  # its deployment and node
+TRAJECTORY_LABEL = "tangram.trajectory"
+
+
+def container_name(who: SandboxScope, trajectory_id: str) -> str:
+    """A name that no other trajectory id maps to (a hash), unique per worker incarnation."""
+    digest = hashlib.sha256(trajectory_id.encode()).hexdigest()[:24]
+    return f"tangram-{who.prefix}{digest}"
 
 
 def connect(base_url: str | None, timeout_s: float = 30.0) -> Any:
@@ -46,6 +62,8 @@ def connect(base_url: str | None, timeout_s: float = 30.0) -> Any:
         import docker
     except ImportError as e:  # pragma: no cover - docker is a core dependency
         raise SandboxError("the docker backend needs the docker package: pip install docker") from e
+    if pretend_missing("docker"):
+        raise SandboxError("no Docker engine (TANGRAM_PRETEND_MISSING=docker)")
     try:
         client = (
             docker.DockerClient(base_url=base_url, timeout=int(timeout_s))
@@ -80,19 +98,51 @@ class DockerSandbox(WarmPool):
 
     name = "docker"
 
-    def __init__(self, cfg: SandboxConfig, limits: Limits | None = None) -> None:
+    def __init__(
+        self, cfg: SandboxConfig, limits: Limits | None = None, scope: SandboxScope | None = None
+    ) -> None:
         self.client = connect(cfg.docker_host)
         ensure_image(self.client, cfg.image)
-        super().__init__(cfg, limits)
+        self._exit_reaper: Reaper | None = None
+        super().__init__(cfg, limits, scope)
+        self._start_reaper()
+
+    def _start_reaper(self) -> None:
+        """Containers are not our children: a reaper removes this incarnation's once we are gone."""
+        url = self.cfg.docker_host or os.environ.get("DOCKER_HOST") or ""
+        labels = (f"{LABEL}={self.who.incarnation}", f"{SCOPE_LABEL}={self.who.scope}")
+        self._exit_reaper = Reaper(self.stage.dir, docker_url=url, labels=labels)
+
+    def _sweep_previous(self) -> None:
+        """Remove containers of dead incarnations of this deployment and node, never others'."""
+        try:
+            found = self.client.containers.list(
+                all=True, filters={"label": f"{SCOPE_LABEL}={self.who.scope}"}
+            )
+        except Exception as e:
+            log.warning("cannot list containers to sweep: %s", e)
+            found = []
+        n = 0
+        for c in found:
+            inc = c.labels.get(LABEL, "")
+            if inc != self.who.incarnation and not self.stage.alive(inc):
+                try:
+                    c.remove(force=True)
+                    n += 1
+                except Exception as e:
+                    log.warning("cannot remove leftover container %s: %s", c.name, e)
+        if n:
+            log.warning("removed %d container(s) left by a previous worker of this node", n)
+        super()._sweep_previous()
 
     def _start(self, h: Handle) -> None:
-        quota = f"rw,exec,nosuid,nodev,size={self.limits.disk_quota_mb}m"
+        reset_private_dir(h.state_dir)
+        quota = f"rw,exec,nosuid,nodev,size={self.limits.disk_quota_mb}m,nr_inodes={self.cfg.inodes_limit}"
         volumes = {p: {"bind": p, "mode": "ro"} for p in HOST_RO_PATHS if os.path.exists(p)}
-        volumes[str(RUNNER_SRC_DIR)] = {"bind": RUNNER_DIR, "mode": "ro"}
+        volumes[str(self.stage.runner)] = {"bind": RUNNER_DIR, "mode": "ro"}
         volumes[str(h.state_dir)] = {"bind": str(Path(RUNNER_SOCKET).parent), "mode": "rw"}
         if self.tools_dir is not None:
             volumes[str(self.tools_dir)] = {"bind": TOOLS_PATH, "mode": "ro"}
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "-", h.trajectory_id)[:60]
         cmd = [
             *RUNNER_ARGV,
             "--socket",
@@ -107,8 +157,12 @@ class DockerSandbox(WarmPool):
                 self.cfg.image,
                 cmd,
                 detach=True,
-                name=f"tangram-{self.owner}-{safe}",
-                labels={LABEL: self.owner, "tangram.trajectory": h.trajectory_id[:200]},
+                name=container_name(self.who, h.trajectory_id),
+                labels={
+                    LABEL: self.who.incarnation,
+                    SCOPE_LABEL: self.who.scope,
+                    TRAJECTORY_LABEL: h.trajectory_id[:1000],
+                },
                 network_mode="none" if not self.limits.network else "host",
                 read_only=True,
                 tmpfs={WORKDIR: quota, "/tmp": quota},
@@ -188,3 +242,5 @@ class DockerSandbox(WarmPool):
         except Exception as e:
             log.debug("final sweep: %s", e)
         self.client.close()
+        if self._exit_reaper is not None:
+            self._exit_reaper.close()  # finds nothing left and exits

@@ -25,6 +25,7 @@ RUNNER_ARGV = [SANDBOX_PYTHON, "-E", "-s", "-S", RUNNER_PATH]
 TOOLS_PATH = "/opt/tangram/site"  # read-only site-packages with pytest + pytest-xdist
 HOST_RO_PATHS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
 RUNNER_GRACE_S = 5.0  # the host gives up on a runner this long after the action's timeout
+FETCH_MAX_BYTES = 16 << 20  # fetch_files returned per action, in all (files beyond are left out)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> d
         "language": req.language,
         "code": req.code,
         "files": req.files,
+        "binary_files": req.binary_files,
+        "fetch_files": list(req.fetch_files),
+        "max_fetch_bytes": FETCH_MAX_BYTES,
         "test_command": req.test_command,
         "test_cases": [t.model_dump() for t in req.test_cases],
         "stdin": req.stdin,
@@ -95,6 +99,7 @@ def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) ->
         tests=[TestOutcome(**t) for t in facts.get("tests", [])],
         exec_s=float(facts.get("exec_s", 0.0)),
         detail=_rolled_back_detail(facts.get("rolled_back")),
+        files=dict(facts.get("files") or {}),
     )
 
 

@@ -1,44 +1,66 @@
-"""Linux-namespace backend (bubblewrap) for machines without Docker.
+"""Linux-namespace backend for machines without Docker: bubblewrap, or the built-in launcher.
 
-Same layout as the Docker backend: fresh mount/pid/net/ipc/uts namespaces, the host's /usr (and
-/lib, /lib64, /bin as bind mounts or the same usr-merge symlinks) read-only, size-limited tmpfs
-at /work and /tmp, nothing else of the host (no /etc, no /home, no worker env), and the same
-resident runner as PID 1. Limits come from a cgroup set per trajectory (v1 or v2, created here);
-when no cgroup hierarchy is writable, memory and process count fall back to RLIMIT_AS and
-RLIMIT_NPROC inside the runner and cores to sched_setaffinity (weaker: RLIMIT_NPROC counts the
-sandbox uid host-wide, RLIMIT_AS counts virtual memory). Needs root, like the Docker engine.
+Same layout as the Docker backend: fresh mount/pid/net/ipc/uts/cgroup namespaces, the host's
+/usr (and /lib, /lib64, /bin, /sbin as bind mounts or the same usr-merge symlinks) read-only, a
+read-only root, size- and inode-limited tmpfs at /work and /tmp, nothing else of the host (no
+/etc, no /home, no worker env), and the same resident runner as PID 1. Two launchers build it
+(`sandbox.namespace_launcher`): bubblewrap (`bwrap`), or `launcher.py` (`builtin`: direct
+syscalls, stdlib only, for machines without bubblewrap); `auto` takes bubblewrap when installed.
+
+Limits come from a cgroup set per sandbox (v1 or v2, created here); when no cgroup hierarchy is
+writable, memory and process count fall back to RLIMIT_AS and RLIMIT_NPROC inside the runner and
+cores to sched_setaffinity (weaker: RLIMIT_NPROC counts the sandbox uid host-wide, RLIMIT_AS
+counts virtual memory). Needs root, like the Docker engine.
+
+Lifetime: every hop from the worker to the runner arms a parent-death SIGKILL and then checks a
+lifeline pipe only the worker holds (see `tangram_celery/lifeline.py`), so a sandbox cannot
+outlive its worker even when the worker is killed while the sandbox starts. A restarted worker
+removes the cgroups (and so the runners) of its previous incarnation before it serves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
+from typing import Any
 
+from tangram_celery import lifeline
 from tangram_celery.config import SandboxConfig
 from tangram_celery.errors import SandboxError
+from tangram_celery.pretend import pretend_missing
 from tangram_celery.sandbox import cgroups
 from tangram_celery.sandbox.cgroups import CgroupSet
+from tangram_celery.sandbox.launcher import PROC_COVER
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
     RUNNER_ARGV,
     RUNNER_DIR,
     RUNNER_SOCKET,
+    SANDBOX_PYTHON,
     SANDBOX_UID,
     TOOLS_PATH,
     WORKDIR,
     Limits,
 )
 from tangram_celery.sandbox.pool import Handle, WarmPool
+from tangram_celery.sandbox.reaper import Reaper
+from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
 
 log = logging.getLogger(__name__)
-RUNNER_SRC_DIR = Path(__file__).with_name("inside")
 RUNNER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETUID", "CAP_SETGID")
+# bwrap keeps these two for the last hop only (`launcher.py finish`: the inode limits bwrap
+# cannot set, then the drop to RUNNER_CAPS); the runner never holds them
+FINISH_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+BOOT_DIR = "/opt/tangram/boot"  # launcher.py + lifeline.py, read-only (bwrap only)
+PROBE_TIMEOUT_S = 20.0
+LAUNCHERS = ("bwrap", "builtin")
 # joins the cgroups and shields itself from the OOM killer, then becomes bwrap (no preexec_fn:
 # Python code between fork and exec is unsafe in a threaded worker)
 _ENTER = (
@@ -48,136 +70,224 @@ _ENTER = (
 
 
 def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
+    """bubblewrap's path, or None (also when TANGRAM_PRETEND_MISSING names `bwrap`)."""
+    return None if pretend_missing("bwrap") else shutil.which("bwrap")
+
+
+def resolve_launcher(choice: str) -> str:
+    """'bwrap' or 'builtin' for the configured `namespace_launcher`; raises when impossible."""
+    if choice == "auto":
+        choice = "bwrap" if bwrap_path() else "builtin"
+    if choice == "bwrap" and bwrap_path() is None:
+        raise SandboxError(
+            "sandbox.namespace_launcher is 'bwrap' but bubblewrap is not installed: "
+            "apt-get install bubblewrap, or set it to 'auto' or 'builtin'"
+        )
+    if choice == "builtin" and pretend_missing("builtin"):
+        raise SandboxError(
+            "bubblewrap is not installed and the built-in launcher is disabled "
+            "(TANGRAM_PRETEND_MISSING=builtin): apt-get install bubblewrap"
+        )
+    return choice
 
 
 class NamespaceSandbox(WarmPool):
-    """Warm bubblewrap namespace per trajectory; see the module docstring."""
+    """Warm namespace sandbox per trajectory; see the module docstring."""
 
     name = "namespace"
 
-    def __init__(self, cfg: SandboxConfig, limits: Limits | None = None) -> None:
-        bwrap = bwrap_path()
-        if bwrap is None:
-            raise SandboxError("the namespace backend needs bubblewrap: apt-get install bubblewrap")
+    def __init__(
+        self, cfg: SandboxConfig, limits: Limits | None = None, scope: SandboxScope | None = None
+    ) -> None:
         if os.geteuid() != 0:
             raise SandboxError(
-                "the namespace backend must run as root (it switches the sandbox "
-                "uid and writes cgroups); use the docker backend otherwise"
+                "the namespace backend must run as root (it creates namespaces, switches the sandbox "
+                "uid and writes cgroups); run the CPU worker as root, or use sandbox.backend: docker"
             )
-        self.bwrap = bwrap
+        self.launcher = resolve_launcher(cfg.namespace_launcher)
+        self.bwrap = bwrap_path() if self.launcher == "bwrap" else None
         self.cgroup_version = cgroups.version()
         limits = limits or Limits.from_config(cfg)
         if self.cgroup_version is None:
             log.warning("no writable cgroups: memory/pids limits fall back to rlimits")
             limits = dataclasses.replace(limits, use_rlimits=True)
-        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="bwrap-spawner")
-        super().__init__(cfg, limits)
+        # The lifeline: only this process holds the write end; every hop towards the runner
+        # checks the read end after arming its parent-death signal.
+        self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
+        self._exit_reaper: Reaper | None = None
+        super().__init__(cfg, limits, scope)
+        try:
+            # what PID 1's death leaves (cgroups, the stage) is removed even if we are SIGKILLed
+            prefix = self.who.prefix if self.cgroup_version is not None else None
+            self._exit_reaper = Reaper(self.stage.dir, cgroup_prefix=prefix)
+            try:
+                self._probe()
+            except SandboxError as e:
+                if cfg.namespace_launcher != "auto" or self.launcher != "bwrap" or pretend_missing("builtin"):
+                    raise
+                # e.g. Docker's default seccomp profile forbids bwrap's pivot_root; the built-in
+                # launcher works there
+                log.warning("bubblewrap cannot run here (%s); using the built-in launcher", e)
+                self.launcher, self.bwrap = "builtin", None
+                self._probe()
+        except BaseException:
+            self.close()
+            raise
 
-    def _argv(self, h: Handle) -> list[str]:
+    # -- commands ------------------------------------------------------------------------------
+    def _runner_argv(self) -> list[str]:
+        return [*RUNNER_ARGV, "--socket", RUNNER_SOCKET, "--uid", str(SANDBOX_UID), "--workdir", WORKDIR]
+
+    def _finish_spec(self) -> dict[str, Any]:
+        size_b = self.limits.disk_quota_mb * 1024 * 1024
+        return {
+            "lifeline_fd": self._life_r,
+            "caps": list(RUNNER_CAPS),
+            "env": {"PATH": "/usr/bin:/bin"},
+            "cwd": "/",
+            "remount": [[WORKDIR, size_b, self.cfg.inodes_limit], ["/tmp", size_b, self.cfg.inodes_limit]],
+        }
+
+    def command(self, state_dir: Path | None, procs_files: list[str], argv: list[str]) -> list[str]:
+        """The host command that starts a sandbox running `argv` as its PID 1."""
+        if self.launcher == "builtin":
+            spec = self._builtin_spec(state_dir)
+            spec["cgroup_procs"] = procs_files
+            launch = [SANDBOX_PYTHON, "-B", "-E", "-s", "-S", str(self.stage.launcher), "run"]
+            return [*launch, json.dumps(spec), "--", *argv]
+        # bwrap: a shell joins the cgroups, then setpriv arms bwrap's parent-death signal before
+        # bwrap runs (bwrap arms its own only after clone), and `finish` inside checks the
+        # lifeline: a worker killed at any point before that leaves nothing running.
+        script = _ENTER.replace('"$TG_CGROUPS"', " ".join(f"'{f}'" for f in procs_files) or "''")
+        setpriv = shutil.which("setpriv")
+        arm = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+        finish = [SANDBOX_PYTHON, "-B", "-E", "-s", "-S", f"{BOOT_DIR}/launcher.py", "finish"]
+        return [
+            "/bin/sh",
+            "-c",
+            script,
+            "tangram-enter",
+            *arm,
+            *self._bwrap_argv(state_dir),
+            *finish,
+            json.dumps(self._finish_spec()),
+            "--",
+            *argv,
+        ]
+
+    def _binds(self, state_dir: Path | None) -> list[tuple[str, str, bool]]:
+        """(host source, sandbox path, read-only) after the host paths: all from the stage."""
+        out = [(str(self.stage.runner), RUNNER_DIR, True)]
+        if self.tools_dir is not None:
+            out.append((str(self.tools_dir), TOOLS_PATH, True))
+        if state_dir is not None:
+            out.append((str(state_dir), str(Path(RUNNER_SOCKET).parent), False))
+        return out
+
+    def _builtin_spec(self, state_dir: Path | None) -> dict[str, Any]:
+        size_b = self.limits.disk_quota_mb * 1024 * 1024
+        spec = self._finish_spec()
+        spec.pop("remount")
+        spec.update(
+            root=str(self.stage.root),
+            symlinks=[[os.readlink(p), p] for p in HOST_RO_PATHS if os.path.islink(p)],
+            host_binds=[[p, p] for p in HOST_RO_PATHS if not os.path.islink(p) and os.path.isdir(p)],
+            tmpfs=[[WORKDIR, size_b, self.cfg.inodes_limit], ["/tmp", size_b, self.cfg.inodes_limit]],
+            dirs=["/opt/tangram", "/run"],
+            binds=[list(b) for b in self._binds(state_dir)],
+            unshare_net=not self.limits.network,
+            hostname="sandbox",
+        )
+        return spec
+
+    def _bwrap_argv(self, state_dir: Path | None) -> list[str]:
+        assert self.bwrap is not None
         size_b = str(self.limits.disk_quota_mb * 1024 * 1024)
         # no user namespace: the runner must map the sandbox uid, which only real root can
-        argv = [
-            self.bwrap,
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--die-with-parent",
-            "--as-pid-1",
-            "--new-session",
-            "--cap-drop",
-            "ALL",
-        ]
+        argv = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        argv += ["--die-with-parent", "--as-pid-1", "--new-session", "--cap-drop", "ALL"]
         if not self.limits.network:
             argv.append("--unshare-net")
-        for cap in RUNNER_CAPS:
+        for cap in (*RUNNER_CAPS, *FINISH_CAPS):
             argv += ["--cap-add", cap]
         for p in HOST_RO_PATHS:
             if os.path.islink(p):
                 argv += ["--symlink", os.readlink(p), p]
             elif os.path.isdir(p):
                 argv += ["--ro-bind", p, p]
-        argv += [
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--size",
-            size_b,
-            "--tmpfs",
-            WORKDIR,
-            "--size",
-            size_b,
-            "--tmpfs",
-            "/tmp",
-            "--perms",
-            "0755",
-            "--dir",
-            "/opt",
-            "--perms",
-            "0755",
-            "--dir",
-            str(Path(RUNNER_DIR).parent),
-            "--bind",
-            str(h.state_dir),
-            str(Path(RUNNER_SOCKET).parent),
-            "--ro-bind",
-            str(RUNNER_SRC_DIR),
-            RUNNER_DIR,
-        ]
-        if self.tools_dir is not None:
-            argv += ["--ro-bind", str(self.tools_dir), TOOLS_PATH]
-        argv += [
-            "--clearenv",
-            "--setenv",
-            "PATH",
-            "/usr/bin:/bin",
-            "--hostname",
-            "sandbox",
-            "--chdir",
-            "/",
-            *RUNNER_ARGV,
-            "--socket",
-            RUNNER_SOCKET,
-            "--uid",
-            str(SANDBOX_UID),
-            "--workdir",
-            WORKDIR,
-        ]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        for sub in PROC_COVER:  # bwrap covers these only where root cannot write the top entry
+            argv += ["--ro-bind-try", f"/proc/{sub}", f"/proc/{sub}"]
+        for dest in (WORKDIR, "/tmp"):
+            argv += ["--size", size_b, "--tmpfs", dest]
+        argv += ["--perms", "0755", "--dir", "/opt/tangram", "--perms", "0755", "--dir", "/run"]
+        for src, dest, readonly in self._binds(state_dir):
+            argv += ["--ro-bind" if readonly else "--bind", src, dest]
+        argv += ["--ro-bind", str(self.stage.boot), BOOT_DIR, "--remount-ro", "/"]
+        argv += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--hostname", "sandbox", "--chdir", "/"]
         return argv
 
+    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:  # spawned from the process's one long-lived thread: PDEATHSIG fires when the
+            # *thread* that forked exits, and callers' threads come and go
+            proc: subprocess.Popen[bytes] = lifeline.spawn(
+                subprocess.Popen,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={"PATH": "/usr/bin:/bin"},
+                pass_fds=(self._life_r,),
+            )
+        finally:
+            os.close(fd)
+        return proc
+
+    def _probe(self) -> None:
+        """Build one sandbox that runs /bin/true: fail at start, with the reason, not at the
+        first action."""
+        log_path = self.stage.log_path("probe")
+        proc = self._popen(self.command(None, [], ["/bin/true"]), log_path)
+        try:
+            rc = proc.wait(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = -1
+        out = log_path.read_text(errors="replace").strip()[-1500:]
+        log_path.unlink(missing_ok=True)
+        if rc != 0:
+            hint = ""
+            if "not permitted" in out or "denied" in out:
+                hint = (
+                    "; the kernel or the container refuses namespaces or mounts (in a container: "
+                    "CAP_SYS_ADMIN and no AppArmor mount rule, see compose/docker-compose.yml)"
+                )
+            raise SandboxError(
+                f"the {self.launcher} launcher cannot build a sandbox here (exit {rc}): {out}{hint}"
+            )
+
+    # -- WarmPool hooks ----------------------------------------------------------------------------
     def _start(self, h: Handle) -> None:
+        reset_private_dir(h.state_dir)
         procs_files: list[str] = []
         if self.cgroup_version is not None:
-            h.cgroups = CgroupSet.create(f"{self.owner}-{h.state_dir.name}")
+            h.cgroups = CgroupSet.create(f"{self.who.prefix}{h.state_dir.name}")
             h.cgroups.set_memory(h.memory_mb)
             h.cgroups.set_pids(self.limits.pids_limit)
             h.cgroups.bind_cores(h.cores)
             procs_files = sorted({str(d / "cgroup.procs") for d in h.cgroups.dirs.values()})
-        log_file = open(h.state_dir / "bwrap.log", "wb")  # noqa: SIM115
-        script = _ENTER.replace('"$TG_CGROUPS"', " ".join(f"'{f}'" for f in procs_files) or "''")
-        argv = ["/bin/sh", "-c", script, "tangram-enter", *self._argv(h)]
-        try:  # spawned from one long-lived thread: --die-with-parent fires when the *thread*
-            # that forked bwrap exits, and callers' threads come and go
-            h.ref = self._spawner.submit(
-                subprocess.Popen,
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={"PATH": "/usr/bin:/bin"},
-            ).result()
-        finally:
-            log_file.close()
+        argv = self.command(h.state_dir, procs_files, self._runner_argv())
+        h.ref = self._popen(argv, self.stage.log_path(h.state_dir.name))
 
     def _alive(self, h: Handle) -> bool:
         return h.ref is not None and h.ref.poll() is None
 
     def _logs(self, h: Handle) -> str:
         try:
-            return (h.state_dir / "bwrap.log").read_text(errors="replace")[-2000:]
+            return self.stage.log_path(h.state_dir.name).read_text(errors="replace")[-2000:]
         except OSError:
             return ""
 
@@ -190,11 +300,40 @@ class NamespaceSandbox(WarmPool):
             try:
                 h.ref.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                log.warning("bwrap of %s did not exit", h.trajectory_id)
+                log.warning("launcher of %s did not exit", h.trajectory_id)
         if h.cgroups is not None:
             h.cgroups.destroy()
             h.cgroups = None
+        self.stage.log_path(h.state_dir.name).unlink(missing_ok=True)
+
+    def _sweep_previous(self) -> None:
+        """Kill and remove the sandboxes of dead incarnations of this deployment and node (by
+        cgroup name: `<scope>-<incarnation>-...`), never anyone else's."""
+        if self.cgroup_version is not None:
+            t0, n = time.monotonic(), 0
+            for name in cgroups.children(f"{self.who.scope}-"):
+                inc = name[len(self.who.scope) + 1 :].split("-", 1)[0]
+                if not self.stage.alive(inc):
+                    cg = CgroupSet.existing(name)
+                    if cg is not None:
+                        cg.destroy()
+                        n += 1
+            if n:
+                log.warning(
+                    "removed %d sandbox(es) left by a previous worker of this node in %.2f s",
+                    n,
+                    time.monotonic() - t0,
+                )
+        super()._sweep_previous()
 
     def close(self) -> None:
         super().close()
-        self._spawner.shutdown(wait=False)
+        if self._exit_reaper is not None:
+            self._exit_reaper.close()
+            self._exit_reaper = None
+        for fd in (self._life_w, self._life_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._life_w = self._life_r = -1

@@ -1,19 +1,28 @@
 """Allocate-on-execution, shared by both backends: one warm sandbox per trajectory.
 
-A trajectory's sandbox (container or bubblewrap namespace) starts on its first action with a
-resident runner as PID 1 and lives until `close_trajectory` or `idle_ttl_s` without actions.
-Before each exec the action's cores are bound (cpuset + CFS quota); after it the runner has
-killed every process of the action, so the cores are free again. Backends only say how to
-start, bind and destroy a sandbox; the exec path, the limits and the statuses live here.
+A trajectory's sandbox (container or bubblewrap namespace) is taken on its first action from a
+small pool of ready sandboxes (`sandbox.prewarm`, refilled in the background: `ReadyPool`), or
+started then if none is ready, with a resident runner as PID 1; it lives until
+`close_trajectory` (the scheduler's close, eviction or idle TTL) or `idle_ttl_s` without
+actions. Before each exec the action's cores and memory are bound (cpuset + CFS quota, memory
+limit), which is also how a ready sandbox is handed out; after it the runner has killed every
+process of the action, so the cores are free again. A one-shot action (`run_once`) takes a
+ready sandbox and discards it afterwards. Backends only say how to start, bind and destroy a
+sandbox; the exec path, the limits and the statuses live here.
+
+The scheduler names each trajectory sandbox's generation (`ExecRequest.sandbox_gen`): a
+sandbox of an older generation is replaced, and an action that expected a sandbox and finds
+none (lost with a restarted worker) or a dead one gets a fresh one with `sandbox_reset` set.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
-import tempfile
+import stat
 import threading
 import time
 import uuid
@@ -25,7 +34,6 @@ from typing import Any
 from tangram_celery.actions import ActionStatus
 from tangram_celery.config import SandboxConfig
 from tangram_celery.errors import SandboxError
-from tangram_celery.sandbox import tools
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.limits import (
@@ -36,6 +44,8 @@ from tangram_celery.sandbox.limits import (
     runner_payload,
     to_result,
 )
+from tangram_celery.sandbox.prewarm import Disposer, ReadyPool
+from tangram_celery.sandbox.stage import SandboxScope, Stage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
@@ -54,25 +64,39 @@ class Handle:
     """One trajectory's live sandbox."""
 
     trajectory_id: str
-    state_dir: Path  # host dir bind-mounted at /run/tangram (holds the runner socket)
+    state_dir: Path  # root-only host dir bind-mounted at /run/tangram (holds the runner socket)
     memory_mb: int
     cores: tuple[int, ...]
     ref: Any = None  # backend object: docker Container or bwrap Popen
     cgroups: CgroupSet | None = None
     last_used_s: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gen: str = ""  # the scheduler's generation of this trajectory sandbox ("" when not told)
 
     @property
     def socket_path(self) -> Path:
         return self.state_dir / "runner.sock"
 
 
-def call_runner(path: Path, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One request/response with the runner over its unix socket."""
+def call_runner(path: Path, payload: dict[str, Any], timeout_s: float, owner_uid: int = 0) -> dict[str, Any]:
+    """One request/response with the runner over its unix socket.
+
+    Its directory is bound into the sandbox, so nothing in it is trusted: the socket is opened
+    without following a link (O_PATH | O_NOFOLLOW), must be a socket owned by the runner's uid
+    (`owner_uid`, root) in a directory still private to that uid — user code that got the
+    directory handed over and planted its own "runner" is not talked to — and is connected
+    through /proc/self/fd."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
+        fd = -1
         try:
-            s.connect(str(path))
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            sock, parent = os.fstat(fd), os.lstat(path.parent)
+            if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != owner_uid:
+                raise RunnerGone(f"{path.name} is not a socket of uid {owner_uid}: not the runner's")
+            if parent.st_uid != owner_uid or parent.st_mode & 0o077:
+                raise RunnerGone("the runner's directory is no longer private to it")
+            s.connect(f"/proc/self/fd/{fd}")
             s.sendall(json.dumps(payload).encode() + b"\n")
             buf = bytearray()
             while not buf.endswith(b"\n"):
@@ -82,8 +106,11 @@ def call_runner(path: Path, payload: dict[str, Any], timeout_s: float) -> dict[s
                 buf += chunk
         except TimeoutError:
             raise RunnerTimeout(f"no answer in {timeout_s:.1f} s") from None
-        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as e:
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, OSError) as e:
             raise RunnerGone(repr(e)) from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
     out: dict[str, Any] = json.loads(buf)
     return out
 
@@ -93,16 +120,26 @@ class WarmPool(ABC):
 
     name = "abstract"
 
-    def __init__(self, cfg: SandboxConfig, limits: Limits | None = None) -> None:
+    def __init__(
+        self, cfg: SandboxConfig, limits: Limits | None = None, scope: SandboxScope | None = None
+    ) -> None:
         self.cfg = cfg
         self.limits = limits or Limits.from_config(cfg)
-        self.owner = uuid.uuid4().hex[:10]
-        self.state_root = Path(tempfile.mkdtemp(prefix=f"tangram-{self.name}-"))
-        self.tools_dir = tools.tools_dir()
+        self.who = scope or SandboxScope()  # a private scope unless the worker names its node
+        self.owner = self.who.incarnation
+        self.stage = Stage(cfg.stage_dir, self.who)
+        self.state_root = self.stage.sandboxes
+        self.tools_dir = self.stage.stage_tools()
         self.pythonpath = [TOOLS_PATH] if self.tools_dir is not None else []
+        self._sweep_previous()  # before serving: the previous incarnation's sandboxes go
         self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # Handed-out sandboxes that are done (one-shot, closed, evicted) are destroyed here, off
+        # the action's critical path.
+        self._disposer: Disposer[Handle] = Disposer(self._teardown_locked)
+        self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
+        self.ready = ReadyPool(cfg.prewarm, self._start_ready, self._destroy_ready, self._alive)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
         self._reaper.start()
 
@@ -118,6 +155,12 @@ class WarmPool(ABC):
     @abstractmethod
     def _alive(self, h: Handle) -> bool: ...
 
+    def _sweep_previous(self) -> None:
+        """Remove what dead incarnations of this scope left; backends first remove their
+        sandboxes (cgroups, containers), then call this for the directories."""
+        for inc in self.stage.stale_incarnations():
+            self.stage.remove_incarnation(inc)
+
     def _bind(self, h: Handle, cores: tuple[int, ...], memory_mb: int) -> None:
         """Bind cores and memory; the default writes cgroups, Docker falls back to `update`."""
         if h.cgroups is None:
@@ -130,68 +173,171 @@ class WarmPool(ABC):
     # -- Sandbox protocol ------------------------------------------------------------------------
     def run(self, trajectory_id: str, request: ExecRequest) -> ExecResult:
         """Run `request` in the trajectory's warm sandbox, bound to `request.cores`."""
-        h = self._acquire(trajectory_id, request)
+        h, reset = self._acquire(trajectory_id, request)
         try:
-            return self._exec(h, request)
+            res = self._exec(h, request)
         finally:
             h.last_used_s = time.monotonic()
             h.lock.release()
+        if reset:
+            res.sandbox_reset = True
+        return res
 
-    def close_trajectory(self, trajectory_id: str) -> None:
-        with self._lock:
-            h = self._handles.pop(trajectory_id, None)
-        if h is not None:
-            with h.lock:
+    def run_once(self, request: ExecRequest) -> ExecResult:
+        """Run `request` in a sandbox of its own (a ready one if any), discarded afterwards."""
+        h = self.ready.take()
+        if h is None:
+            h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
+            h.trajectory_id = f"one-shot-{h.state_dir.name}"  # unique: Docker names containers by it
+            try:
+                self._start_and_wait(h)
+            except BaseException:
                 self._teardown(h)
+                raise
+        try:
+            return self._exec(h, request)
+        finally:
+            self._dispose(h)
+
+    def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
+        """Remove the trajectory's sandbox (in the background); with `generation`, only if it
+        is that one: a sandbox of a newer generation, started since, is kept."""
+        with self._lock:
+            h = self._handles.get(trajectory_id)
+            if h is None or (generation and h.gen and h.gen != generation):
+                return
+            del self._handles[trajectory_id]
+        self._dispose(h)
+
+    def start_prewarm(self) -> None:
+        """Start keeping `sandbox.prewarm` sandboxes ready (once the backend is set up)."""
+        self.ready.start()
+
+    def held(self) -> list[tuple[str, str]]:
+        """(trajectory, generation) of every live trajectory sandbox."""
+        with self._lock:
+            return [(t, h.gen) for t, h in self._handles.items() if h.ref is not None]
 
     def close(self) -> None:
         self._stop.set()
+        self.ready.close()
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
+        self._disposer.close()
         for h in handles:
             self._teardown(h)
-        shutil.rmtree(self.state_root, ignore_errors=True)
+        self.stage.close()
 
     def trajectories(self) -> list[str]:
         with self._lock:
             return list(self._handles)
 
     # -- internals -------------------------------------------------------------------------------
-    def _acquire(self, tid: str, req: ExecRequest) -> Handle:
-        """The trajectory's handle, locked, started if new or dead."""
+    def _new_handle(self, tid: str, memory_mb: int, cores: tuple[int, ...]) -> Handle:
+        d = self.state_root / uuid.uuid4().hex[:12]
+        d.mkdir(mode=0o700)
+        return Handle(tid, d, memory_mb, cores)
+
+    def _start_and_wait(self, h: Handle) -> None:
+        t0 = time.monotonic()
+        self._start(h)
+        self._wait_ready(h)
+        log.debug("%s sandbox %s ready in %.3f s", self.name, h.trajectory_id, time.monotonic() - t0)
+
+    def _start_ready(self) -> Handle:
+        """A started sandbox for the ready pool: all of the worker's cores (it is bound to the
+        action's at hand-out) and the default memory limit."""
+        h = self._new_handle("ready", self.cfg.default_memory_mb, self._prewarm_cores)
+        h.trajectory_id = f"ready-{h.state_dir.name}"
+        try:
+            self._start_and_wait(h)
+        except BaseException:
+            self._teardown(h)
+            raise
+        return h
+
+    def _destroy_ready(self, h: Handle) -> None:
+        self._teardown(h)
+
+    def _dispose(self, h: Handle) -> None:
+        """Destroy a sandbox no action will use again, in the background."""
+        self._disposer.put(h)
+
+    def _teardown_locked(self, h: Handle) -> None:
+        with h.lock:  # waits for an action still running in it, if any
+            self._teardown(h)
+
+    def _acquire(self, tid: str, req: ExecRequest) -> tuple[Handle, bool]:
+        """The trajectory's handle, locked, with a live sandbox (a ready one handed out, or one
+        started now); and whether that is a reset (see the module doc)."""
         while True:
             with self._lock:
                 h = self._handles.get(tid)
-                if h is None:
-                    d = self.state_root / uuid.uuid4().hex[:12]
-                    d.mkdir(mode=0o700)
-                    h = Handle(tid, d, req.memory_mb, tuple(req.cores))
-                    self._handles[tid] = h
+            found = h is not None
+            if h is None:  # a new trajectory (or one whose sandbox is gone): a ready sandbox
+                new = self.ready.take() or self._new_handle(tid, req.memory_mb, tuple(req.cores))
+                new.trajectory_id, new.gen = tid, req.sandbox_gen
+                new.last_used_s = time.monotonic()  # not reaped before its first action
+                with self._lock:
+                    h = self._handles.get(tid)
+                    if h is None:
+                        h = self._handles[tid] = new
+                if h is not new:  # another action of the trajectory got there first
+                    found = True
+                    if new.ref is not None:
+                        self.ready.give_back(new)
+                    else:
+                        shutil.rmtree(new.state_dir, ignore_errors=True)
             h.lock.acquire()
             with self._lock:
                 if self._handles.get(tid) is h:
                     break
             h.lock.release()  # reaped or closed meanwhile: take the new one
-        if h.ref is not None and self._alive(h):
-            return h
-        try:
+        expected = bool(req.sandbox_gen) and not req.new_sandbox  # the scheduler expects one
+        reset = False
+        if not found:
+            reset = expected  # none here although the trajectory had one (e.g. a worker restart)
+        elif req.sandbox_gen and h.gen != req.sandbox_gen:
+            # A sandbox of another generation: stale (its close has not arrived yet) or not the
+            # one the scheduler expects. Never run in it.
             if h.ref is not None:
-                log.warning("sandbox of %s died; starting a fresh one", tid)
-                self._destroy(h)
-            h.memory_mb, h.cores = req.memory_mb, tuple(req.cores)
-            t0 = time.monotonic()
-            self._start(h)
-            self._wait_ready(h)
-            log.info("%s sandbox for %s ready in %.3f s", self.name, tid, time.monotonic() - t0)
+                self._teardown_in_place(h)
+            h.gen = req.sandbox_gen
+            reset = expected
+        elif h.ref is not None and not self._alive(h):
+            log.warning("sandbox of %s died; starting a fresh one", tid)
+            self._teardown_in_place(h)
+            reset = True
+        if h.ref is not None and self._alive(h):
+            return h, reset
+        try:
+            if h.ref is not None:  # a ready sandbox that died while it waited
+                self._teardown_in_place(h)
+            ready = self.ready.take()
+            if ready is not None:
+                self._adopt(h, ready)
+            else:
+                h.memory_mb, h.cores = req.memory_mb, tuple(req.cores)
+                self._start_and_wait(h)
+                log.info("%s sandbox for %s started (none ready)", self.name, tid)
         except BaseException:
             self._destroy(h)
             h.ref = None
             with self._lock:
-                self._handles.pop(tid, None)
+                if self._handles.get(tid) is h:
+                    del self._handles[tid]
             h.lock.release()
             raise
-        return h
+        return h, reset
+
+    def _adopt(self, h: Handle, ready: Handle) -> None:
+        """Move a ready sandbox into `h` (whose own is gone)."""
+        old_dir = h.state_dir
+        h.state_dir, h.ref, h.cgroups = ready.state_dir, ready.ref, ready.cgroups
+        h.memory_mb, h.cores = ready.memory_mb, ready.cores
+        if old_dir != h.state_dir:
+            shutil.rmtree(old_dir, ignore_errors=True)
 
     def _wait_ready(self, h: Handle) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -228,7 +374,7 @@ class WarmPool(ABC):
                 status = ActionStatus.MEMORY_LIMIT
             detail = f"sandbox runner lost ({e}); the trajectory's sandbox was reset"
             log.warning("%s: %s", h.trajectory_id, detail)
-            return ExecResult(status=status, exec_s=time.monotonic() - t0, detail=detail)
+            return ExecResult(status=status, exec_s=time.monotonic() - t0, detail=detail, sandbox_reset=True)
         if "runner_error" in facts:
             return ExecResult(
                 status=ActionStatus.ERROR, detail=str(facts["runner_error"]), exec_s=time.monotonic() - t0

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -34,12 +35,21 @@ class WorkerRuntime:
 
     def __init__(self, broker_url: str, kind: str, pool: str, heartbeat_s: float = 1.0) -> None:
         self.store = Store(broker_url)
-        # Unique per process: a restarted worker must not inherit its predecessor's actions.
-        self.name = f"{kind}-{pool}@{socket.gethostname()}-{os.getpid()}"
+        # Unique per incarnation: a restarted worker must not inherit its predecessor's actions
+        # or sandboxes (a pid alone repeats, e.g. as PID 1 of a restarted container).
+        self.name = f"{kind}-{pool}@{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.pool_key = f"{kind}:{pool}"
         self.heartbeat_s = heartbeat_s
         self.app: Celery | None = None
         self.metrics = WorkerMetrics()
+        # Completions counted, and (CPU workers) the sandboxes held: reported next to the
+        # heartbeat so the scheduler can tell which trajectories lost theirs (a report taken
+        # after a completion that does not list the trajectory; none at all after a restart).
+        self.seq = 0
+        self._seq_lock = threading.Lock()
+        self.held: Callable[[], list[tuple[str, str]]] | None = None
+        self._reported: tuple[int, list[tuple[str, str]]] | None = None
+        self._reported_at = 0.0
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeats, name="tangram-heartbeat", daemon=True)
 
@@ -52,8 +62,21 @@ class WorkerRuntime:
         actions.
         """
         self.app = app
+        self.report_sandboxes(force=True)
         self.store.heartbeat(self.name, self.pool_key)
         self._beat.start()
+
+    def report_sandboxes(self, force: bool = False, every_s: float = 10.0) -> None:
+        """Write the held sandboxes with the completion counter read *before* listing them
+        (so a sandbox created by an action counted is listed), when changed or every `every_s`."""
+        if self.held is None:
+            return
+        seq = self.seq
+        held = sorted(self.held())
+        now = time.monotonic()
+        if force or self._reported != (seq, held) or now - self._reported_at >= every_s:
+            self.store.report_sandboxes(self.name, seq, held)
+            self._reported, self._reported_at = (seq, held), now
 
     def stop(self) -> None:
         self._stop.set()
@@ -66,6 +89,7 @@ class WorkerRuntime:
             try:
                 self.store.r.ping()
                 self.store.heartbeat(self.name, self.pool_key)
+                self.report_sandboxes()
             except Exception:  # Redis away: keep trying, the scheduler decides what it means
                 log.warning("heartbeat failed", exc_info=True)
                 continue
@@ -154,7 +178,14 @@ class WorkerRuntime:
         result.units = int(alloc.get("units", 0))
         result.node = str(alloc.get("pool", ""))
         result.attempts = int(alloc.get("attempt", 1))
+        if not result.batch_size:
+            result.batch_size = int(alloc.get("batch", 1))
+        with self._seq_lock:
+            self.seq += 1
+            seq = self.seq
         event = {
+            "worker": self.name,
+            "seq": seq,
             "status": str(result.status),
             "exec_s": result.exec_s,
             "queue_s": result.queue_s,

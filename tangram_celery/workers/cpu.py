@@ -1,5 +1,6 @@
-"""CPU worker: runs code actions in the trajectory's sandbox on the cores the scheduler granted,
-and rule-based reward verifiers (pure functions of strings, no sandbox needed) in-process."""
+"""CPU worker: runs code actions in the trajectory's sandbox (one-shot actions in a sandbox of
+their own) on the cores the scheduler granted, and rule-based reward verifiers (pure functions
+of strings, no sandbox needed) in-process."""
 
 from __future__ import annotations
 
@@ -23,18 +24,28 @@ class CpuHandler:
             return self._verify(action_id, RewardAction.model_validate(payload))
         action = CodeAction.model_validate(payload)
         cores = tuple(int(c) for c in alloc.get("unit_ids") or ()) or (0,)
+        # The scheduler's word on the trajectory's sandbox (scheduler/service/sandboxes.py):
+        # its generation, whether this action starts it, whether the caller lost the last one.
+        sandbox = alloc.get("sandbox") or {}
         req = ExecRequest(
             language=action.language,
             code=action.code,
             files=dict(action.files),
+            binary_files=dict(action.binary_files),
+            fetch_files=list(action.fetch_files),
             test_command=action.test_command,
             test_cases=list(action.test_cases),
             stdin=action.stdin,
             timeout_s=action.timeout_s,
             memory_mb=action.memory_mb,
             cores=cores,
+            sandbox_gen=str(sandbox.get("gen", "")),
+            new_sandbox=bool(sandbox.get("new", False)),
         )
-        res = self.sandbox.run(action.trajectory_id, req)
+        if action.one_shot or action.trajectory_id is None:
+            res = self.sandbox.run_once(req)
+        else:
+            res = self.sandbox.run(action.trajectory_id, req)
         return ActionResult(
             action_id=action_id,
             status=res.status,
@@ -43,6 +54,8 @@ class CpuHandler:
             stderr=res.stderr,
             tests=res.tests,
             exec_s=res.exec_s,
+            files=res.files,
+            sandbox_reset=res.sandbox_reset or bool(sandbox.get("reset", False)),
         )
 
     def _verify(self, action_id: str, action: RewardAction) -> ActionResult:
@@ -59,5 +72,9 @@ class CpuHandler:
             action_id=action_id, status=ActionStatus.OK, output=verify(rule, dict(action.inputs))
         )
 
-    def close_trajectory(self, trajectory_id: str) -> None:
-        self.sandbox.close_trajectory(trajectory_id)
+    def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
+        self.sandbox.close_trajectory(trajectory_id, generation)
+
+    def held(self) -> list[tuple[str, str]]:
+        """The trajectory sandboxes this worker holds, for its report to the scheduler."""
+        return self.sandbox.held()

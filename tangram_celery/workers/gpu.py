@@ -3,11 +3,19 @@
 Requests for the same model that wait together in this worker go as one batch (see
 `Batcher`); replicas are loaded on the scheduler's GPU chunk on demand and evicted LRU by
 `reward_servers.replicas.ReplicaManager` (evict-on-execution).
+
+At start, a background thread warms the configured services onto free chunks as memory allows
+(`RewardService.warm_up`), so that the first reward actions of a fresh deployment do not pay a
+cold load; after each load the node's residency goes to the scheduler (an event), so that its
+first placements pick the warm chunks. The progress is kept in Redis (`Store.warm_status`) for
+`tangram up` to report.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from tangram_celery.actions import ActionResult, ActionStatus, RewardAction
@@ -16,15 +24,30 @@ from tangram_celery.workers.batcher import Batcher
 
 if TYPE_CHECKING:
     from tangram_celery.metrics import WorkerMetrics
+    from tangram_celery.store import Store
+
+log = logging.getLogger("tangram.worker")
 
 
 class GpuHandler:
-    def __init__(self, cfg: TangramConfig, node: GpuNodeConfig, metrics: WorkerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TangramConfig,
+        node: GpuNodeConfig,
+        metrics: WorkerMetrics | None = None,
+        store: Store | None = None,
+        warm: bool = True,
+    ) -> None:
         from reward_servers.service import RewardService
+        from reward_servers.tiny_models import build_missing
 
+        build_missing(cfg, log.info)  # a worker started on its own host builds its `build:` models too
         self.cfg = cfg
         self.node = node.name
         self.metrics = metrics
+        if metrics is not None:  # exported at 0 from the start, not only after the first one
+            for counter in (metrics.evictions, metrics.restores, metrics.warm_loads):
+                counter.labels(node=node.name)
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self.service = RewardService(cfg, node.name).start()
@@ -34,6 +57,46 @@ class GpuHandler:
             window_s=lambda m: models[m].batch_window_ms / 1000.0,
             max_batch=lambda m: models[m].max_batch,
         )
+        self.store = store
+        self.warmer: threading.Thread | None = None
+        if warm:
+            self.warmer = threading.Thread(target=self._warm_up, name="tangram-gpu-warm-up", daemon=True)
+            self.warmer.start()
+
+    def _warm_up(self) -> None:
+        """Load the configured services ahead of requests; report residency and progress."""
+        services = [f"{m}__dop{d}" for m, d in self.service.warm_services()]
+        started_s = time.time()
+        self._warm_status({"state": "warming", "services": services, "started_s": started_s})
+        try:
+            out = self.service.warm_up(on_loaded=lambda _replica: self._publish_residency())
+        except Exception as e:  # warming is an optimisation: requests still load on demand
+            log.exception("warm-up of %s failed", self.node)
+            out = {
+                "loaded": [],
+                "failed": {"*": f"{type(e).__name__}: {e}"},
+                "seconds": time.time() - started_s,
+            }
+        self._count_replica_changes()
+        self._publish_residency()
+        self._warm_status({"state": "done", "services": services, "started_s": started_s, **out})
+        log.info("warm-up of %s done: %d replica(s) in %.1f s", self.node, len(out["loaded"]), out["seconds"])
+
+    def _publish_residency(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.publish_residency(self.node, self.service.resident_models())
+        except Exception:  # a hint for placement; the next completion carries it too
+            log.warning("could not publish the residency of %s", self.node, exc_info=True)
+
+    def _warm_status(self, status: dict[str, Any]) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.set_warm_status(self.node, status)
+        except Exception:
+            log.warning("could not record the warm-up status of %s", self.node, exc_info=True)
 
     def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
         from reward_servers.errors import InputRejected
@@ -41,14 +104,18 @@ class GpuHandler:
         action = RewardAction.model_validate(payload)
         chunk = tuple(int(g) for g in alloc.get("unit_ids") or ()) or None
         try:
-            scored = self.batcher.submit(action.model, action.inputs, chunk)
+            scored = self.batcher.submit(action.model, action.inputs, chunk, int(alloc.get("batch", 0)))
         except InputRejected as e:
             return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
         finally:
             self._count_replica_changes()
         # exec_s is the scoring alone: a replica load depends on the placement, not on the call
         return ActionResult(
-            action_id=action_id, status=ActionStatus.OK, output=scored.output, exec_s=scored.exec_s
+            action_id=action_id,
+            status=ActionStatus.OK,
+            output=scored.output,
+            exec_s=scored.exec_s,
+            batch_size=scored.batch_size,
         )
 
     def _count_replica_changes(self) -> None:
@@ -57,7 +124,11 @@ class GpuHandler:
         if self.metrics is None or manager is None:
             return
         with self._lock:
-            for stat, counter in (("evictions", self.metrics.evictions), ("loads", self.metrics.restores)):
+            for stat, counter in (
+                ("evictions", self.metrics.evictions),
+                ("loads", self.metrics.restores),
+                ("warm_loads", self.metrics.warm_loads),
+            ):
                 now = int(manager.stats.get(stat, 0))
                 if now > self._seen.get(stat, 0):
                     counter.labels(node=self.node).inc(now - self._seen.get(stat, 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 from tangram_celery.app import make_app, queue_name
@@ -30,16 +31,22 @@ def run_worker(
     url = resolve_url(cfg)
     app = make_app(url)
     runtime = WorkerRuntime(url, kind, name)
+    closing: list[Callable[[], None]] = []
     if kind == "cpu":
         node = next((n for n in cfg.nodes.cpu if n.name == name), None)
         if node is None:
             raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
-        from tangram_celery.sandbox import open_sandbox
+        from tangram_celery.sandbox import SandboxScope, open_sandbox
         from tangram_celery.workers.cpu import CpuHandler
 
         rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
-        handler = CpuHandler(open_sandbox(cfg.sandbox), cfg.sandbox, rules)
+        # the scope (state dir + node) lets this worker remove what a previous one of the same
+        # node left before it serves; nobody else's sandboxes are touched
+        sandbox = open_sandbox(cfg.sandbox, SandboxScope.of_node(cfg.state_dir, name))
+        closing.append(sandbox.close)
+        handler = CpuHandler(sandbox, cfg.sandbox, rules)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
+        runtime.held = handler.held  # reported next to the heartbeats
         slots = concurrency or node.cores
     elif kind == "api":
         api = cfg.api(name)
@@ -55,7 +62,10 @@ def run_worker(
             raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
         from tangram_celery.workers.gpu import GpuHandler
 
-        handler_gpu = GpuHandler(cfg, gnode, runtime.metrics)
+        handler_gpu = GpuHandler(cfg, gnode, runtime.metrics, runtime.store, warm=gnode.warm_up)
+        # tritonserver and its Python stubs (one process per loaded replica) go with a clean
+        # shutdown; left to PDEATHSIG, the stubs outlived the server by seconds
+        closing.append(handler_gpu.close)
         tasks.register(app, runtime, gpu=handler_gpu)
         # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
         most = max(
@@ -65,21 +75,25 @@ def run_worker(
     runtime.start(app)
     serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
-    app.worker_main(
-        [
-            "worker",
-            "-Q",
-            queue_name(kind, name),
-            "-n",
-            runtime.name,
-            "-P",
-            "threads",
-            "-c",
-            str(slots),
-            "--prefetch-multiplier=1",
-            "--without-mingle",
-            "--without-gossip",
-            "-E",
-            f"--loglevel={loglevel}",
-        ]
-    )
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "-Q",
+                queue_name(kind, name),
+                "-n",
+                runtime.name,
+                "-P",
+                "threads",
+                "-c",
+                str(slots),
+                "--prefetch-multiplier=1",
+                "--without-mingle",
+                "--without-gossip",
+                "-E",
+                f"--loglevel={loglevel}",
+            ]
+        )
+    finally:
+        for close in closing:  # sandboxes and their cgroups go with a clean shutdown
+            close()

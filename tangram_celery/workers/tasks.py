@@ -37,5 +37,5 @@ def register(
     if close is not None:
 
         @app.task(name=TASK_CLOSE, ignore_result=True)
-        def close_trajectory(trajectory_id: str) -> None:
-            close(trajectory_id)
+        def close_trajectory(trajectory_id: str, generation: str | None = None) -> None:
+            close(trajectory_id, generation)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.redis import deployment_config
+from tests.fixtures.sandbox import require_sandbox
 
 RECORD_API = {
     "name": "rec",
@@ -18,16 +19,17 @@ RECORD_API = {
 }
 
 
-@pytest.fixture
-def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
-    """A running deployment (Redis, scheduler, workers); overrides via @pytest.mark.deploy(...)."""
+def _deployment(tmp_path: Path, request: pytest.FixtureRequest, with_http: bool) -> Iterator[object]:
     from tangram_celery.config import load_config
     from tangram_celery.deploy import Deployment
 
     marker = request.node.get_closest_marker("deploy")
     overrides = dict(marker.kwargs) if marker else {}
     path = deployment_config(tmp_path, **overrides)
-    dep = Deployment(load_config(path), path, with_flower=False)
+    cfg = load_config(path)
+    if cfg.nodes.cpu:
+        require_sandbox(cfg.sandbox.model_dump(mode="json"))
+    dep = Deployment(cfg, path, with_flower=False, with_http=with_http)
     try:
         dep.start(progress=False)
     except Exception:
@@ -35,6 +37,19 @@ def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[objec
         raise
     yield dep
     dep.stop()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A running deployment (Redis, scheduler, workers); overrides via @pytest.mark.deploy(...)."""
+    yield from _deployment(tmp_path, request, with_http=False)
+
+
+@pytest.fixture
+def http_deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A running deployment with its HTTP server (`tangram serve`; URL in `.http_url`)."""
+    pytest.importorskip("fastapi", reason="the HTTP server needs the 'http' extra")
+    yield from _deployment(tmp_path, request, with_http=True)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Flower in a real browser: basic auth on by default, workers, tasks and the per-resource queues.
 
-A full local deployment (embedded Redis, scheduler, CPU and API workers, Flower as `tangram up`
+A full local deployment (embedded Redis, scheduler, CPU, API and GPU workers, Flower as `tangram up`
 starts it) runs a few actions; headless Chromium (Debian's package, driven by Playwright) then
 looks at Flower the way an operator does.
 """
@@ -16,16 +16,40 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.common import unavailable
 from tests.fixtures.redis import deployment_config
+from tests.fixtures.sandbox import require_sandbox
+from tests.fixtures.triton import reward_deps_missing
 
 
 @pytest.fixture
 def flower_deployment(tmp_path: Path) -> Iterator[Any]:
+    """CPU, API and GPU pools (the GPU node's Triton serves a tiny model the deployment builds)."""
     from tangram_celery.config import load_config
     from tangram_celery.deploy import Deployment
 
+    missing = reward_deps_missing()
+    if missing:
+        unavailable(f"reward dependencies missing: {missing}")
+    sandbox = {"backend": "namespace", "default_timeout_s": 10}
+    require_sandbox(sandbox)
     path = deployment_config(
-        tmp_path, sandbox={"backend": "namespace", "default_timeout_s": 10}, flower={"port": 0}
+        tmp_path,
+        sandbox=sandbox,
+        flower={"port": 0},
+        nodes={
+            "cpu": [{"name": "n0", "cores": 2, "memory_mb": 4096}],
+            "gpu": [{"name": "g0", "num_gpus": 2, "gpu_memory_mb": 1024}],
+        },
+        reward_models=[
+            {
+                "name": "rm",
+                "backend": "hf-seq-cls",
+                "path": str(tmp_path / "models" / "rm"),
+                "build": "tiny-seq-cls",
+                "memory_mb": 256,
+            }
+        ],
     )
     dep = Deployment(load_config(path), path, with_flower=True)
     try:
@@ -68,23 +92,28 @@ def _page_shows(
     raise AssertionError(f"{url} never showed what was expected; last text:\n{text[:2000]}")
 
 
+def _queue_rows(page: Any) -> dict[str, str]:
+    """Queue name -> message count, as the broker page's table shows them."""
+    rows = page.eval_on_selector_all(
+        "#queue-table tbody tr", "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent.trim()))"
+    )
+    return {r[0]: r[1] for r in rows if len(r) > 1}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_flower_requires_login_and_shows_workers_tasks_and_queues(
-    flower_deployment: Any, browser: Any
+    flower_deployment: Any, browser: Any, tmp_path: Path
 ) -> None:
-    """Given a deployment with Flower, when a browser opens it without credentials, then 401;
-    when it logs in, then the workers of every pool, the actions that ran (by id, as Celery
-    tasks) and the per-resource queues appear."""
-    from tangram_celery import ApiAction, CodeAction, TangramClient
+    """Given a deployment with CPU, API and GPU pools and Flower, when a browser opens Flower
+    without credentials, then 401; when it logs in, then the broker page lists every
+    per-resource queue with its length at once (no workers Refresh first; a paused API queue
+    shows the messages waiting in it; screenshot saved), the workers of every pool appear, and
+    the tasks page names each action's kind and trajectory, so that an action can be found."""
+    from tangram_celery import ApiAction, CodeAction, RewardAction, TangramClient
+    from tangram_celery.app import make_app
 
     dep = flower_deployment
-    with TangramClient(dep.url) as client:
-        handles = [client.submit(CodeAction(trajectory_id=f"t{k}", code=f"print({k})")) for k in range(3)]
-        handles.append(client.submit(ApiAction(trajectory_id="t0", api="calc", request={"expr": "6*7"})))
-        results = [h.result(timeout=120) for h in handles]
-    assert all(r.ok for r in results), results
-
     from playwright.sync_api import Error as BrowserError
 
     anonymous = browser.new_context()
@@ -102,22 +131,67 @@ def test_flower_requires_login_and_shows_workers_tasks_and_queues(
     ctx = browser.new_context(
         http_credentials={"username": user, "password": password}, viewport={"width": 1600, "height": 1000}
     )
+    app = make_app(dep.url)
     try:
         page = ctx.new_page()
+        # The API worker stops consuming for a moment: what the scheduler sends it waits in its
+        # queue (less than the scheduler's 20 s claim timeout, so nothing is re-sent).
+        api_worker = [n for r in app.control.ping(timeout=5.0) for n in r if n.startswith("api-calc@")]
+        assert api_worker
+        assert app.control.cancel_consumer(
+            "tangram.api.calc", destination=api_worker, reply=True, timeout=5.0
+        )
+        with TangramClient(dep.url) as client:
+            handles = [client.submit(CodeAction(trajectory_id=f"t{k}", code=f"print({k})")) for k in range(3)]
+            handles += [
+                client.submit(ApiAction(trajectory_id=f"a{k}", api="calc", request={"expr": "6*7"}))
+                for k in range(3)
+            ]
+            handles.append(
+                client.submit(RewardAction(trajectory_id="r0", model="rm", inputs={"response": "ok"}))
+            )
+            broker = _page_shows(
+                page,
+                f"{dep.flower_url}/broker",
+                lambda t: (
+                    "tangram.cpu.n0" in t
+                    and "tangram.gpu.g0" in t
+                    and _queue_rows(page).get("tangram.api.calc", "0") not in ("0", "")
+                ),
+            )
+            shot = tmp_path / "flower-broker.png"
+            page.screenshot(path=str(shot), full_page=True)
+            rows = _queue_rows(page)
+            assert {"tangram.cpu.n0", "tangram.gpu.g0", "tangram.api.calc"} <= set(rows), rows
+            assert int(rows["tangram.api.calc"]) == 3, rows
+            assert "tangram.default" not in broker
+            assert shot.stat().st_size > 10_000
+            assert app.control.add_consumer(
+                "tangram.api.calc", destination=api_worker, reply=True, timeout=5.0
+            )
+            results = [h.result(timeout=300) for h in handles]
+        assert all(r.ok for r in results), results
         workers = _page_shows(
-            page, f"{dep.flower_url}/workers", lambda t: "cpu-n0@" in t and "api-calc@" in t
+            page,
+            f"{dep.flower_url}/workers",
+            lambda t: "cpu-n0@" in t and "api-calc@" in t and "gpu-g0@" in t,
         )
         assert "Online" in workers
         ids = [r.action_id for r in results]
         tasks = _page_shows(page, f"{dep.flower_url}/tasks", lambda t: all(i in t for i in ids))
-        assert "tangram.run_cpu" in tasks and "tangram.run_api" in tasks
-        # The broker page lists the queues the workers consume (found by inspection: Refresh).
-        broker = _page_shows(
-            page,
-            f"{dep.flower_url}/broker",
-            lambda t: "tangram.cpu.n0" in t and "tangram.api.calc" in t,
-            before=f"{dep.flower_url}/workers?refresh=1",
-        )
-        assert "tangram.cpu.n0" in broker
+        assert "tangram.run_cpu" in tasks and "tangram.run_api" in tasks and "tangram.run_gpu" in tasks
+        for needle in ("kind=code", "trajectory=t1", "kind=api:calc", "trajectory=a2", "kind=reward:rm"):
+            assert needle in tasks, needle
+        # and one can find it by its trajectory in Flower's task search (which searches the args)
+        page.fill("input[type=search]", "trajectory=a2")
+        deadline = time.monotonic() + 30
+        shown = ""
+        while time.monotonic() < deadline:
+            shown = page.text_content("#tasks-table tbody") or page.text_content("table tbody") or ""
+            if results[5].action_id in shown and all(r.action_id not in shown for r in results[:5]):
+                break
+            time.sleep(0.5)
+        assert results[5].action_id in shown and all(r.action_id not in shown for r in results[:5]), shown
     finally:
+        app.close()
         ctx.close()

@@ -65,7 +65,7 @@ def test_memory_bomb_hits_memory_limit(sandbox_backend: Any) -> None:
     healthy(sandbox_backend, traj)
 
 
-def test_c_memory_bomb_hits_memory_limit(sandbox_backend: Any) -> None:
+def test_c_memory_bomb_hits_memory_limit(sandbox_backend: Any, gcc: str) -> None:
     """Given C touching 1 GiB under 128 MiB, when run, then MEMORY_LIMIT."""
     code = (
         "#include <stdlib.h>\n#include <string.h>\nint main(void){for(;;){char*p=malloc(1<<20);"

@@ -20,9 +20,11 @@ import pytest
 import yaml
 
 from tests.fixtures.netns import Hosts
+from tests.fixtures.sandbox import require_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAJECTORIES, TURNS = 24, 5
+SANDBOX = {"backend": "namespace", "default_timeout_s": 30, "idle_ttl_s": 120}
 
 
 def _config(tmp: Path) -> Path:
@@ -34,7 +36,7 @@ def _config(tmp: Path) -> Path:
                 {"name": "b", "cores": 2, "memory_mb": 8192},
             ]
         },
-        "sandbox": {"backend": "namespace", "default_timeout_s": 30, "idle_ttl_s": 120},
+        "sandbox": SANDBOX,
     }
     path = tmp / "multinode.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -80,6 +82,7 @@ def test_actions_cross_hosts_and_survive_a_worker_host_cut_off(hosts: Hosts, tmp
     with the right output: b's trajectories are re-routed to a."""
     from tangram_celery.broker import EmbeddedRedis
 
+    require_sandbox(SANDBOX)
     config = _config(tmp_path)
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -10,7 +10,7 @@ from tests.problems import all_problems
 pytestmark = pytest.mark.integration
 
 
-def test_problem_suite_through_the_client(client) -> None:
+def test_problem_suite_through_the_client(client, gcc: str) -> None:
     """Given every problem, when its reference and its broken solution are submitted through
     TangramClient, then every reference is ok and every broken one is not."""
     problems = all_problems()

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_config_dict
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,10 +31,12 @@ def gpu_deployment(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[Any
     from tangram_celery.config import load_config
     from tangram_celery.deploy import Deployment
 
-    cfg = reward_config_dict(tmp_path / "state", tiny_models)
+    # no warm-up: these tests are about loading on demand (test_warm_start.py covers warm-up)
+    cfg = reward_config_dict(tmp_path / "state", tiny_models, warm_up=False)
     cfg["reward_models"] = [m for m in cfg["reward_models"] if m["name"] in ("rm", "math")]
     cfg["nodes"]["cpu"] = [{"name": "n0", "cores": 2, "memory_mb": 4096}]  # rule verifiers run here
     cfg["sandbox"] = {"backend": "namespace"}
+    require_sandbox(cfg["sandbox"])
     path = tmp_path / "tangram.yaml"
     path.write_text(yaml.safe_dump(cfg))
     dep = Deployment(load_config(path), path, with_flower=False)

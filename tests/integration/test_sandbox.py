@@ -48,7 +48,7 @@ def test_python_exception_reports_traceback(sandbox_backend: Any) -> None:
     assert "runner.py" not in res.stderr
 
 
-def test_bash_and_c(sandbox_backend: Any) -> None:
+def test_bash_and_c(sandbox_backend: Any, gcc: str) -> None:
     """Given bash and C programs, when run, then both work (gcc from the host)."""
     traj = tid()
     res = run(sandbox_backend, traj, language="bash", code="echo $((6*7)); echo err >&2")
@@ -57,14 +57,14 @@ def test_bash_and_c(sandbox_backend: Any) -> None:
     assert (res.status, res.stdout) == (ActionStatus.OK, "42\n")
 
 
-def test_c_compile_error_is_failed(sandbox_backend: Any) -> None:
+def test_c_compile_error_is_failed(sandbox_backend: Any, gcc: str) -> None:
     """Given C that does not compile, when run, then FAILED with gcc's message."""
     res = run(sandbox_backend, tid(), language="c", code="int main( { return 0; }")
     assert res.status is ActionStatus.FAILED
     assert "error" in res.stderr
 
 
-def test_stdin_test_cases_in_parallel(sandbox_backend: Any) -> None:
+def test_stdin_test_cases_in_parallel(sandbox_backend: Any, gcc: str) -> None:
     """Given C with 3 stdin tests (one wrong), when run on 2 cores, then 2 pass and FAILED."""
     cases = [
         TestCase(name="a", stdin="1 2", expected_stdout="3"),

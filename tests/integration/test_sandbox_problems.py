@@ -48,14 +48,14 @@ def test_suite_has_at_least_100_problems_in_three_languages() -> None:
     assert all(p.tests and p.reference != p.broken for p in problems)
 
 
-def test_every_reference_solution_passes(sandbox_backend: Any) -> None:
+def test_every_reference_solution_passes(sandbox_backend: Any, gcc: str) -> None:
     """Given every problem's reference, when run sandboxed on 2 cores, then all are OK."""
     results = run_suite(sandbox_backend, broken=False)
     bad = [(n, r.status, r.tests[:1], r.stderr[-300:]) for n, r in results if r.status is not ActionStatus.OK]
     assert not bad
 
 
-def test_every_broken_solution_fails(sandbox_backend: Any) -> None:
+def test_every_broken_solution_fails(sandbox_backend: Any, gcc: str) -> None:
     """Given every problem's broken solution, when run sandboxed, then none is OK."""
     results = run_suite(sandbox_backend, broken=True)
     passed = [n for n, r in results if r.status is ActionStatus.OK]

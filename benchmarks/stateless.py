@@ -1,0 +1,268 @@
+"""Stateless callers through the client: new trajectories and one-shot actions vs a plain harness.
+
+A SandboxFusion-style caller has no notion of a trajectory's life: one action per program, each
+with a trajectory id of its own, never closed (or no trajectory at all). This runs a `tangram
+up`-style deployment (embedded Redis, scheduler, CPU worker; `configs/local.yaml`'s settings:
+2 cores, 8 GiB of sandbox memory, 512 MiB per trajectory, 2 ready sandboxes) and measures,
+side by side in one run, through `TangramClient`:
+
+1. latency: the first action of a new trajectory against an action in an existing warm
+   sandbox (trivial snippet, one at a time, alternating): p50 of each, client wall time.
+   Target: new p50 within 5 ms of warm p50.
+2. the 164 HumanEval reference programs (tests/problems: prompt + canonical solution, the
+   problem's check as an assert test) as 164 fresh trajectories, never closed, submitted at
+   once: wall time until the last result; all must pass. The same as 164 one-shot actions
+   (no trajectory). The broken variants as fresh trajectories: all must fail.
+3. the plain harness: the same programs, 2 worker processes, a fresh `/usr/bin/python3 -c`
+   per program (program + its check), no isolation. Target: (2) <= 0.8 x (3).
+4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts).
+Rounds alternate between the variants (best of `--rounds` each). The machine's load average
+and a Python speed yardstick are recorded, since other jobs share the machine.
+
+Run: .venv/bin/python benchmarks/stateless.py [--rounds 3] [--backend namespace|docker]
+Writes benchmarks/results/stateless.json and stateless.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+
+from benchmarks.common import RESULTS, percentile, write_json
+from tangram_celery import ActionStatus, CodeAction, TangramClient
+from tangram_celery.config import load_config
+from tangram_celery.deploy import Deployment
+from tests.problems import Problem, humaneval_problems
+
+PY = "/usr/bin/python3"  # the interpreter the sandboxes run, for a fair comparison
+LOCAL = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
+
+
+def machine_us() -> float:
+    """Best of 5: microseconds for sum(range(10000)) (a yardstick of this machine's speed)."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sum(range(10000))
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+@contextlib.contextmanager
+def deployment(backend: str, docker_host: str | None, prewarm: int) -> Iterator[Deployment]:
+    """configs/local.yaml's CPU node, sandbox and scheduler settings, with a private state dir,
+    the chosen backend, no Flower, and without the GPU node and reward models (a Triton server
+    warming models in the background would share the 2 cores with what is measured)."""
+    cfg = yaml.safe_load(LOCAL.read_text())
+    cfg["nodes"]["gpu"] = []
+    cfg["reward_models"] = []
+    with tempfile.TemporaryDirectory(prefix="tangram-stateless-") as tmp:
+        cfg["state_dir"] = f"{tmp}/state"
+        cfg["broker"]["data_dir"] = f"{tmp}/state/redis"
+        cfg["sandbox"].update(backend=backend, prewarm=prewarm)
+        if docker_host:
+            cfg["sandbox"]["docker_host"] = docker_host
+        path = Path(tmp) / "tangram.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        dep = Deployment(load_config(path), path, with_flower=False)
+        try:
+            dep.start(progress=False)
+            yield dep
+        finally:
+            dep.stop()
+
+
+def latency(client: TangramClient, n: int) -> dict[str, Any]:
+    """Client wall ms of a trivial action: in a warm trajectory vs the first of a new one."""
+    warm_ms: list[float] = []
+    new_ms: list[float] = []
+    tag = os.urandom(3).hex()
+    assert client.submit(CodeAction(trajectory_id=f"warm-{tag}", code="pass")).result(timeout=60).ok
+    for i in range(n + 3):
+        for kind, tid in (("warm", f"warm-{tag}"), ("new", f"new-{tag}-{i}")):
+            t0 = time.perf_counter()
+            res = client.submit(CodeAction(trajectory_id=tid, code="pass")).result(timeout=60)
+            ms = (time.perf_counter() - t0) * 1000
+            assert res.ok and not res.sandbox_reset, res
+            if i >= 3:  # warm-up
+                (warm_ms if kind == "warm" else new_ms).append(ms)
+        time.sleep(0.15)  # a caller's think time: the ready pool refills meanwhile
+    warm, new = percentile(warm_ms, 0.5), percentile(new_ms, 0.5)
+    return {
+        "warm_p50_ms": warm,
+        "new_p50_ms": new,
+        "warm_p90_ms": percentile(warm_ms, 0.9),
+        "new_p90_ms": percentile(new_ms, 0.9),
+        "new_minus_warm_p50_ms": new - warm,
+        "n": n,
+    }
+
+
+def through_client(client: TangramClient, problems: list[Problem], variant: str) -> dict[str, Any]:
+    """All programs submitted at once; wall s until the last result; how many passed."""
+    tag = os.urandom(3).hex()
+    actions = []
+    for i, p in enumerate(problems):
+        code = p.broken if variant == "broken" else p.reference
+        if variant == "one-shot":
+            tid = None
+        elif variant == "warm":  # for reference: 2 long-lived trajectories, no sandbox starts
+            tid = f"warm-{tag}-{i % 2}"
+        else:
+            tid = f"{variant}-{tag}-{p.name}"
+        actions.append(
+            CodeAction(trajectory_id=tid, code=code, test_cases=p.tests, memory_mb=512, timeout_s=30)
+        )
+    t0 = time.perf_counter()
+    results = [h.result(timeout=900) for h in client.submit_many(actions)]
+    wall_s = time.perf_counter() - t0
+    return {
+        "wall_s": wall_s,
+        "passed": sum(r.status is ActionStatus.OK for r in results),
+        "statuses": dict(sorted(Counter(str(r.status) for r in results).items())),
+        "reset": sum(r.sandbox_reset for r in results),
+        "n": len(results),
+    }
+
+
+def plain(problems: list[Problem]) -> dict[str, Any]:
+    """2 worker processes, a fresh `python3 -c program+check` per program, no isolation."""
+
+    def one(p: Problem) -> bool:
+        test = p.tests[0].assert_code or ""
+        r = subprocess.run([PY, "-c", p.reference + "\n" + test], capture_output=True, timeout=30)
+        return r.returncode == 0
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        ok = list(pool.map(one, problems))
+    return {"wall_s": time.perf_counter() - t0, "passed": sum(ok), "n": len(ok)}
+
+
+def plot(res: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 2]})
+    lat = res["latency"]
+    a.bar(
+        ["warm trajectory", "new trajectory"],
+        [lat["warm_p50_ms"], lat["new_p50_ms"]],
+        color=["tab:gray", "tab:blue"],
+    )
+    a.set_ylabel("p50 client latency (ms)")
+    a.set_title("trivial action, one at a time")
+    names = ["plain", "fresh", "one-shot", "warm"]
+    labels = [
+        "plain harness\n(2 procs, python -c)",
+        "new trajectories\n(never closed)",
+        "one-shot",
+        "2 warm trajectories\n(reference)",
+    ]
+    vals = [res["best"][n]["wall_s"] for n in names]
+    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:green", "tab:olive"])
+    for x, v in enumerate(vals):
+        b.text(x, v, f"{v:.2f} s", ha="center", va="bottom")
+    b.axhline(0.8 * vals[0], color="tab:red", ls="--", lw=1, label="target: 0.8 x plain")
+    b.set_ylabel("wall time for 164 HumanEval programs (s)")
+    b.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"{res['backend']} backend, load avg {res['load_before'][0]:.1f} at start", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="best of this many rounds per variant")
+    ap.add_argument("--latency-n", type=int, default=40, help="samples per latency series")
+    ap.add_argument("--backend", choices=["namespace", "docker"], default="namespace")
+    ap.add_argument("--docker-host", default=None, help="use this engine, not a private one")
+    ap.add_argument("--prewarm", type=int, default=2, help="sandbox.prewarm of the deployment")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    problems = humaneval_problems()
+    res: dict[str, Any] = {
+        "backend": args.backend,
+        "programs": len(problems),
+        "cores": 2,
+        "prewarm": args.prewarm,
+        "load_before": list(os.getloadavg()),
+        "machine_us_before": machine_us(),
+    }
+    with contextlib.ExitStack() as stack:
+        docker_host = args.docker_host
+        if args.backend == "docker" and docker_host is None:
+            from benchmarks.sandbox import engine
+
+            docker_host = stack.enter_context(engine(None))
+        dep = stack.enter_context(deployment(args.backend, docker_host, args.prewarm))
+        client = stack.enter_context(TangramClient(dep.url))
+        res["latency"] = latency(client, args.latency_n)
+        lat = res["latency"]
+        print(f"latency p50: warm {lat['warm_p50_ms']:.1f} ms, new trajectory {lat['new_p50_ms']:.1f} ms")
+        runs: dict[str, list[dict[str, Any]]] = {
+            "plain": [],
+            "fresh": [],
+            "one-shot": [],
+            "broken": [],
+            "warm": [],
+        }
+        for r in range(args.rounds):
+            for variant in runs:
+                time.sleep(1.0)  # let the ready pool refill and evictions settle
+                out = plain(problems) if variant == "plain" else through_client(client, problems, variant)
+                out["load"] = os.getloadavg()[0]
+                runs[variant].append(out)
+                print(f"round {r + 1} {variant:9s} {out['wall_s']:6.2f} s  passed {out['passed']}/{out['n']}")
+        log = (Path(dep.state_dir) / "logs" / "scheduler.log").read_text(errors="replace")
+        res["scheduler_stalls_logged"] = log.count("no progress")
+        res["evictions_logged"] = log.count("evicted ")
+    res["runs"] = runs
+    res["best"] = {v: min(rs, key=lambda x: x["wall_s"]) for v, rs in runs.items()}
+    res["median_wall_s"] = {v: statistics.median(x["wall_s"] for x in rs) for v, rs in runs.items()}
+    plain_s = res["best"]["plain"]["wall_s"]
+    res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
+    res["ratio_one_shot_vs_plain"] = res["best"]["one-shot"]["wall_s"] / plain_s
+    res["ratio_warm_vs_plain"] = res["best"]["warm"]["wall_s"] / plain_s
+    res["load_after"] = list(os.getloadavg())
+    res["machine_us_after"] = machine_us()
+    n = len(problems)
+    res["checks"] = {
+        "all_references_pass": all(x["passed"] == n for v in ("fresh", "one-shot", "warm") for x in runs[v]),
+        "all_broken_fail": all(x["passed"] == 0 for x in runs["broken"]),
+        "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
+        "new_within_5_ms_of_warm": res["latency"]["new_minus_warm_p50_ms"] <= 5.0,
+        "fresh_at_most_0.8x_plain": res["ratio_fresh_vs_plain"] <= 0.8,
+    }
+    print(
+        f"fresh / plain = {res['ratio_fresh_vs_plain']:.2f}x, one-shot / plain = {res['ratio_one_shot_vs_plain']:.2f}x"
+    )
+    print(f"checks: {res['checks']}; load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}")
+    name = "stateless" if args.backend == "namespace" else f"stateless_{args.backend}"
+    path = write_json(name, res)
+    plot(res, RESULTS / f"{name}.png")
+    print(f"wrote {path}")
+    ok = res["checks"]["all_references_pass"] and res["checks"]["all_broken_fail"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""What the scheduler knows of the trajectories' sandboxes, beyond pins and reservations.
+
+`ClusterState` says where a trajectory is pinned and how much memory it holds; this says which
+sandbox that is, so that a worker can tell a stale sandbox from the current one, and whether
+the trajectory's next action runs in a fresh sandbox although the caller may rely on files:
+
+- **generation**: each time a trajectory is pinned (its first action, or the first after its
+  sandbox was evicted or lost) the sandbox gets a new generation, the id of the pinning
+  action. The worker keeps it with the sandbox: an action of a newer generation replaces an
+  older sandbox it finds (a close message that arrives late cannot remove the new one, since
+  a close names its generation).
+- **owner**: the worker incarnation (process) that ran the trajectory's last action and its
+  completion counter then. Workers report the sandboxes they hold (`tangram:sandboxes`, next
+  to their heartbeats), so the scheduler can tell which idle trajectories lost their sandbox:
+  the owner died or restarted (a restarted worker holds none), or its report, newer than that
+  completion, no longer lists it (`gone`).
+- **reset**: trajectories whose sandbox was evicted, expired or lost while the caller may still
+  use them. The next action that pins one again runs in a fresh sandbox and its result has
+  `sandbox_reset: true`. Kept in Redis (`tangram:reset`) for a day.
+
+One-shot actions (no trajectory, or `ephemeral`) get a key of their own, `~<action id>`, which
+is released as soon as the action completes and is never reported reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ONE_SHOT = "~"  # prefix of the scheduler's key for a one-shot action (not a valid trajectory id)
+RESET_TTL_S = 24 * 3600.0
+
+
+def one_shot_key(action_id: str) -> str:
+    return ONE_SHOT + action_id
+
+
+def is_one_shot(trajectory_id: str) -> bool:
+    return trajectory_id.startswith(ONE_SHOT)
+
+
+def caller_trajectory(trajectory_id: str) -> str:
+    """The trajectory id a caller knows (empty for a one-shot action)."""
+    return "" if is_one_shot(trajectory_id) else trajectory_id
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A worker incarnation's report of the sandboxes it holds: `seq` is its completion counter
+    when the list was taken (trajectory id -> generation)."""
+
+    seq: int
+    held: Mapping[str, str]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        return cls(int(d.get("seq", 0)), {str(t): str(g) for t, g in d.get("held", [])})
+
+
+@dataclass
+class SandboxBook:
+    """Generations, owners and pending resets of the pinned trajectories (see module doc)."""
+
+    gen: dict[str, str] = field(default_factory=dict)
+    owner: dict[str, tuple[str, int]] = field(default_factory=dict)
+    reset: dict[str, float] = field(default_factory=dict)  # trajectory -> when it lost its sandbox
+
+    def pinned(self, tid: str, action_id: str, now_s: float) -> dict[str, Any]:
+        """A CPU action pins `tid` (a new sandbox): the worker's sandbox instructions."""
+        self.gen[tid] = action_id
+        self.owner.pop(tid, None)
+        reset = self.reset.pop(tid, None) is not None
+        return {"gen": action_id, "new": True, "reset": reset}
+
+    def reuse(self, tid: str, action_id: str) -> dict[str, Any]:
+        """A CPU action of pinned `tid`: run in its existing sandbox (the pinning action placed
+        again, after a retryable failure, may still find none)."""
+        gen = self.gen.get(tid, "")
+        return {"gen": gen, "new": gen == action_id, "reset": False}
+
+    def completed(self, tid: str, worker: str, seq: int) -> bool:
+        """The trajectory's action completed on `worker` at its completion counter `seq`; True
+        if the owner changed (the pin record is worth rewriting)."""
+        if not worker or tid not in self.gen:
+            return False
+        old = self.owner.get(tid)
+        self.owner[tid] = (worker, seq)
+        return old is None or old[0] != worker
+
+    def lost(self, tid: str, now_s: float) -> None:
+        """The trajectory's sandbox is gone while its caller may go on (evicted, expired, its
+        worker or node lost): its next action reports a reset."""
+        if tid in self.gen and not is_one_shot(tid):
+            self.reset[tid] = now_s
+        self.gen.pop(tid, None)
+        self.owner.pop(tid, None)
+
+    def closed(self, tid: str) -> None:
+        """The caller closed the trajectory (or it was a one-shot action): forget it all."""
+        self.gen.pop(tid, None)
+        self.owner.pop(tid, None)
+        self.reset.pop(tid, None)
+
+    def expire_resets(self, now_s: float) -> list[str]:
+        """Forget resets older than a day (their trajectories are not coming back)."""
+        old = [t for t, at in self.reset.items() if now_s - at > RESET_TTL_S]
+        for t in old:
+            del self.reset[t]
+        return old
+
+    def gone(
+        self, idle: Iterable[str], alive: set[str], reports: Mapping[str, Report]
+    ) -> tuple[list[str], list[str]]:
+        """Of the idle pinned trajectories `idle`, those whose sandbox no longer exists:
+        (lost ones, which had a sandbox, and never-started ones, whose pinning action never
+        completed in a worker, e.g. it was given up).
+
+        A sandbox is gone when its owner is not among the `alive` workers (dead, or restarted
+        under a new incarnation), or the owner's report, taken after the trajectory's last
+        completion there, does not list it (with its generation).
+        """
+        lost: list[str] = []
+        never: list[str] = []
+        for tid in idle:
+            owner = self.owner.get(tid)
+            if owner is None:
+                never.append(tid)
+                continue
+            worker, seq = owner
+            if worker not in alive:
+                lost.append(tid)
+                continue
+            rep = reports.get(worker)
+            if rep is not None and rep.seq >= seq and rep.held.get(tid) != self.gen.get(tid):
+                lost.append(tid)
+        return lost, never
+
+    # ---- persistence (the pin records of `tangram:traj`, and `tangram:reset`) --------------------
+    def pin_fields(self, tid: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"gen": self.gen.get(tid, "")}
+        owner = self.owner.get(tid)
+        if owner is not None:
+            out["owner"] = [owner[0], owner[1]]
+        return out
+
+    def restore_pin(self, tid: str, pin: Mapping[str, Any]) -> None:
+        if pin.get("gen"):
+            self.gen[tid] = str(pin["gen"])
+        owner = pin.get("owner")
+        if isinstance(owner, list) and len(owner) == 2:
+            self.owner[tid] = (str(owner[0]), int(owner[1]))

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The Debian packages Tangram's real components need, installed when missing: idempotent (checks
+# first; `apt-get update` only when something is missing) and quiet (one line per step).
+#
+#   scripts/setup-system.sh demo   what `make demo` needs: a Python venv and the sandbox
+#   scripts/setup-system.sh test   also what the tests use: Docker, iproute2, Chromium, compilers
+#
+# Used by `make demo`, `make test` and `.ci/run`. Not root, or no apt-get: it prints exactly what
+# to install. Then `demo` stops (exit 1) only if nothing could work at all (no venv support, or
+# no sandbox: not root and no reachable Docker engine; `tangram demo` checks the sandbox for real
+# before it starts anything), while `test` goes on: each test that needs a missing component
+# skips with the reason (under CI=true it fails, and so does this script).
+set -euo pipefail
+
+profile=${1:-demo}
+case "$profile" in demo | test) ;; *)
+  echo "usage: $0 demo|test" >&2
+  exit 2
+  ;;
+esac
+
+say() { echo "setup-system: $*"; }
+
+# sbin tools count even when not on a non-root PATH
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+
+# package -> "is it there" check. Commands first (works for non-Debian installs too), dpkg-query
+# for what has no command of its own.
+present() {
+  case "$1" in
+  python3) have python3 ;;
+  python3-venv) have python3 && python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ;;
+  bubblewrap) have bwrap ;;
+  docker.io) have dockerd ;;
+  iproute2) have ip ;;
+  chromium) have chromium ;;
+  g++) have g++ && have gcc ;;
+  nodejs) have node ;;
+  golang) have go ;;
+  default-jdk-headless) have javac ;;
+  rustc) have rustc ;;
+  *) dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" ;;
+  esac
+}
+
+# demo: the venv, and bubblewrap for the sandbox (without it the built-in launcher is used)
+packages=(python3 python3-venv bubblewrap)
+if [ "$profile" = test ]; then
+  # tests: a private dockerd (Docker backend), network namespaces (multi-node test), the Flower
+  # browser test, and gcc/g++ for C actions inside sandboxes
+  packages+=(docker.io iproute2 chromium g++)
+  # --- language toolchains: add here as sandbox languages are added -------------------------
+  # candidates: nodejs golang default-jdk-headless rustc
+  # packages+=(nodejs golang default-jdk-headless rustc)
+  # --------------------------------------------------------------------------------------------
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  present "$p" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  say "system packages for '$profile': all present (${packages[*]})"
+else
+  if [ "$(id -u)" = 0 ] && have apt-get; then
+    log=$(mktemp)
+    say "installing ${missing[*]} (apt-get; log $log) ..."
+    export DEBIAN_FRONTEND=noninteractive
+    if apt-get update -qq >"$log" 2>&1 &&
+      apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+      rm -f "$log"
+      missing=()
+      say "installed"
+    else
+      say "apt-get failed; last lines of $log:"
+      tail -n 15 "$log" | sed 's/^/  /'
+    fi
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "missing Debian packages: ${missing[*]}"
+    say "install them with: sudo apt-get install -y ${missing[*]}"
+  fi
+fi
+
+still_missing() {
+  for p in "${missing[@]}"; do [ "$p" = "$1" ] && return 0; done
+  return 1
+}
+
+if still_missing python3 || still_missing python3-venv; then
+  say "cannot create the virtualenv without python3 and python3-venv; install them first"
+  exit 1
+fi
+
+if [ "$profile" = demo ]; then
+  # The sandbox: the namespace backend (bubblewrap or the built-in launcher) needs root; the
+  # Docker backend needs an engine this user can reach.
+  if [ "$(id -u)" != 0 ] && ! (have docker && docker info >/dev/null 2>&1); then
+    say "the sandbox needs root (Linux namespaces and cgroups) or a Docker engine you can reach:"
+    say "run 'sudo make demo', or start Docker and set sandbox.backend: docker in configs/local.yaml"
+    exit 1
+  fi
+  if still_missing bubblewrap; then
+    say "no bubblewrap: sandboxes use the built-in launcher (sandbox.namespace_launcher: auto)"
+  fi
+else
+  if [ "$(id -u)" != 0 ]; then
+    say "not root: tests that need root (sandboxes, cgroups, network namespaces, dockerd) skip"
+  fi
+fi
+if [ "$profile" = test ] && [ ${#missing[@]} -gt 0 ]; then
+  if [ -n "${CI:-}" ]; then
+    say "CI is set and packages are missing: the tests that need them would fail"
+    exit 1
+  fi
+  say "going on: tests that need ${missing[*]} skip with the reason"
+fi

@@ -1,0 +1,183 @@
+"""Ready sandboxes, started in the background so that no action waits for a sandbox start.
+
+A CPU worker hands a sandbox to each new trajectory and each one-shot action. Starting one
+(namespaces or a container, cgroups, the resident runner's interpreter) takes tens of ms; a
+`ReadyPool` keeps `size` of them started ahead, refilled by one background thread as they are
+taken. A taken sandbox is bound to the action's cores and memory when the action runs, like any
+other. When the pool is empty (a burst of new trajectories), the caller starts one itself.
+Ready sandboxes are fresh: none has ever run code, and none is handed out twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+H = TypeVar("H")
+RETRY_AFTER_S = 1.0  # after a failed start (the backend is broken: do not spin)
+# Background work waits this long after the action that caused it started, so that it does not
+# compete for the cores with that very action: a refill (while a ready sandbox is left), and
+# the removal of a sandbox that is done.
+BACKGROUND_DELAY_S = 0.05
+
+
+class ReadyPool(Generic[H]):
+    """`size` started sandboxes, kept ready by a background thread (`size` 0: none, no thread).
+
+    `start()` returns a started, ready sandbox (blocking), `destroy(h)` removes one, `alive(h)`
+    says whether it still runs.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        start: Callable[[], H],
+        destroy: Callable[[H], None],
+        alive: Callable[[H], bool],
+    ) -> None:
+        self.size = size
+        self._start = start
+        self._destroy = destroy
+        self._alive = alive
+        self._ready: collections.deque[H] = collections.deque()
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._stop = threading.Event()
+        self.started = 0  # sandboxes started by the pool (for tests and metrics)
+        self.handed_out = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start filling (idempotent). Not done on construction: a backend starts it once it is
+        fully set up (`open_sandbox`), and the first `take` starts it otherwise."""
+        with self._lock:
+            if self._thread is not None or self.size <= 0 or self._stop.is_set():
+                return
+            self._wanted.set()
+            self._thread = threading.Thread(target=self._fill, name="sandbox-prewarm", daemon=True)
+            self._thread.start()
+
+    def take(self) -> H | None:
+        """A ready sandbox, or None when none is (the caller starts its own)."""
+        if self._thread is None:
+            self.start()
+        while True:
+            with self._lock:
+                if not self._ready:
+                    self._wanted.set()
+                    return None
+                h = self._ready.popleft()
+            self._wanted.set()
+            if self._alive(h):
+                with self._lock:
+                    self.handed_out += 1
+                return h
+            log.warning("a ready sandbox died while it waited; discarded")
+            self._destroy(h)
+
+    def give_back(self, h: H) -> None:
+        """Return an untouched sandbox taken but not used (it is still fresh)."""
+        with self._lock:
+            if len(self._ready) < self.size and not self._stop.is_set():
+                self._ready.appendleft(h)
+                self.handed_out -= 1
+                return
+        self._destroy(h)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def wait_full(self, timeout_s: float) -> bool:
+        """Block until `size` sandboxes are ready (for tests and benchmarks)."""
+        self.start()
+        deadline = time.monotonic() + timeout_s
+        while len(self) < self.size:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        """Stop refilling and remove the ready sandboxes."""
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
+        self._wanted.set()
+        if thread is not None:
+            thread.join(timeout=60)
+        with self._lock:
+            left = list(self._ready)
+            self._ready.clear()
+        for h in left:
+            self._destroy(h)
+
+    def _fill(self) -> None:
+        while not self._stop.is_set():
+            self._wanted.wait()
+            with self._lock:
+                short = self.size - len(self._ready)
+                if short <= 0:
+                    self._wanted.clear()
+                    continue
+                left = len(self._ready)
+            if left and self.started:  # one is still ready: let the taker's action run first
+                self._stop.wait(BACKGROUND_DELAY_S)
+            try:
+                h = self._start()
+            except Exception:
+                log.exception("starting a ready sandbox failed; retrying in %.0f s", RETRY_AFTER_S)
+                self._stop.wait(RETRY_AFTER_S)
+                continue
+            with self._lock:
+                self.started += 1
+                if not self._stop.is_set():
+                    self._ready.append(h)
+                    continue
+            self._destroy(h)  # closed while it started
+
+
+class Disposer(Generic[H]):
+    """Removes sandboxes no action will use again, in one background thread, each about
+    `delay_s` after it was handed over (off the critical path of the action just started;
+    items are due in order, so the delay never accumulates)."""
+
+    def __init__(self, destroy: Callable[[H], None], delay_s: float = BACKGROUND_DELAY_S) -> None:
+        self._destroy = destroy
+        self.delay_s = delay_s
+        self._queue: queue.SimpleQueue[tuple[float, H] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="sandbox-disposer", daemon=True)
+        self._thread.start()
+
+    def put(self, h: H) -> None:
+        if self._closed:
+            self._destroy(h)
+            return
+        self._queue.put((time.monotonic() + self.delay_s, h))
+
+    def close(self) -> None:
+        """Remove everything still queued (at once), then stop."""
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=120)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            due_s, h = item
+            wait_s = due_s - time.monotonic()
+            if wait_s > 0 and not self._closed:
+                time.sleep(wait_s)
+            try:
+                self._destroy(h)
+            except Exception:
+                log.exception("removing a sandbox failed")

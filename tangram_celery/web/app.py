@@ -1,0 +1,199 @@
+"""The FastAPI application: routers, bearer-token auth, request-size limit, one AsyncTangramClient.
+
+OpenAPI docs are served at /docs (schema at /openapi.json); they and GET /v1/ping need no token.
+Clients that cannot set headers (verl's SandboxFusion client sends none) may pass the token as
+the query parameter `token`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tangram_celery.aclient import AsyncTangramClient
+from tangram_celery.config import TangramConfig
+from tangram_celery.errors import BrokerError
+from tangram_celery.web.gate import Gate
+from tangram_celery.web.phases import COMPILED, LANGUAGES
+from tangram_celery.web.sandbox_models import Capabilities
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+PUBLIC_PATHS = frozenset({"/v1/ping", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
+
+
+@dataclass
+class ServerState:
+    """What the endpoints share (app.state.tangram)."""
+
+    cfg: TangramConfig
+    client: AsyncTangramClient
+    gate: Gate
+    default_memory_mb: int
+    _caps: Capabilities | None = field(default=None, repr=False)
+
+    async def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            from tangram_celery.client import pool_view_of
+
+            view = pool_view_of(self.cfg)
+            self._caps = Capabilities(
+                languages=list(LANGUAGES),
+                compiled_languages=sorted(COMPILED),
+                reward_models=sorted(view["models"]),
+                apis=list(view["apis"]),
+                max_cpus=int(view["max_cpus"]),
+                max_memory_mb=int(view["max_memory_mb"]),
+            )
+        return self._caps
+
+
+def create_app(
+    cfg: TangramConfig,
+    broker_url: str,
+    *,
+    client: AsyncTangramClient | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    """The HTTP server's app for deployment `cfg` whose Redis is at `broker_url`; with
+    `registry`, its gauges (requests in flight, overload answers, actions awaited) go there."""
+    from tangram_celery.integrations.rewards import router as rewards_router
+    from tangram_celery.web.native import router as native_router
+    from tangram_celery.web.sandbox_fusion import router as sandbox_router
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Redis retries are bounded by the slack: a request must not outlive its deadline
+        # waiting for a broker that is away (the caller gets 503 instead, see below)
+        c = client or AsyncTangramClient(broker_url, config=cfg, retry_budget_s=cfg.http.slack_s)
+        gate = Gate(c, cfg.http)
+        app.state.tangram = ServerState(
+            cfg=cfg, client=c, gate=gate, default_memory_mb=cfg.sandbox.default_memory_mb
+        )
+        if registry is not None:
+            _gauges(registry, gate)
+        try:
+            yield
+        finally:
+            await c.close()
+
+    app = FastAPI(
+        title="Tangram",
+        summary="SandboxFusion-compatible sandbox API and native endpoints in front of Tangram's scheduler",
+        version="1",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(BrokerError)
+    async def broker_away(request: Request, exc: BrokerError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"broker unavailable: {exc}"}, status_code=503, headers={"Retry-After": "1"}
+        )
+
+    app.include_router(sandbox_router)
+    app.include_router(native_router)
+    app.include_router(rewards_router)
+    token = cfg.http.resolved_token()
+    app.add_middleware(Guard, token=token, max_body_bytes=cfg.http.max_body_mb << 20)
+    return app
+
+
+def _gauges(registry: CollectorRegistry, gate: Gate) -> None:
+    from prometheus_client import Gauge
+
+    Gauge("tangram_http_in_flight", "HTTP requests being served", registry=registry).set_function(
+        lambda: gate.in_flight
+    )
+    Gauge(
+        "tangram_http_overloaded_total", "Requests answered with the overload status", registry=registry
+    ).set_function(lambda: gate.overloaded_total)
+    Gauge(
+        "tangram_http_awaited_actions", "Actions whose results are awaited", registry=registry
+    ).set_function(lambda: gate.client.outstanding)
+
+
+class Guard:
+    """Pure ASGI middleware (no per-request task, unlike BaseHTTPMiddleware): bearer token and
+    request-body limit."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.token = token.encode() if token else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.token is not None and scope["path"] not in PUBLIC_PATHS and not self._authorized(scope):
+            await _reply(send, 401, "missing or wrong bearer token", {"www-authenticate": "Bearer"})
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await _reply(send, 413, f"request body over {self.max_body_bytes >> 20} MiB (http.max_body_mb)")
+            return
+        started = False
+
+        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, _limited(receive, self.max_body_bytes), tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await _reply(
+                    send, 413, f"request body over {self.max_body_bytes >> 20} MiB (http.max_body_mb)"
+                )
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self.token is not None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                return hmac.compare_digest(value[7:].strip(), self.token)
+        query = scope.get("query_string", b"")
+        for part in query.split(b"&"):
+            if part.startswith(b"token="):
+                from urllib.parse import unquote_to_bytes
+
+                return hmac.compare_digest(unquote_to_bytes(part[6:]), self.token)
+        return False
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """`receive` that refuses a chunked body growing past `limit` bytes."""
+    seen = 0
+
+    async def wrapped() -> MutableMapping[str, Any]:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLarge(f"request body over {limit} bytes")
+        return message
+
+    return wrapped
+
+
+async def _reply(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,181 @@
+"""SandboxFusion-compatible endpoints: GET /v1/ping, POST /run_code, GET /v1/capabilities.
+
+A `/run_code` call becomes one CodeAction: with `trajectory_id` it runs in that trajectory's
+sandbox (files persist across calls), without it as a one-shot action. Its result maps onto
+SandboxFusion's phases and statuses (`phases.py`); the exact Tangram status travels in the
+extra key `tangram`. Refusals (unknown language, bad files, a request Tangram can never run)
+are SandboxFusion-shaped too: status SandboxError with a message saying what to change.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from tangram_celery.actions import ActionResult, CodeAction
+from tangram_celery.errors import ActionRejected
+from tangram_celery.web.gate import Gate, Late, Outcome, Overloaded
+from tangram_celery.web.phases import (
+    COMPILED,
+    LANGUAGES,
+    action_budget_s,
+    overall_status,
+    phase_limits,
+    split_phases,
+)
+from tangram_celery.web.sandbox_models import (
+    Capabilities,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunStatus,
+    TangramInfo,
+)
+
+router = APIRouter()
+
+
+def refusal(message: str, status: str = "rejected", **info: Any) -> RunCodeResponse:
+    return RunCodeResponse(
+        status=RunStatus.SandboxError,
+        message=message,
+        tangram=TangramInfo(status=status, error=message, **info),
+    )
+
+
+def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -> CodeAction:
+    """The CodeAction of a `/run_code` request (raises ValueError / ValidationError)."""
+    fields: dict[str, Any] = {
+        "trajectory_id": trajectory_id,
+        "language": req.language,
+        "code": req.code,
+        "stdin": req.stdin,
+        # SandboxFusion's files are base64: written as bytes, as they come
+        "binary_files": {path: b64 for path, b64 in req.files.items() if b64 is not None},
+        "fetch_files": list(req.fetch_files),
+        "memory_mb": req.memory_limit_MB if req.memory_limit_MB > 0 else default_memory_mb,
+        "cpus": req.cpus,
+        "job_id": req.job_id,
+        "priority": req.priority,
+        **phase_limits(req.language, req.compile_timeout, req.run_timeout),
+    }
+    return CodeAction(**fields)
+
+
+def to_response(outcome: Outcome, language: str, overload_status: int) -> RunCodeResponse | JSONResponse:
+    if isinstance(outcome, Overloaded):
+        body = refusal(outcome.reason, status="overloaded", action_id=outcome.action_id)
+        return JSONResponse(
+            body.model_dump(mode="json"), status_code=overload_status, headers={"Retry-After": "1"}
+        )
+    if isinstance(outcome, Late):
+        return refusal(
+            f"action {outcome.action_id} had no result {outcome.deadline_s:.1f} s after the request; "
+            f"it may still finish: GET /tangram/v1/actions/{outcome.action_id}",
+            status="deadline",
+            action_id=outcome.action_id,
+        )
+    return from_result(outcome, language)
+
+
+def from_result(result: ActionResult, language: str) -> RunCodeResponse:
+    compile_result, run_result = split_phases(result, language)
+    status = overall_status(compile_result, run_result)
+    message = result.error if status is RunStatus.SandboxError else ""
+    if status is RunStatus.SandboxError and not message:
+        message = f"action {result.action_id} ended with status {result.status}"
+    return RunCodeResponse(
+        status=status,
+        message=message,
+        compile_result=compile_result,
+        run_result=run_result,
+        executor_pod_name=result.node or None,
+        files=result.files,
+        tangram=TangramInfo(
+            status=str(result.status),
+            action_id=result.action_id,
+            trajectory_id=result.trajectory_id,
+            queue_s=result.queue_s,
+            exec_s=result.exec_s,
+            act_s=result.act_s,
+            units=result.units,
+            node=result.node,
+            attempts=result.attempts,
+            error=result.error,
+        ),
+    )
+
+
+@router.get("/v1/ping", tags=["sandbox-fusion"])
+async def ping() -> str:
+    """Liveness, as SandboxFusion answers it: the JSON string "pong"."""
+    return "pong"
+
+
+@router.get("/v1/capabilities", response_model=Capabilities, tags=["sandbox-fusion"])
+async def capabilities(request: Request) -> Capabilities:
+    """Languages (and pools) this deployment runs."""
+    return await request.app.state.tangram.capabilities()
+
+
+@router.post("/run_code", response_model=RunCodeResponse, tags=["sandbox-fusion"])
+async def run_code(req: RunCodeRequest, request: Request) -> Response:
+    """Run one program, SandboxFusion-compatible. Overload: HTTP 504 (configurable), and the
+    action never runs."""
+    answer = await _run_code(req, request)
+    if isinstance(answer, Response):
+        return answer
+    # serialised once here; returning the model would make FastAPI validate it again
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | JSONResponse:
+    t0 = time.monotonic()
+    state = request.app.state.tangram
+    gate: Gate = state.gate
+    if req.language not in LANGUAGES:
+        return refusal(
+            f"language {req.language!r} is not supported by this Tangram deployment "
+            f"(supported: {', '.join(LANGUAGES)}; GET /v1/capabilities)"
+        )
+    if not gate.admit():
+        return to_response(
+            Overloaded(f"more than {gate.cfg.max_in_flight} requests in flight"),
+            req.language,
+            gate.cfg.overload_status,
+        )
+    try:
+        budget = action_budget_s(req.language, req.compile_timeout, req.run_timeout)
+
+        try:  # validated once, before anything is enqueued
+            base = to_action(req, req.trajectory_id or "one-shot", state.default_memory_mb)
+        except (ValueError, ValidationError) as e:
+            return refusal(f"invalid request: {_short(e)}")
+
+        def make(trajectory_id: str | None) -> CodeAction:
+            return base.model_copy(update={"trajectory_id": trajectory_id})
+
+        try:
+            if req.trajectory_id is None:
+                outcome = await gate.run_one_shot(make, t0=t0, budget_s=budget)
+            else:
+                outcome = await gate.run(base, t0=t0, budget_s=budget)
+        except ActionRejected as e:
+            return refusal(str(e))
+        return to_response(outcome, req.language, gate.cfg.overload_status)
+    finally:
+        gate.leave()
+
+
+def _short(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}" for err in e.errors()
+        )
+    return str(e)
+
+
+__all__ = ["COMPILED", "router"]

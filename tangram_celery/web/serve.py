@@ -1,0 +1,105 @@
+"""`tangram serve`: run the HTTP server (uvicorn) for a deployment and publish its URL."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tangram_celery.config import TangramConfig
+from tangram_celery.errors import ConfigError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+log = logging.getLogger("tangram.web")
+URL_FILE = "http.url"
+
+
+def missing_extra() -> str | None:
+    """Why the HTTP server cannot run here (its packages are missing), or None."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        return f"the HTTP server needs the 'http' extra (pip install 'tangram[http]'): {e}"
+    return None
+
+
+def bind(address: str, port: int) -> socket.socket:
+    """A listening socket on address:port (port 0: a free one), so the URL is known before serving."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:
+    path = Path(state_dir) / URL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(url + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_url(state_dir: str | os.PathLike[str]) -> str | None:
+    try:
+        return (Path(state_dir) / URL_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def serve(
+    cfg: TangramConfig,
+    broker_url: str,
+    *,
+    port: int | None = None,
+    address: str | None = None,
+    registry: CollectorRegistry | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM; the URL is printed and written to <state_dir>/http.url."""
+    why = missing_extra()
+    if why is not None:
+        raise ConfigError(why)
+    import uvicorn
+
+    from tangram_celery.web.app import create_app
+
+    http = cfg.http
+    if address is not None or port is not None:
+        changes = {"address": address or http.address, "port": http.port if port is None else port}
+        http = http.model_validate({**http.model_dump(), **changes})  # validated: token off loopback
+        cfg = cfg.model_copy(update={"http": http})
+    app = create_app(cfg, broker_url, registry=registry)
+    sock = bind(http.address, http.port)
+    url = url_of(sock)
+    path = write_url(cfg.state_dir, url)
+    print(f"http: {url} (docs {url}/docs; SandboxFusion URL {url}/run_code); url in {path}", flush=True)
+    config = uvicorn.Config(
+        app,
+        loop="auto",
+        http="auto",
+        access_log=False,  # a token may travel in the query string; and it costs time per request
+        log_level="warning",
+        backlog=2048,
+        timeout_keep_alive=30,
+        limit_concurrency=None,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])  # uvloop and httptools when installed (the 'http' extra)
+    finally:
+        sock.close()
+        if read_url(cfg.state_dir) == url:
+            (Path(cfg.state_dir) / URL_FILE).unlink(missing_ok=True)
