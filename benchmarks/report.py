@@ -16,7 +16,8 @@ Placeholders in a template:
 - `{{FILE:PATH|FORMAT|NONE}}`: the value at PATH ("/"-separated keys, list indices) in
   benchmarks/results/FILE.json, formatted with the Python format spec FORMAT (default: as is),
   NONE the text for a null value (default: an error).
-- `{{= EXPR |FORMAT}}`: arithmetic over values: `[FILE:PATH]`, numbers, + - * / ( ), min, max.
+- `{{= EXPR |FORMAT}}`: arithmetic over values: `[FILE:PATH]`, numbers, + - * / ( ), min, max,
+  abs, float (for values stored as strings).
 - `{{? EXPR |YES|NO}}`: YES if the comparison holds, else NO (for "met" / "not met").
 - `{{!TEXT}}`: TEXT as is: a number that is an input or a target, not a measurement.
 
@@ -125,7 +126,7 @@ _OPS: dict[type, Callable[..., Any]] = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
-_FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "abs": abs}
+_FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "abs": abs, "float": float}
 
 
 def evaluate(expr: str, sources: Sources) -> Any:
@@ -160,7 +161,7 @@ def evaluate(expr: str, sources: Sources) -> Any:
             return all(vals) if isinstance(node.op, ast.And) else any(vals)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
             return _FUNCS[node.func.id](*(ev(a) for a in node.args))
-        raise ReportError(f"{expr!r}: only numbers, [FILE:PATH], + - * / ( ), comparisons, min/max")
+        raise ReportError(f"{expr!r}: only numbers, [FILE:PATH], + - * / ( ), comparisons, min/max/abs/float")
 
     try:
         return ev(tree)
