@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv system-demo system-test demo test test-unit test-integration lint format bench clean
+.PHONY: venv system-demo system-test demo test test-unit test-integration lint format bench bench-report bench-check clean
 
 $(STAMP): pyproject.toml requirements/reward.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,6 +53,14 @@ format: venv
 
 bench: venv
 	$(BIN)/python benchmarks/overhead.py
+
+# Rewrite every figure quoted in README.md and docs/*.md from benchmarks/results/*.json; fails
+# on a figure without a source (benchmarks/report.py). bench-check changes nothing.
+bench-report: venv
+	$(BIN)/python benchmarks/report.py
+
+bench-check: venv
+	$(BIN)/python benchmarks/report.py --check
 
 clean:
 	rm -rf $(VENV) .tangram build *.egg-info

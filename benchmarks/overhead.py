@@ -135,7 +135,8 @@ def main() -> int:
             lat = latency(tmp, server.url, args.n)
             print("measuring dispatch rate ...", flush=True)
             thr = dispatch_rate(tmp, server.url, args.burst)
-    res = {"latency": lat, "throughput": thr}
+    policy = _config(Path("."), "redis://unused", 1).scheduler.policy  # type: ignore[attr-defined]
+    res = {"policy": {"name": policy, "params": {}}, "latency": lat, "throughput": thr}
     write_json("overhead", res)
     plot(res, RESULTS / "overhead.png")
     print(

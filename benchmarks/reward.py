@@ -1,15 +1,22 @@
 """Reward servers on a real tritonserver, measured side by side in one run.
 
-    .venv/bin/python benchmarks/reward.py [--quick]
+    .venv/bin/python benchmarks/reward.py [--quick] [--rate 4] [--zipf 1.2] [--shared-slots 8]
 
-1. Batched vs one-by-one throughput of a small transformer reward model on CPU (batch 32).
+1. Batched vs one-by-one throughput of a small transformer reward model (batch 32).
 2. Restore latency of a cached (resident) service vs a cold one (Triton load on demand).
-3. GPU-seconds of evict-on-execution vs one dedicated GPU group per service, 10 declared services
-   under skewed (Zipf) load at equal offered load; average ACT reported for each. GPUs are
-   declared (CPU-kind instances here): GPU-seconds = GPUs provisioned x wall time.
+3. Dedicated vs shared, 10 services under skewed (Zipf) open-loop load, the same arrivals for
+   both: "dedicated" runs one model instance per service, each on its own declared GPU (an 8-GPU
+   and a 2-GPU node, one tritonserver each), all resident from the start; "shared" runs evict on
+   execution on 2 declared GPUs whose memory budget holds fewer services (8 by default) than the
+   working set (10), so loads and evictions happen inside the measured window. Charged for both,
+   measured over the window (first arrival to last completion): GPU-seconds (GPUs declared x
+   wall), resident instance-seconds (replicas loaded or loading, integrated over the window) and
+   busy instance-seconds (inference, plus loading for the shared setup). ACT per request.
 4. EARL-style DoP profile of the reward model over request-length buckets, and the picks.
 
-Writes benchmarks/results/reward.json and reward.png.
+The instances are CPU-kind (KIND_CPU): there is no GPU on this machine, every setup computes on
+the same CPU cores, and a load is a Triton model load (a Python stub that imports torch, seconds),
+not a host-to-GPU restore. Writes benchmarks/results/reward.json and reward.png.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,11 @@ from reward_servers.placement import ScalingPolicy
 from reward_servers.profile import measure
 from reward_servers.service import RewardService
 from tangram_celery.config import TangramConfig, parse_config
+
+INSTANCES_NOTE = (
+    "instances are CPU-kind (Triton KIND_CPU) on this machine's CPU cores: the GPUs are declared, "
+    "not real, and a load is a Triton model load, not a host-to-GPU restore"
+)
 
 
 def config(state: Path, models: list[dict[str, Any]], num_gpus: int, gpu_memory_mb: int) -> TangramConfig:
@@ -101,78 +114,196 @@ def bench_batching(state: Path, model_dir: Path, repeats: int) -> dict[str, Any]
     }
 
 
+@dataclass
+class Setup:
+    """One way of serving the 10 services: its reward services (one tritonserver each), the GPUs
+    it declares, and which (service, chunk) calls go to (None: the manager places them)."""
+
+    label: str
+    services: list[RewardService]
+    gpus: int
+    route: dict[str, tuple[int, tuple[int, ...] | None]]  # model -> (service index, chunk)
+
+    def score(self, model: str, batch: list[dict[str, str]]) -> float:
+        """Score one request; returns the seconds of inference (no load, no wait)."""
+        i, chunk = self.route[model]
+        return self.services[i].score_timed(model, batch, chunk=chunk, dop=None if chunk else 1)[1]
+
+    def stats(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for svc in self.services:
+            for k, v in svc.manager.snapshot()["stats"].items():  # type: ignore[union-attr]
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def resident(self) -> int:
+        """Replicas loaded or loading now, over every server."""
+        return sum(
+            1
+            for svc in self.services
+            for r in svc.manager.snapshot()["replicas"]  # type: ignore[union-attr]
+            if r["state"] in ("ready", "loading")
+        )
+
+
 def run_load(
-    svc: RewardService, names: list[str], rate_per_s: float, duration_s: float, zipf_s: float, seed: int
-) -> list[float]:
-    """Open-loop Poisson arrivals, Zipf over services; returns each request's ACT (s)."""
+    setup: Setup, names: list[str], rate_per_s: float, duration_s: float, zipf_s: float, seed: int
+) -> dict[str, Any]:
+    """Open-loop Poisson arrivals for `duration_s`, Zipf over services, waited to the last
+    completion. Returns each request's ACT and inference seconds, the wall time from the first
+    arrival to the last completion, and the resident instance-seconds integrated over it."""
     rng = random.Random(seed)
     weights = [1 / (i + 1) ** zipf_s for i in range(len(names))]
     acts: list[float] = []
+    exec_s: list[float] = []
+    failures: list[str] = []
     lock = threading.Lock()
+    done = threading.Event()
+    resident = {"instance_s": 0.0, "max": 0}
+
+    def sample() -> None:  # integrate the number of resident replicas over the window
+        last = time.perf_counter()
+        while not done.wait(0.05):
+            now, n = time.perf_counter(), setup.resident()
+            resident["instance_s"] += n * (now - last)
+            resident["max"] = max(resident["max"], n)
+            last = now
+        resident["instance_s"] += setup.resident() * (time.perf_counter() - last)
 
     def one(model: str, arrived: float, batch: list[dict[str, str]]) -> None:
-        svc.score(model, batch, dop=1)
+        try:
+            busy = setup.score(model, batch)
+        except Exception as e:  # counted, not hidden: a failed request is a result
+            with lock:
+                failures.append(f"{model}: {e}")
+            return
         with lock:
             acts.append(time.perf_counter() - arrived)
+            exec_s.append(busy)
 
+    sampler = threading.Thread(target=sample, daemon=True)
+    start = time.perf_counter()
+    sampler.start()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        start = time.perf_counter()
         t = start
         while t - start < duration_s:
             t += rng.expovariate(rate_per_s)
             time.sleep(max(0.0, t - time.perf_counter()))
             model = rng.choices(names, weights)[0]
             pool.submit(one, model, t, rows(rng.randint(1, 4), rng))
-    return acts
-
-
-def bench_gpu_seconds(
-    state: Path, model_dir: Path, rate: float, duration_s: float, warmup_s: float, tight: bool
-) -> dict[str, Any]:
-    """Part 3: dedicated (10 GPUs, everything resident) vs shared 2-GPU nodes with evict-on-execution."""
-    names = [f"svc{i}" for i in range(10)]
-    models = [{"name": n, "backend": "hf-seq-cls", "path": str(model_dir), "memory_mb": 1024} for n in names]
-    setups = {
-        # one dedicated GPU per service: all 10 resident for the whole run
-        "dedicated": (10, 2, 5 * 1024, True),
-        # evict-on-execution on 2 GPUs whose budget holds 5 services each
-        "shared_2gpu": (2, 2, 5 * 1024, False),
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    return {
+        "acts": acts,
+        "exec_s": exec_s,
+        "failures": failures,
+        "wall_s": wall,
+        "resident_instance_s": resident["instance_s"],
+        "max_resident": resident["max"],
     }
-    if tight:  # budget below the working set: LRU evictions and cold loads under skew
-        setups["shared_2gpu_tight"] = (2, 2, 3 * 1024, False)
+
+
+def _setups(state: Path, model_dir: Path, names: list[str], shared_slots: int) -> list[tuple[str, Any]]:
+    """(label, factory) for the dedicated and the shared deployment."""
+    models = [{"name": n, "backend": "hf-seq-cls", "path": str(model_dir), "memory_mb": 1024} for n in names]
+
+    def dedicated() -> Setup:
+        # one instance per service, each on its own declared GPU (1 GiB budget: only it fits):
+        # an 8-GPU node and a 2-GPU node, one tritonserver each
+        sizes = [8, 2]
+        services, route, first = [], {}, 0
+        for k, size in enumerate(sizes):
+            part = names[first : first + size]
+            cfg = config(state / f"dedicated{k}", [m for m in models if m["name"] in part], size, 1024)
+            services.append(
+                RewardService(cfg, policy=ScalingPolicy(idle_timeout_s=3600), monitor_interval_s=None)
+            )
+            route |= {n: (k, (g,)) for g, n in enumerate(part)}
+            first += size
+        return Setup("dedicated", services, sum(sizes), route)
+
+    def shared() -> Setup:
+        # evict on execution: 2 GPUs whose budget holds `shared_slots` of the 10 services
+        per_gpu = shared_slots // 2
+        cfg = config(state / "shared", models, 2, per_gpu * 1024)
+        svc = RewardService(cfg, policy=ScalingPolicy(idle_timeout_s=3600), monitor_interval_s=None)
+        return Setup("shared", [svc], 2, {n: (0, None) for n in names})
+
+    return [("dedicated", dedicated), ("shared", shared)]
+
+
+def bench_dedicated_vs_shared(
+    state: Path,
+    model_dir: Path,
+    rate: float,
+    duration_s: float,
+    warmup_s: float,
+    zipf_s: float,
+    shared_slots: int,
+) -> dict[str, Any]:
+    """Part 3: one instance per service (dedicated) vs evict-on-execution on 2 GPUs whose memory
+    holds fewer services than the working set, at equal offered load, measured side by side."""
+    names = [f"svc{i}" for i in range(10)]
     out: dict[str, Any] = {}
-    for label, (gpus_counted, num_gpus, mem, preload) in setups.items():
-        cfg = config(state / label, models, num_gpus, mem)
-        with RewardService(cfg, policy=ScalingPolicy(idle_timeout_s=3600), monitor_interval_s=None) as svc:
+    for label, factory in _setups(state, model_dir, names, shared_slots):
+        setup = factory()
+        for svc in setup.services:
+            svc.start()
+        try:
             t0 = time.perf_counter()
-            if preload:
-                threads = [threading.Thread(target=svc.manager.preload, args=(n, 1)) for n in names]  # type: ignore[union-attr]
+            if label == "dedicated":  # every instance resident before any request
+                threads = [
+                    threading.Thread(target=setup.services[i].manager.preload, args=(n, 1, chunk))  # type: ignore[union-attr]
+                    for n, (i, chunk) in setup.route.items()
+                ]
                 for th in threads:
                     th.start()
                 for th in threads:
                     th.join()
-            run_load(svc, names, rate, warmup_s, 1.2, seed=1)
+            warm = run_load(setup, names, rate, warmup_s, zipf_s, seed=1)
             setup_s = time.perf_counter() - t0
-            before = dict(svc.manager.snapshot()["stats"])  # type: ignore[union-attr]
-            t1 = time.perf_counter()
-            acts = run_load(svc, names, rate, duration_s, 1.2, seed=2)
-            wall = time.perf_counter() - t1
-            stats = svc.manager.snapshot()["stats"]  # type: ignore[union-attr]
+            before = setup.stats()
+            run = run_load(setup, names, rate, duration_s, zipf_s, seed=2)
+            after = setup.stats()
+        finally:
+            for svc in setup.services:
+                svc.stop()
+        acts, busy = run["acts"], run["exec_s"]
+        load_s = after["load_s"] - before["load_s"]
         out[label] = {
-            "gpus": gpus_counted,
-            "wall_s": wall,
-            "gpu_seconds": gpus_counted * wall,
+            "declared_gpus": setup.gpus,
+            "servers": len(setup.services),
             "requests": len(acts),
-            "avg_act_s": statistics.mean(acts),
-            "p99_act_s": percentile(acts, 0.99),
-            "loads_measured": stats["loads"] - before["loads"],
-            "evictions_measured": stats["evictions"] - before["evictions"],
+            "failed_requests": len(run["failures"]),
+            "failures": run["failures"][:5],
+            "wall_s": run["wall_s"],
+            "avg_act_s": statistics.mean(acts) if acts else None,
+            "p99_act_s": percentile(acts, 0.99) if acts else None,
+            "loads_measured": int(after["loads"] - before["loads"]),
+            "evictions_measured": int(after["evictions"] - before["evictions"]),
+            "load_s_measured": load_s,
+            "inference_s": sum(busy),
+            # what is charged: GPUs held for the wall time; instances resident over it; and the
+            # seconds an instance was busy (inference, plus loading for the shared setup)
+            "gpu_seconds": setup.gpus * run["wall_s"],
+            "resident_instance_seconds": run["resident_instance_s"],
+            "max_resident_instances": run["max_resident"],
+            "busy_instance_seconds": sum(busy) + load_s,
             "setup_and_warmup_s": setup_s,
+            "warmup_loads": int(before["loads"]),
+            "warmup_failed_requests": len(warm["failures"]),
         }
-    base = out["dedicated"]
-    for label in [k for k in out if k != "dedicated"]:
-        out[label]["gpu_seconds_vs_dedicated"] = out[label]["gpu_seconds"] / base["gpu_seconds"]
-        out[label]["avg_act_vs_dedicated"] = out[label]["avg_act_s"] / base["avg_act_s"]
+    base, sh = out["dedicated"], out["shared"]
+    for key in (
+        "gpu_seconds",
+        "resident_instance_seconds",
+        "busy_instance_seconds",
+        "avg_act_s",
+        "p99_act_s",
+    ):
+        if base[key] and sh[key] is not None:
+            sh[f"{key}_vs_dedicated"] = sh[key] / base[key]
     return out
 
 
@@ -182,7 +313,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(14, 4))
+    fig, ax = plt.subplots(1, 4, figsize=(18, 4))
     b = data["batching"]
     ax[0].bar(["one-by-one", "batched (32)"], [b["one_by_one_req_per_s"], b["batched_req_per_s"]])
     ax[0].set_title(f"reward model throughput, {b['speedup']:.1f}x")
@@ -192,13 +323,23 @@ def plot(data: dict[str, Any], path: Path) -> None:
     ax[1].set_yscale("log")
     ax[1].set_ylabel("first-request latency (ms)")
     ax[1].set_title("restore: cached vs cold service")
-    g = data["gpu_seconds"]
+    g = data["dedicated_vs_shared"]
     labels = list(g)
-    ax[2].bar(labels, [g[k]["gpu_seconds"] for k in labels])
+    keys = ["gpu_seconds", "resident_instance_seconds", "busy_instance_seconds"]
+    width = 0.25
+    for j, key in enumerate(keys):
+        ax[2].bar([i + j * width for i in range(len(labels))], [g[k][key] for k in labels], width, label=key)
+    ax[2].set_xticks([i + width for i in range(len(labels))], labels)
+    ax[2].set_ylabel("seconds charged (CPU-kind instances)")
+    ax[2].legend(fontsize=7)
+    ax[2].set_title("10 services, Zipf load: what each setup holds")
+    ax[3].bar(labels, [1000 * (g[k]["avg_act_s"] or 0) for k in labels])
     for i, k in enumerate(labels):
-        ax[2].text(i, g[k]["gpu_seconds"], f"ACT {g[k]['avg_act_s'] * 1000:.0f} ms", ha="center", va="bottom")
-    ax[2].set_ylabel("GPU-seconds")
-    ax[2].set_title("10 services, Zipf load")
+        ax[3].text(
+            i, 1000 * (g[k]["avg_act_s"] or 0), f"loads {g[k]['loads_measured']}", ha="center", va="bottom"
+        )
+    ax[3].set_ylabel("average ACT (ms)")
+    ax[3].set_title("ACT, loads in the measured window")
     fig.tight_layout()
     fig.savefig(path)
 
@@ -206,9 +347,18 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="shorter load phases (smoke run)")
-    ap.add_argument("--tight", action="store_true", help="also run a memory budget below the working set")
+    ap.add_argument("--rate", type=float, default=4.0, help="requests per second (Poisson)")
+    ap.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the services' popularity")
+    ap.add_argument(
+        "--shared-slots",
+        type=int,
+        default=8,
+        help="services the shared setup's 2 GPUs hold at once (even; below 10 = the working set)",
+    )
     args = ap.parse_args(argv)
-    duration, warmup, rate = (8.0, 6.0, 10.0) if args.quick else (30.0, 15.0, 20.0)
+    if args.shared_slots < 2 or args.shared_slots % 2:
+        ap.error("--shared-slots must be an even number >= 2")
+    duration, warmup = (20.0, 10.0) if args.quick else (60.0, 20.0)
     with tempfile.TemporaryDirectory(prefix="tangram-reward-bench-") as tmp:
         work = Path(tmp)
         subprocess.run(
@@ -218,12 +368,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         model_dir = work / "models" / "seq-cls"
         data = bench_batching(work, model_dir, repeats=3 if args.quick else 5)
-        data["gpu_seconds"] = bench_gpu_seconds(work, model_dir, rate, duration, warmup, args.tight)
+        data["dedicated_vs_shared"] = bench_dedicated_vs_shared(
+            work, model_dir, args.rate, duration, warmup, args.zipf, args.shared_slots
+        )
     data["model"] = "random-init BERT, hidden 64, 2 layers (reward_servers.tiny_models), CPU, 1 torch thread"
-    data["load"] = {"rate_per_s": rate, "duration_s": duration, "warmup_s": warmup, "zipf_s": 1.2}
+    data["instances"] = INSTANCES_NOTE
+    data["load"] = {
+        "rate_per_s": args.rate,
+        "duration_s": duration,
+        "warmup_s": warmup,
+        "zipf_s": args.zipf,
+        "services": 10,
+        "shared_slots": args.shared_slots,
+        "quick": args.quick,
+    }
     write_json("reward", data)
     plot(data, RESULTS / "reward.png")
-    b, r, g = data["batching"], data["restore"], data["gpu_seconds"]
+    b, r, g = data["batching"], data["restore"], data["dedicated_vs_shared"]
+    print(INSTANCES_NOTE)
     print(
         f"batched vs one-by-one at batch 32: {b['speedup']:.1f}x ({b['batched_req_per_s']:.0f} vs {b['one_by_one_req_per_s']:.0f} req/s)"
     )
@@ -231,13 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         f"restore: cached {r['cached_median_s'] * 1000:.1f} ms, cold {statistics.median(r['cold_s']):.2f} s ({r['cold_over_cached']:.0f}x)"
     )
     for k, v in g.items():
-        extra = (
-            f", {v['gpu_seconds_vs_dedicated']:.0%} of dedicated GPU-s, ACT x{v['avg_act_vs_dedicated']:.2f}"
-            if k != "dedicated"
-            else ""
-        )
+        act = f"{v['avg_act_s'] * 1000:.0f} ms" if v["avg_act_s"] is not None else "n/a"
         print(
-            f"{k}: {v['gpus']} GPUs, {v['gpu_seconds']:.0f} GPU-s, avg ACT {v['avg_act_s'] * 1000:.0f} ms, p99 {v['p99_act_s'] * 1000:.0f} ms, loads {v['loads_measured']}, evictions {v['evictions_measured']}{extra}"
+            f"{k}: {v['declared_gpus']} GPUs declared, wall {v['wall_s']:.1f} s, {v['gpu_seconds']:.0f} GPU-s, "
+            f"{v['resident_instance_seconds']:.0f} resident instance-s, {v['busy_instance_seconds']:.1f} busy "
+            f"instance-s; avg ACT {act}; {v['requests']} requests ({v['failed_requests']} failed); "
+            f"loads {v['loads_measured']} ({v['load_s_measured']:.1f} s), evictions {v['evictions_measured']} "
+            "in the measured window"
         )
     print(f"DoP picks by tokens: {data['dop_profile']['picks_by_tokens']}")
     return 0

@@ -138,6 +138,7 @@ def main() -> int:
     p99_last = percentile([r.act_s for r in by_time[-third:]], 0.99)
     statuses = Counter(str(r.status) for r in results.values())
     summary = {
+        "policy": {"name": cfg.scheduler.policy, "params": {}},  # type: ignore[attr-defined]
         "minutes": args.minutes,
         "kills": kills,
         "submitted": len(submitted),

@@ -93,6 +93,22 @@ class GpuCache:
             services.remove(service)
             services.append(service)
 
+    def expire(self, idle_before_s: float) -> int:
+        """Unload every instance last used before `idle_before_s` (a keep-alive window ran out);
+        returns how many. An instance in use is marked with an infinite time by its user."""
+        gone = [
+            (c, s)
+            for c, services in self.resident.items()
+            for s in services
+            if self._used_at_s.get((c, s), 0.0) < idle_before_s
+        ]
+        for c, s in gone:
+            self.resident[c].remove(s)
+            if not self.resident[c]:
+                del self.resident[c]
+            self._used_at_s.pop((c, s), None)
+        return len(gone)
+
     def preload(self, chunk: Chunk, service: str) -> None:
         """Make `service` resident on `chunk` at start-up (no eviction, no cost)."""
         if not self.is_resident(chunk, service):

@@ -1,30 +1,54 @@
-"""`static-pod`: the Kubernetes baseline, one sandbox pod per trajectory.
+"""`static-pod`: the Kubernetes baseline, one sandbox pod per trajectory, at a default cluster's
+settings (each one cited in docs/simulator.md).
 
 Each trajectory gets a pod with a CPU *request* (0.5 core, what the K8s scheduler packs by) and
 a CPU *cap* (4 cores, the CFS quota), plus its memory, held for the trajectory's whole life.
 A pod is admitted to a node whose requests, memory and pod count (`max_pods`, kubelet's
-`--max-pods`; None: only requests limit it) still fit: by default the one with the fewest pods
-(kube-scheduler's default `LeastAllocated` scoring, `packing="spread"`), or with
-`packing="binpack"` the one with the most (`MostAllocated`, the cost-saving configuration).
-Pods that fit nowhere stay pending, FCFS.
+`maxPods`, default 110) still fit, the node chosen as kube-scheduler scores it:
+`packing="spread"` is its default `NodeResourcesFit` strategy `LeastAllocated` (cpu and memory
+weight 1, integer scores 0-100, ties broken at random), `packing="binpack"` is `MostAllocated`
+(the cost-saving configuration). Pods that fit nowhere stay pending, FCFS.
 Once its pod exists, an action starts at once: there is no per-action admission, the node's
 cores are time-shared by every running action (the simulator models CFS as processor sharing,
 see docs/simulator.md). The returned allocations carry no core ids, and `units` is the number
 of threads the action runs (its maximum units, capped at the pod's cap, e.g. `pytest -n 4`).
 Non-CPU actions are scheduled as in `fcfs-min`.
+
+What a pod costs to create is part of the execution model (`pod_start`, read by the simulator):
+the scheduler binds pods at most `bind_qps` per second after a burst of `bind_burst` (its API
+client's QPS 50 / burst 100), and a bound pod starts in a lognormal time with median
+`start_p50_s` and 99th percentile `start_p99_s` (the scalability SLO: p99 <= 5 s, images
+pre-pulled).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.resources import ClusterState
 
-PACKINGS = {"spread": 1, "binpack": -1}  # sign of the pod count in the node choice
+PACKINGS = ("spread", "binpack")  # kube-scheduler's LeastAllocated / MostAllocated scoring
+MAX_NODE_SCORE = 100  # framework.MaxNodeScore
+
+
+@dataclass(frozen=True, slots=True)
+class PodStart:
+    """What creating a pod costs (simulator execution model): binding rate and start-up time.
+
+    `bind_qps` None: binding is not rate limited. `start_p50_s` 0: pods start at once (the
+    simulator then charges its generic sandbox start instead).
+    """
+
+    bind_qps: float | None = 50.0
+    bind_burst: int = 100
+    start_p50_s: float = 1.5
+    start_p99_s: float = 5.0
 
 
 @register("static-pod")
@@ -39,7 +63,11 @@ class StaticPod:
         request_cores: float = 0.5,
         cap_cores: int = 4,
         packing: str = "spread",
-        max_pods: int | None = None,
+        max_pods: int | None = 110,
+        bind_qps: float | None = 50.0,
+        bind_burst: int = 100,
+        start_p50_s: float = 1.5,
+        start_p99_s: float = 5.0,
     ) -> None:
         if request_cores <= 0 or cap_cores < 1:
             raise ValueError(
@@ -49,10 +77,19 @@ class StaticPod:
             raise ValueError(f"static-pod packing must be one of {sorted(PACKINGS)}, got {packing!r}")
         if max_pods is not None and max_pods < 1:
             raise ValueError(f"static-pod max_pods must be >= 1 or None, got {max_pods}")
+        if (bind_qps is not None and bind_qps <= 0) or bind_burst < 1:
+            raise ValueError(
+                f"static-pod needs bind_qps > 0 (or None) and bind_burst >= 1, got {bind_qps}, {bind_burst}"
+            )
+        if start_p50_s < 0 or (start_p50_s > 0 and start_p99_s < start_p50_s):
+            raise ValueError(
+                f"static-pod needs 0 <= start_p50_s <= start_p99_s, got {start_p50_s}, {start_p99_s}"
+            )
         self.request_cores = request_cores
         self.cap_cores = cap_cores
         self.packing = packing
         self.max_pods = max_pods
+        self.pod_start = PodStart(bind_qps, bind_burst, start_p50_s, start_p99_s)
 
     def threads(self, action: QueuedAction) -> int:
         """Threads an action runs inside its pod: its maximum units, at most the cap."""
@@ -60,7 +97,7 @@ class StaticPod:
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         pods = Counter(state.trajectory_node.values())
-        mem_free = {n: node.memory_free_mb for n, node in state.cpu.items()}
+        mem_used = {n: node.memory_mb - node.memory_free_mb for n, node in state.cpu.items()}
         pins: dict[str, str] = {}
         out: list[Allocation] = []
         others: list[QueuedAction] = []
@@ -74,7 +111,7 @@ class StaticPod:
             if node is None:
                 if pending:
                     continue
-                node = self._admit(action, state, pods, mem_free)
+                node = self._admit(action, state, pods, mem_used)
                 if node is None:
                     pending = True  # later new pods wait behind this one
                     continue
@@ -88,19 +125,39 @@ class StaticPod:
         action: QueuedAction,
         state: ClusterState,
         pods: Counter[str],
-        mem_free: dict[str, int],
+        mem_used: dict[str, int],
     ) -> str | None:
-        fits = [
-            n
-            for n, node in state.cpu.items()
-            if (pods[n] + 1) * self.request_cores <= node.cores
-            and mem_free[n] >= action.cost.memory_mb
-            and (self.max_pods is None or pods[n] < self.max_pods)
-        ]
-        if not fits:
+        """The node kube-scheduler binds the trajectory's new pod to, or None (Pending)."""
+        mem = action.cost.memory_mb
+        best: tuple[int, int, str] | None = None
+        for n, node in state.cpu.items():
+            cpu_req = (pods[n] + 1) * self.request_cores
+            if (
+                not node.online
+                or cpu_req > node.cores
+                or mem_used[n] + mem > node.memory_mb
+                or (self.max_pods is not None and pods[n] >= self.max_pods)
+            ):
+                continue  # the Filter phase: NodeResourcesFit and the kubelet's pod limit
+            score = (
+                self._score(cpu_req * 1000, node.cores * 1000)
+                + self._score(mem_used[n] + mem, node.memory_mb)
+            ) // 2
+            # selectHost picks at random among the top-scored nodes: a hash keeps it reproducible
+            tie = zlib.crc32(f"{action.trajectory_id}/{n}".encode())
+            if best is None or (score, tie) > best[:2]:
+                best = (score, tie, n)
+        if best is None:
             return None
-        sign = PACKINGS[self.packing]
-        node = min(fits, key=lambda n: (sign * pods[n], n))
-        pods[node] += 1
-        mem_free[node] -= action.cost.memory_mb
-        return node
+        node_name = best[2]
+        pods[node_name] += 1
+        mem_used[node_name] += mem
+        return node_name
+
+    def _score(self, requested: float, capacity: float) -> int:
+        """One resource's integer score 0-100, as `leastRequestedScore` / `mostRequestedScore`."""
+        if capacity <= 0 or requested > capacity:
+            return 0
+        if self.packing == "spread":
+            return int((capacity - requested) * MAX_NODE_SCORE // capacity)
+        return int(requested * MAX_NODE_SCORE // capacity)

@@ -64,6 +64,10 @@ class ExecParams:
     cold_*: loading a service from local storage with no cache (the cold-start baseline).
     gpu_activation_mb: per-GPU memory of a service beyond its weight shard (KV, activations).
     api_reject_s: time for a provider to answer an over-limit call with a rate-limit error.
+    batch_amortised_share: the share of a call's time that a continuously batching server
+        (a `dedicated-gpu` group serving several calls at once) amortises over the calls it runs
+        together: k calls run at k / (1 + (k - 1) * (1 - share)) times one call's throughput
+        (1.25x at most with 0.2; 0: processor sharing, no gain).
     round_gap_s: minimum time between two scheduling rounds (0: a round at every event time).
     """
 
@@ -75,6 +79,7 @@ class ExecParams:
     cold_mb_per_s: float = 5_000.0
     gpu_activation_mb: int = 4_096
     api_reject_s: float = 0.1
+    batch_amortised_share: float = 0.2
     round_gap_s: float = 0.0
 
     def footprint_mb(self, model_mb: int, units: int) -> int:

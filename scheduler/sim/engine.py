@@ -22,11 +22,13 @@ from scheduler.policies.dedicated_gpu import dedicated_groups
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
 from scheduler.sim.cpu_share import SharedNode
+from scheduler.sim.gpu_share import BatchedGroup
+from scheduler.sim.pods import PodStarts
 from scheduler.sim.results import ActionRecord, SimResult
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.workload import SimAction
 
-_FINISH, _SHARED, _SUBMIT, _WAKE = 0, 1, 2, 3
+_FINISH, _SHARED, _SUBMIT, _WAKE, _JOIN = 0, 1, 2, 3, 4
 DEFAULT_MODEL_MB = 16_000
 
 
@@ -74,6 +76,11 @@ class Simulator:
         self.max_retries = int(getattr(self.policy, "max_retries", 3))
         self.timeout_s = float(getattr(self.policy, "timeout_s", 600.0))
         self.backoff_s = float(getattr(self.policy, "backoff_s", 1.0))
+        self.gpu_sharing = bool(getattr(self.policy, "gpu_sharing", False))
+        self.keep_alive_s = float(getattr(self.policy, "keep_alive_s", 0.0))
+        self.load_from = str(getattr(self.policy, "load_from", "storage"))
+        pod_start = getattr(self.policy, "pod_start", None) if self.cpu_sharing else None
+        self.pods = PodStarts(pod_start) if pod_start is not None else None
         self.caches: dict[str, GpuCache] = {}
         for name, node in self.state.gpu.items():
             cache = GpuCache(node.gpu_memory_mb, self._footprint_mb)
@@ -81,10 +88,19 @@ class Simulator:
             self.caches[name] = cache
         if self.residency == "dedicated":
             services = list(getattr(self.policy, "services", []) or sc.model_mb)
-            tp = int(getattr(self.policy, "tp", 4))
-            for svc, (node_name, chunk) in dedicated_groups(self.state, services, tp).items():
+            placement = getattr(self.policy, "placement", None)
+            if placement is not None:
+                groups = [
+                    (svc, slot) for svc, slots in placement(self.state, services).items() for slot in slots
+                ]
+            else:
+                tp = int(getattr(self.policy, "tp", 4))
+                groups = list(dedicated_groups(self.state, services, tp).items())
+            for svc, (node_name, chunk) in groups:
                 self.caches[node_name].preload(chunk, svc)
         self.shared = {n: SharedNode(float(node.cores)) for n, node in self.state.cpu.items()}
+        # GPU groups serving several calls at once (dedicated-gpu with max_concurrent > 1)
+        self.groups: dict[tuple[str, tuple[int, ...]], BatchedGroup] = {}
         self.queue = WaitingQueue()
         self.pending: dict[str, _Pending] = {}
         self.running: dict[str, _Running] = {}
@@ -130,14 +146,24 @@ class Simulator:
             return True
         if kind == _SHARED:
             assert isinstance(data, tuple)
-            node, version = data
-            sn = self.shared[node]
+            key, version = data
+            sn = self.shared[key] if isinstance(key, str) else self.groups[key]
             if sn.version != version:
                 return False
             for aid in sn.pop_done(now):
                 run = self.running[aid]
-                self._push(now + run.setup_s, _FINISH, aid)
-            self._reschedule_shared(node)
+                # a pod's start-up came before its work; the exec overhead (or setup) is after
+                tail = (
+                    self.params.exec_overhead_s
+                    if run.alloc.kind is ResourceKind.CPU and self.pods
+                    else run.setup_s
+                )
+                self._push(now + tail, _FINISH, aid)
+            self._reschedule_shared(key)
+            return False
+        if kind == _JOIN:
+            assert isinstance(data, str)
+            self._join_shared(now, data)
             return False
         self._wakes.discard(now)
         return True
@@ -159,6 +185,9 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
+        if self.residency == "keepalive":
+            for cache in self.caches.values():  # what the policy sees must be what is loaded
+                self.result.unloads += cache.expire(now - self.keep_alive_s)
         t0 = time.perf_counter()
         allocs = self.policy.decide(self.queue, self.state, now)
         self.result.decision_s.append(time.perf_counter() - t0)
@@ -191,7 +220,10 @@ class Simulator:
 
     def _start(self, now: float, qa: QueuedAction, alloc: Allocation) -> None:
         sa = self._sim_action(qa.action_id)
-        self.state.apply(alloc, qa, now)
+        if self.gpu_sharing and alloc.kind is ResourceKind.GPU:
+            self.state.hold(alloc, qa, now)  # the group may already be serving calls
+        else:
+            self.state.apply(alloc, qa, now)
         run = _Running(qa, alloc, now, 0.0)
         self.running[qa.action_id] = run
         if alloc.kind is ResourceKind.CPU:
@@ -199,21 +231,36 @@ class Simulator:
                 self.sandboxes.discard(victim)
                 self.evicted.add(victim)
                 self.result.evictions += 1
+            pod_delay_s = 0.0
             if qa.cost.sandbox and qa.trajectory_id not in self.sandboxes:
                 self.sandboxes.add(qa.trajectory_id)
-                run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
+                if self.pods is not None:  # a pod is created and bound, then starts
+                    pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id)
+                    run.setup_s += pod_delay_s
+                else:
+                    run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
                 if qa.trajectory_id in self.evicted:
                     self.evicted.discard(qa.trajectory_id)
                     self.result.sandbox_resets += 1
             run.setup_s += self.params.exec_overhead_s
             if self.cpu_sharing:
-                self.shared[alloc.pool].add(now, qa.action_id, sa, alloc.units, self.cap_cores)
-                self._reschedule_shared(alloc.pool)
+                if pod_delay_s > 0:
+                    self._push(now + pod_delay_s, _JOIN, qa.action_id)
+                else:
+                    self._join_shared(now, qa.action_id)
                 return
             self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
             return
         if alloc.kind is ResourceKind.GPU:
             run.setup_s = self._gpu_setup_s(now, alloc, qa.target)
+            if self.gpu_sharing:
+                key = (alloc.pool, alloc.unit_ids)
+                group = self.groups.get(key)
+                if group is None:
+                    group = self.groups[key] = BatchedGroup(self.params.batch_amortised_share)
+                group.add(now, qa.action_id, sa.true_duration_s(alloc.units))  # preloaded: no setup
+                self._reschedule_shared(key)
+                return
             self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
             return
         provider = self.provider[alloc.pool]
@@ -230,11 +277,30 @@ class Simulator:
             self.result.limit_violations += 1
         self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
 
+    def _join_shared(self, now: float, aid: str) -> None:
+        """A pod's action starts using its node's time-shared cores."""
+        run = self.running[aid]
+        sa = self._sim_action(aid)
+        self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.cap_cores)
+        self._reschedule_shared(run.alloc.pool)
+
     def _gpu_setup_s(self, now: float, alloc: Allocation, service: str) -> float:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
+        load_s = (
+            self.params.restore_s if self.load_from == "memory" else self.params.cold_load_s
+        )  # the cold-start baseline's checkpoint tier
         if self.residency == "none":
-            return self.params.cold_load_s(model_mb, alloc.units)
-        hit, _ = self.caches[alloc.pool].ensure(alloc.unit_ids, service, now)
+            self.result.cold_loads += 1
+            return load_s(model_mb, alloc.units)
+        cache = self.caches[alloc.pool]
+        hit, evicted = cache.ensure(alloc.unit_ids, service, now)
+        if self.residency == "keepalive":
+            cache.touch(alloc.unit_ids, service, float("inf"))  # in use: never expires
+            self.result.unloads += len(evicted)
+            if hit:
+                return 0.0
+            self.result.cold_loads += 1
+            return load_s(model_mb, alloc.units)
         if hit:
             return 0.0
         self.result.restores += 1
@@ -244,15 +310,17 @@ class Simulator:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
         return self.params.footprint_mb(model_mb, units)
 
-    def _reschedule_shared(self, node: str) -> None:
-        sn = self.shared[node]
+    def _reschedule_shared(self, key: str | tuple[str, tuple[int, ...]]) -> None:
+        sn = self.shared[key] if isinstance(key, str) else self.groups[key]
         t = sn.next_finish_s()
         if t is not None:
-            self._push(t, _SHARED, (node, sn.version))
+            self._push(t, _SHARED, (key, sn.version))
 
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
         self.state.release(aid, now)
+        if self.residency == "keepalive" and run.alloc.kind is ResourceKind.GPU:
+            self.caches[run.alloc.pool].touch(run.alloc.unit_ids, run.qa.target, now)  # idle from now
         pend = self.pending[aid]
         sa = self._sim_action(aid)
         if run.alloc.kind is ResourceKind.API and not run.rejected:
@@ -265,7 +333,7 @@ class Simulator:
                 self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
                 return
         exec_s = now - run.started_s - run.setup_s
-        if self.learn and not run.rejected and not self.cpu_sharing:
+        if self.learn and not run.rejected and not self.cpu_sharing and not self.gpu_sharing:
             assert self.estimator is not None
             self.estimator.observe(sa.kind, run.alloc.units, exec_s)
         self.result.records.append(

@@ -50,6 +50,8 @@ class SimResult:
     rejected_calls: int = 0
     limit_violations: int = 0
     restores: int = 0
+    cold_loads: int = 0  # loads from storage (cold-start)
+    unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
     evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
     sandbox_resets: int = 0  # actions that found their trajectory's sandbox evicted: a fresh one
     makespan_s: float = 0.0
@@ -83,6 +85,7 @@ class SimResult:
             "rejected_calls": self.rejected_calls,
             "limit_violations": self.limit_violations,
             "restores": self.restores,
+            "cold_loads": self.cold_loads,
             "evictions": self.evictions,
             "sandbox_resets": self.sandbox_resets,
             "makespan_s": self.makespan_s,
@@ -92,6 +95,9 @@ class SimResult:
             "rounds": len(dec),
             "decision_median_ms": 1000 * dec[len(dec) // 2] if dec else 0.0,
             "decision_mean_ms": 1000 * statistics.fmean(dec) if dec else 0.0,
+            "decision_p90_ms": 1000 * dec[int(len(dec) * 0.9)] if dec else 0.0,
+            "decision_p99_ms": 1000 * dec[int(len(dec) * 0.99)] if dec else 0.0,
+            "decision_max_ms": 1000 * dec[-1] if dec else 0.0,
             "wall_s": self.wall_s,
             "unfinished": self.unfinished,
         }

@@ -203,3 +203,88 @@ def test_a_rule_verifier_runs_anywhere_without_pinning_or_memory(name: str) -> N
     assert [(a.action_id, a.pool) for a in allocs] == [("rule", "m")]
     state.apply(allocs[0], rule)
     assert state.trajectory_node["t1"] == "full" and state.cpu["m"].memory_free_mb == 0
+
+
+@pytest.mark.unit
+def test_static_pod_spreads_by_requested_cpu_and_memory() -> None:
+    """Given node a with 1 pod holding most of its memory and b with 2 small pods, when a new
+    trajectory arrives, then LeastAllocated (cpu and memory, weight 1 each) picks b."""
+    state = two_nodes_with_pods(1, 2)
+    state.cpu["a"].trajectory_memory_mb["a0"] = 9_000
+    allocs = get_policy("static-pod").decide([cpu("x", "new")], state, 0.0)
+    assert [(a.action_id, a.pool) for a in allocs] == [("x", "b")]
+
+
+@pytest.mark.unit
+def test_static_pod_defaults_to_the_kubelet_pod_limit_of_110() -> None:
+    """Given a 256-core node already running 110 pods, when a new trajectory arrives with the
+    defaults, then its pod stays pending; with max_pods None it is admitted."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 256, 10_000_000)})
+    state.trajectory_node.update({f"p{i}": "n" for i in range(110)})
+    assert get_policy("static-pod").decide([cpu("x", "new")], state, 0.0) == []
+    assert len(get_policy("static-pod", max_pods=None).decide([cpu("x", "new")], state, 0.0)) == 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "params", [{"bind_qps": 0.0}, {"bind_burst": 0}, {"start_p50_s": 2.0, "start_p99_s": 1.0}]
+)
+def test_static_pod_rejects_bad_pod_start_parameters(params: dict[str, object]) -> None:
+    """Given a bad binding rate or start-up distribution, when built, then it says which."""
+    with pytest.raises(ValueError, match="static-pod"):
+        get_policy("static-pod", **params)
+
+
+@pytest.mark.unit
+def test_dedicated_gpu_sizes_replicas_by_load() -> None:
+    """Given services a and b with loads 3:1 on 8 GPUs at TP1, when placed by load, then a gets
+    6 groups and b 2 (D'Hondt), every group its own GPU."""
+    state = ClusterState(gpu={"g": GpuNode("g", 8, 80_000)})
+    pol = get_policy("dedicated-gpu", services=["a", "b"], tp=1, replicas="load", loads={"a": 3.0, "b": 1.0})
+    plan = pol.placement(state)  # type: ignore[attr-defined]
+    assert (len(plan["a"]), len(plan["b"])) == (6, 2)
+    assert sorted(c for slots in plan.values() for _, c in slots) == [(g,) for g in range(8)]
+
+
+@pytest.mark.unit
+def test_dedicated_gpu_serves_concurrent_calls_while_memory_lasts() -> None:
+    """Given one 80 GB GPU, a 16 GB model and 16 GB per call, when 5 calls arrive with
+    max_concurrent None, then 4 run together on the group ((80 - 16) // 16) and one waits."""
+    state = ClusterState(gpu={"g": GpuNode("g", 1, 80_000)})
+    pol = get_policy(
+        "dedicated-gpu",
+        services=["a"],
+        tp=1,
+        max_concurrent=None,
+        model_mb={"a": 16_000},
+        call_memory_mb=16_000,
+    )
+    allocs = pol.decide([gpu(str(i), "a") for i in range(5)], state, 0.0)
+    assert [(a.action_id, a.unit_ids) for a in allocs] == [(str(i), (0,)) for i in range(4)]
+
+
+@pytest.mark.unit
+def test_dedicated_gpu_routes_a_call_to_the_least_loaded_replica() -> None:
+    """Given service a on GPUs 0 and 1 with GPU 0 already serving a call, when a call arrives,
+    then it goes to GPU 1."""
+    state = ClusterState(gpu={"g": GpuNode("g", 2, 80_000)})
+    pol = get_policy("dedicated-gpu", services=["a"], tp=1, replicas="load", max_concurrent=4)
+    state.apply(pol.decide([gpu("0", "a")], state, 0.0)[0], gpu("0", "a"))
+    assert [a.unit_ids for a in pol.decide([gpu("1", "a")], state, 0.0)] == [(1,)]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("dedicated-gpu", {"tp": 3}),
+        ("dedicated-gpu", {"replicas": "many"}),
+        ("dedicated-gpu", {"max_concurrent": 0}),
+        ("cold-start", {"keep_alive_s": -1.0}),
+        ("cold-start", {"load_from": "tape"}),
+    ],
+)
+def test_gpu_baselines_reject_bad_parameters(name: str, params: dict[str, object]) -> None:
+    """Given a bad parameter, when the GPU baseline is built, then it says which one."""
+    with pytest.raises(ValueError, match=name):
+        get_policy(name, **params)

@@ -11,7 +11,7 @@ C. verl's own SandboxFusion `compute_score` over the 164 HumanEval problems conv
    `/run_code` (one request per case); beside it Tangram's verl adapter (one action per problem)
    and a plain unsandboxed subprocess harness. Every reference must score 1.0.
 
-Run: .venv/bin/python benchmarks/http.py [--calls 1000] [--round-trips 60]
+Run: .venv/bin/python benchmarks/http_api.py [--calls 1000] [--round-trips 60]
 Writes benchmarks/results/http.json and http.png.
 """
 
@@ -20,10 +20,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This file is named http.py: as a script its directory comes first on sys.path and would
-# shadow the standard library's `http` package. Drop it; the repository root goes in instead.
-if str(Path(__file__).resolve().parent) in sys.path:
-    sys.path.remove(str(Path(__file__).resolve().parent))
+# Not named http.py: every script in this directory has it first on sys.path, and a file of that
+# name shadowed the standard library's `http` package for all of them (urllib, prometheus_client).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
