@@ -18,6 +18,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from scheduler.execution import execution_of
 from scheduler.model import Allocation, QueuedAction
 from scheduler.policies.base import Policy
 from scheduler.resources import ClusterState
@@ -63,6 +64,7 @@ class FairShare:
     def __init__(self, inner: Policy, weights: Mapping[str, float] | None = None, aging_s: float = 60.0):
         self.inner = inner
         self.name = f"{inner.name}+fair"
+        self.execution = execution_of(inner)
         self.weights = dict(weights or {})
         self.aging_s = aging_s
         self._job_of: dict[str, str] = {}

@@ -25,6 +25,7 @@ import itertools
 from collections.abc import Sequence
 
 from scheduler.eviction import Evictions
+from scheduler.execution import TANGRAM
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.common import PoolKey, waiting
@@ -424,6 +425,7 @@ class TangramFast:
     """Our policy: `tangram-dp`'s decisions by greedy marginal gain. `depth` as in Algorithm 2."""
 
     name = "tangram-fast"
+    execution = TANGRAM
 
     def __init__(self, depth: int = 2, defer: bool = True) -> None:
         self.depth = depth

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from scheduler.estimator import DurationEstimator
+from scheduler.execution import GpuResidency, execution_of
 from scheduler.gpu_cache import GpuCache
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
@@ -69,33 +70,24 @@ class Simulator:
             n: ApiPool(p.name, p.max_concurrency, p.quota_per_window, p.window_s)
             for n, p in self.state.api.items()
         }
-        self.cpu_sharing = bool(getattr(self.policy, "cpu_sharing", False))
-        self.cap_cores = float(getattr(self.policy, "cap_cores", 4))
-        self.residency = str(getattr(self.policy, "gpu_residency", "cache"))
-        self.api_control = bool(getattr(self.policy, "api_control", True))
-        self.max_retries = int(getattr(self.policy, "max_retries", 3))
-        self.timeout_s = float(getattr(self.policy, "timeout_s", 600.0))
-        self.backoff_s = float(getattr(self.policy, "backoff_s", 1.0))
-        self.gpu_sharing = bool(getattr(self.policy, "gpu_sharing", False))
-        self.keep_alive_s = float(getattr(self.policy, "keep_alive_s", 0.0))
-        self.load_from = str(getattr(self.policy, "load_from", "storage"))
-        pod_start = getattr(self.policy, "pod_start", None) if self.cpu_sharing else None
-        self.pods = PodStarts(pod_start) if pod_start is not None else None
+        # How the policy's decisions run (scheduler.execution): read once, typed.
+        self.model = ex = execution_of(self.policy)
+        self.cpu_sharing = ex.cpu_sharing
+        self.residency = ex.gpu_residency
+        self.gpu_sharing = ex.gpu_sharing
+        self.pods = PodStarts(ex.pod_start) if ex.cpu_sharing and ex.pod_start is not None else None
         self.caches: dict[str, GpuCache] = {}
         for name, node in self.state.gpu.items():
             cache = GpuCache(node.gpu_memory_mb, self._footprint_mb)
             node.resident = cache.resident  # the policy sees residency through the state
             self.caches[name] = cache
-        if self.residency == "dedicated":
-            services = list(getattr(self.policy, "services", []) or sc.model_mb)
-            placement = getattr(self.policy, "placement", None)
-            if placement is not None:
-                groups = [
-                    (svc, slot) for svc, slots in placement(self.state, services).items() for slot in slots
-                ]
-            else:
-                tp = int(getattr(self.policy, "tp", 4))
-                groups = list(dedicated_groups(self.state, services, tp).items())
+        if self.residency is GpuResidency.DEDICATED:
+            services = sorted(sc.model_mb)
+            groups = (
+                ex.preload(self.state, services)
+                if ex.preload is not None
+                else list(dedicated_groups(self.state, services, 4).items())
+            )
             for svc, (node_name, chunk) in groups:
                 self.caches[node_name].preload(chunk, svc)
         self.shared = {n: SharedNode(float(node.cores)) for n, node in self.state.cpu.items()}
@@ -185,9 +177,9 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
-        if self.residency == "keepalive":
+        if self.residency is GpuResidency.KEEPALIVE:
             for cache in self.caches.values():  # what the policy sees must be what is loaded
-                self.result.unloads += cache.expire(now - self.keep_alive_s)
+                self.result.unloads += cache.expire(now - self.model.keep_alive_s)
         t0 = time.perf_counter()
         allocs = self.policy.decide(self.queue, self.state, now)
         self.result.decision_s.append(time.perf_counter() - t0)
@@ -273,7 +265,7 @@ class Simulator:
             return
         run.rejected = True
         self.result.rejected_calls += 1
-        if self.api_control:
+        if self.model.api_control:
             self.result.limit_violations += 1
         self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
 
@@ -281,20 +273,20 @@ class Simulator:
         """A pod's action starts using its node's time-shared cores."""
         run = self.running[aid]
         sa = self._sim_action(aid)
-        self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.cap_cores)
+        self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.model.cap_cores)
         self._reschedule_shared(run.alloc.pool)
 
     def _gpu_setup_s(self, now: float, alloc: Allocation, service: str) -> float:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
         load_s = (
-            self.params.restore_s if self.load_from == "memory" else self.params.cold_load_s
+            self.params.restore_s if self.model.load_from == "memory" else self.params.cold_load_s
         )  # the cold-start baseline's checkpoint tier
-        if self.residency == "none":
+        if self.residency is GpuResidency.NONE:
             self.result.cold_loads += 1
             return load_s(model_mb, alloc.units)
         cache = self.caches[alloc.pool]
         hit, evicted = cache.ensure(alloc.unit_ids, service, now)
-        if self.residency == "keepalive":
+        if self.residency is GpuResidency.KEEPALIVE:
             cache.touch(alloc.unit_ids, service, float("inf"))  # in use: never expires
             self.result.unloads += len(evicted)
             if hit:
@@ -319,7 +311,7 @@ class Simulator:
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
         self.state.release(aid, now)
-        if self.residency == "keepalive" and run.alloc.kind is ResourceKind.GPU:
+        if self.residency is GpuResidency.KEEPALIVE and run.alloc.kind is ResourceKind.GPU:
             self.caches[run.alloc.pool].touch(run.alloc.unit_ids, run.qa.target, now)  # idle from now
         pend = self.pending[aid]
         sa = self._sim_action(aid)
@@ -328,8 +320,9 @@ class Simulator:
         if run.rejected:
             pend.retries += 1
             elapsed = now - pend.first_submit_s
-            if pend.retries <= self.max_retries and elapsed < self.timeout_s:
-                backoff = self.backoff_s * 2 ** (pend.retries - 1)
+            retries = self.model.retries
+            if pend.retries <= retries.max_retries and elapsed < retries.timeout_s:
+                backoff = retries.backoff_s * 2 ** (pend.retries - 1)
                 self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
                 return
         exec_s = now - run.started_s - run.setup_s
