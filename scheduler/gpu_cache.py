@@ -65,6 +65,18 @@ def lru_victims(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class GpuLoad:
+    """What running `service` on `chunk` of GPU node `pool` does to the node's residency: a hit,
+    or a restore after evicting `victims` ((chunk, service) pairs)."""
+
+    pool: str
+    chunk: Chunk
+    service: str
+    hit: bool
+    victims: tuple[tuple[Chunk, str], ...] = ()
+
+
 @dataclass
 class GpuCache:
     """Resident service instances of one GPU node. `gpu_memory_mb` is per GPU."""
@@ -102,22 +114,55 @@ class GpuCache:
         keys = lru_victims(idle, chunk, self.footprint_mb(service, len(chunk)), free, self.gpu_memory_mb)
         return None if keys is None else cast(list[tuple[Chunk, str]], keys)
 
-    def ensure(self, chunk: Chunk, service: str, now_s: float) -> tuple[bool, list[tuple[Chunk, str]]]:
-        """Make `service` resident on `chunk`: (was it a hit, instances evicted)."""
+    def plan(self, pool: str, chunk: Chunk, service: str) -> GpuLoad:
+        """What making `service` resident on `chunk` takes (nothing changes); ValueError if it
+        never fits."""
         if self.is_resident(chunk, service):
-            self.touch(chunk, service, now_s)
-            return True, []
+            return GpuLoad(pool, chunk, service, True)
         evicted = self.victims(chunk, service)
         if evicted is None:
             raise ValueError(f"service {service} does not fit on chunk {chunk}")
-        for c, s in evicted:
-            self.resident[c].remove(s)
-            if not self.resident[c]:
-                del self.resident[c]
-            self._used_at_s.pop((c, s), None)
-        self.resident.setdefault(chunk, []).append(service)
-        self.touch(chunk, service, now_s)
-        return False, evicted
+        return GpuLoad(pool, chunk, service, False, tuple(evicted))
+
+    def apply(self, load: GpuLoad, now_s: float) -> None:
+        """Carry out a planned load: its victims go, its service is resident and just used."""
+        if not load.hit:
+            for c, s in load.victims:
+                self.resident[c].remove(s)
+                if not self.resident[c]:
+                    del self.resident[c]
+                self._used_at_s.pop((c, s), None)
+            if not self.is_resident(load.chunk, load.service):
+                self.resident.setdefault(load.chunk, []).append(load.service)
+        self.touch(load.chunk, load.service, now_s)
+
+    def ensure(self, chunk: Chunk, service: str, now_s: float) -> tuple[bool, list[tuple[Chunk, str]]]:
+        """Make `service` resident on `chunk`: (was it a hit, instances evicted)."""
+        load = self.plan("", chunk, service)
+        self.apply(load, now_s)
+        return load.hit, list(load.victims)
+
+    def copy(self) -> GpuCache:
+        """An independent copy (for planning a round's loads without changing this one)."""
+        return GpuCache(
+            self.gpu_memory_mb,
+            self.footprint_mb,
+            {c: list(v) for c, v in self.resident.items()},
+            dict(self._used_at_s),
+        )
+
+    def learn(self, resident: Mapping[Chunk, Iterable[str]], now_s: float) -> None:
+        """Replace the resident map with what the node reports (in place: `GpuNode.resident`
+        may be this very dict). Instances still there keep their last use; new ones count as
+        used at `now_s`, in the reported order (most recently used last)."""
+        fresh = {tuple(c): [str(s) for s in services] for c, services in resident.items() if services}
+        used = {k: v for k, v in self._used_at_s.items() if k[1] in fresh.get(k[0], ())}
+        for c, services in fresh.items():
+            for s in services:
+                used.setdefault((c, s), now_s)
+        self.resident.clear()
+        self.resident.update(fresh)
+        self._used_at_s = used
 
     def touch(self, chunk: Chunk, service: str, now_s: float) -> None:
         """Mark an instance as just used (LRU order)."""

@@ -26,10 +26,10 @@ import redis
 from kombu.exceptions import KombuError
 
 from scheduler.estimator import DurationEstimator
-from scheduler.fairshare import FairShare
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import Policy, get_policy
 from scheduler.queue import WaitingQueue
+from scheduler.round import FairShareSpec, Round
 from scheduler.service import trajectories
 from scheduler.service.cluster import build_cluster, check_meta, pool_view, to_queued
 from scheduler.service.liveness import LivenessPolicy
@@ -80,8 +80,11 @@ class SchedulerService:
         self.app = make_app(broker_url)
         self.policy = policy or get_policy(cfg.scheduler.policy)
         fair = cfg.scheduler.fair_share
-        if fair.enabled:
-            self.policy = FairShare(self.policy, fair.weights, fair.aging_s)
+        self.round = Round(
+            self.policy,
+            fair=FairShareSpec(fair.weights, fair.aging_s) if fair.enabled else None,
+            max_batch=lambda m: getattr(cfg.reward_model(m), "max_batch", 1),
+        )
         self.view = pool_view(cfg)
         self.estimator = DurationEstimator.from_config(
             {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
@@ -286,14 +289,12 @@ class SchedulerService:
         if not self.waiting:
             return 0
         now = self.clock()
-        t0 = time.perf_counter()
-        allocs = self.policy.decide(self.waiting, self.state, now)
-        self.metrics.decision.observe(time.perf_counter() - t0)
+        plan = self.round.plan(self.waiting, self.state, now)
+        self.metrics.decision.observe(plan.decision_s)
+        allocs, riders = plan.allocs, plan.riders
         if not allocs:
             return 0
-        by_id = {a.action_id: self.waiting.action(a.action_id) for a in allocs}
-        riders = self._riders(allocs, by_id)
-        by_id.update((a.action_id, self.waiting.action(a.action_id)) for a in riders)
+        by_id = {a.action_id: self.waiting.action(a.action_id) for a in plan.started}
         pins: dict[str, dict[str, Any]] = {}
         records: list[tuple[str, dict[str, Any]]] = []
         to_close: list[tuple[str, str, str]] = []  # (node, trajectory, generation) evicted
@@ -358,36 +359,6 @@ class SchedulerService:
         self.dispatched_total += len(allocs)
         self.progress_s = time.monotonic()
         return len(allocs)
-
-    def _riders(self, allocs: list[Allocation], by_id: dict[str, QueuedAction]) -> list[Allocation]:
-        """Batch reward actions: each GPU allocation takes along up to `max_batch - 1` waiting
-        actions of the same model that run at the same DoP, on the same chunk (FCFS among them).
-
-        They need no units of their own: the worker scores them in one batch with the action the
-        chunk was allocated to, which is what a GPU does best. Other waiting actions lose nothing,
-        since no units are taken from them."""
-        leaders = [a for a in allocs if a.kind is ResourceKind.GPU]
-        if not leaders:
-            return []
-        started = {a.action_id for a in allocs}
-        room: dict[str, list[Allocation]] = {}
-        for a in leaders:
-            model = self.cfg.reward_model(by_id[a.action_id].target)
-            if model is not None and model.max_batch > 1:
-                room.setdefault(model.name, []).extend([a] * (model.max_batch - 1))
-        out: list[Allocation] = []
-        for qa in self.waiting:
-            seats = room.get(qa.target) if qa.cost.key is ResourceKind.GPU else None
-            if not seats or qa.action_id in started:
-                continue
-            for k, lead in enumerate(seats):
-                if lead.units in qa.cost.units.units:
-                    del seats[k]
-                    out.append(
-                        Allocation(qa.action_id, ResourceKind.GPU, lead.pool, lead.units, lead.unit_ids)
-                    )
-                    break
-        return out
 
     def send(self, allocs: list[Allocation]) -> None:
         """Publish one Celery message per allocation, pipelined into one Redis round trip.

@@ -1,11 +1,12 @@
 """The discrete-event simulator: drives a policy object exactly as the live service does.
 
 Loop: events (submit, finish, wake) advance simulated time; after the events of one instant,
-if anything changed and actions wait, one scheduling round runs `policy.decide(queue, state,
-now)` on the simulator's own `ClusterState`, and every returned allocation is applied in order.
-Policies see only estimates (`DurationEstimator`, learned online from completions); the true
-durations come from the workload. Execution semantics follow the policy's declared execution
-model (see `scheduler.policies`): exclusive cores, time-shared pods, GPU residency, API control.
+if anything changed and actions wait, one scheduling round runs (`scheduler.round.Round`, the
+live loop's round: fair ordering, `policy.decide`, GPU batch riders, the eviction plan) on the
+simulator's own `ClusterState`, and the plan is carried out in order. Policies see only
+estimates (`DurationEstimator`, learned online from completions); the true durations come from
+the workload. Execution follows the policy's declared `ExecutionModel` (`scheduler.execution`):
+exclusive cores, time-shared pods, GPU residency, API control.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 
 from scheduler.estimator import DurationEstimator
 from scheduler.execution import GpuResidency, execution_of
-from scheduler.gpu_cache import GpuCache
+from scheduler.gpu_cache import GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.dedicated_gpu import dedicated_groups
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
+from scheduler.round import FairShareSpec, Round
 from scheduler.sim.cpu_share import SharedNode
 from scheduler.sim.gpu_share import BatchedGroup
 from scheduler.sim.pods import PodStarts
@@ -52,12 +54,14 @@ class _Running:
 
 @dataclass
 class Simulator:
-    """Run `scenario` under `policy`. `learn` feeds completions back into the estimator."""
+    """Run `scenario` under `policy`. `learn` feeds completions back into the estimator; `fair`
+    orders the jobs' actions as the live service does (its default; None: FCFS as queued)."""
 
     scenario: Scenario
     policy: Policy
     learn: bool = True
     estimator: DurationEstimator | None = None
+    fair: FairShareSpec | None = field(default_factory=FairShareSpec)
     _events: list[tuple[float, int, int, object]] = field(default_factory=list)
     _seq: int = 0
 
@@ -76,11 +80,8 @@ class Simulator:
         self.residency = ex.gpu_residency
         self.gpu_sharing = ex.gpu_sharing
         self.pods = PodStarts(ex.pod_start) if ex.cpu_sharing and ex.pod_start is not None else None
-        self.caches: dict[str, GpuCache] = {}
-        for name, node in self.state.gpu.items():
-            cache = GpuCache(node.gpu_memory_mb, self._footprint_mb)
-            node.resident = cache.resident  # the policy sees residency through the state
-            self.caches[name] = cache
+        self.state.attach_gpu_caches(self._footprint_mb)  # the policy sees residency through the state
+        self.caches = self.state.gpu_cache
         if self.residency is GpuResidency.DEDICATED:
             services = sorted(sc.model_mb)
             groups = (
@@ -99,6 +100,9 @@ class Simulator:
         self.sandboxes: set[str] = set()  # trajectories with a live sandbox
         self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
+        batch = self.params.max_batch
+        self.round = Round(self.policy, fair=self.fair, max_batch=(lambda _s: batch) if batch > 1 else None)
+        self._riding: dict[str, list[Allocation]] = {}  # GPU allocation -> its riders this round
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
 
@@ -180,12 +184,15 @@ class Simulator:
         if self.residency is GpuResidency.KEEPALIVE:
             for cache in self.caches.values():  # what the policy sees must be what is loaded
                 self.result.unloads += cache.expire(now - self.model.keep_alive_s)
-        t0 = time.perf_counter()
-        allocs = self.policy.decide(self.queue, self.state, now)
-        self.result.decision_s.append(time.perf_counter() - t0)
+        plan = self.round.plan(self.queue, self.state, now)
+        self.result.decision_s.append(plan.decision_s)
         self.result.queue_len.append(len(self.queue))
-        for alloc in allocs:
-            self._start(now, self.queue.pop(alloc.action_id), alloc)
+        if plan.riders:
+            lead = {(a.pool, a.unit_ids): a.action_id for a in plan.allocs if a.kind is ResourceKind.GPU}
+            for r in plan.riders:
+                self._riding.setdefault(lead[(r.pool, r.unit_ids)], []).append(r)
+        for alloc in plan.allocs:
+            self._start(now, self.queue.pop(alloc.action_id), alloc, plan.gpu_loads.get(alloc.action_id))
         # Quota refills are not events: wake up when the head of each API pool's line fits.
         seen: set[str] = set()
         for qa in self.queue.values() if self.state.api else ():
@@ -210,7 +217,7 @@ class Simulator:
         p = self.pending[aid]
         return self.scenario.trajectories[p.traj].steps[p.step].action
 
-    def _start(self, now: float, qa: QueuedAction, alloc: Allocation) -> None:
+    def _start(self, now: float, qa: QueuedAction, alloc: Allocation, load: GpuLoad | None = None) -> None:
         sa = self._sim_action(qa.action_id)
         if self.gpu_sharing and alloc.kind is ResourceKind.GPU:
             self.state.hold(alloc, qa, now)  # the group may already be serving calls
@@ -244,7 +251,11 @@ class Simulator:
             self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
             return
         if alloc.kind is ResourceKind.GPU:
-            run.setup_s = self._gpu_setup_s(now, alloc, qa.target)
+            run.setup_s = self._gpu_setup_s(now, alloc, qa.target, load)
+            batch = self._riding.pop(qa.action_id, None)
+            if batch:
+                self._start_batch(now, run, batch)
+                return
             if self.gpu_sharing:
                 key = (alloc.pool, alloc.unit_ids)
                 group = self.groups.get(key)
@@ -276,7 +287,25 @@ class Simulator:
         self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.model.cap_cores)
         self._reschedule_shared(run.alloc.pool)
 
-    def _gpu_setup_s(self, now: float, alloc: Allocation, service: str) -> float:
+    def _start_batch(self, now: float, lead: _Running, riders: list[Allocation]) -> None:
+        """A GPU allocation and its riders run as one batch on its chunk once the service is
+        loaded, at the batching gain of a continuously batching server (`BatchedGroup`)."""
+        group = BatchedGroup(self.params.batch_amortised_share)
+        group.add(
+            0.0, lead.qa.action_id, self._sim_action(lead.qa.action_id).true_duration_s(lead.alloc.units)
+        )
+        for alloc in riders:
+            qa = self.queue.pop(alloc.action_id)
+            self.state.share(alloc, qa, now)
+            self.running[qa.action_id] = _Running(qa, alloc, now, lead.setup_s)
+            group.add(0.0, qa.action_id, self._sim_action(qa.action_id).true_duration_s(alloc.units))
+        while group.calls:
+            t_s = group.next_finish_s()
+            assert t_s is not None
+            for aid in group.pop_done(t_s):
+                self._push(now + lead.setup_s + t_s, _FINISH, aid)
+
+    def _gpu_setup_s(self, now: float, alloc: Allocation, service: str, load: GpuLoad | None) -> float:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
         load_s = (
             self.params.restore_s if self.model.load_from == "memory" else self.params.cold_load_s
@@ -285,10 +314,13 @@ class Simulator:
             self.result.cold_loads += 1
             return load_s(model_mb, alloc.units)
         cache = self.caches[alloc.pool]
-        hit, evicted = cache.ensure(alloc.unit_ids, service, now)
+        if load is None:  # not planned by the round (a policy run outside it)
+            load = cache.plan(alloc.pool, alloc.unit_ids, service)
+        cache.apply(load, now)
+        hit = load.hit
         if self.residency is GpuResidency.KEEPALIVE:
             cache.touch(alloc.unit_ids, service, float("inf"))  # in use: never expires
-            self.result.unloads += len(evicted)
+            self.result.unloads += len(load.victims)
             if hit:
                 return 0.0
             self.result.cold_loads += 1
