@@ -180,7 +180,10 @@ def gpu_loads(
         cache = scratch.get(a.pool)
         if cache is None:
             cache = scratch[a.pool] = state.gpu_cache[a.pool].copy()
-        load = cache.plan(a.pool, a.unit_ids, queue.action(a.action_id).target)
+        try:
+            load = cache.plan(a.pool, a.unit_ids, queue.action(a.action_id).target)
+        except ValueError:
+            continue  # it never fits there: left to its executor (which says so)
         cache.apply(load, now_s)
         if residency is GpuResidency.KEEPALIVE:
             cache.touch(a.unit_ids, load.service, float("inf"))

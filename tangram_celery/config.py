@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from scheduler.pools import numa_split
 from tangram_celery.errors import ConfigError
 
 Name = Annotated[
@@ -83,6 +84,10 @@ class CpuNodeConfig(_Model):
         if self.numa_groups > self.cores:
             raise ValueError(f"numa_groups ({self.numa_groups}) > cores ({self.cores})")
         return self
+
+    def numa_split(self) -> tuple[tuple[int, ...], ...]:
+        """The node's host core ids per NUMA group (`scheduler.pools.numa_split`)."""
+        return numa_split(self.cores, self.numa_groups, self.core_offset)
 
 
 class GpuNodeConfig(_Model):
