@@ -92,7 +92,7 @@ class ExecutionModel:
         """Why the live service cannot execute this model ([] when it can)."""
         gaps = []
         if self.cpu_sharing:
-            gaps.append("it time-shares cores between pods (its allocations name no cores)")
+            gaps.append("it time-shares cores between pods, and its allocations name no cores")
         if self.gpu_residency is not GpuResidency.CACHE:
             gaps.append(f"its GPU services are {self.gpu_residency.value!r}, the GPU workers only cache")
         if self.gpu_sharing:

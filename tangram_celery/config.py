@@ -228,7 +228,9 @@ class FairShareConfig(_Model):
 
 
 class SchedulerConfig(_Model):
-    policy: str = Field("tangram-fast", description="policy name, see `tangram sim policies`")
+    policy: str = Field(
+        "tangram-fast", description="a live policy (the other baselines run in `tangram sim`)"
+    )
     max_queued: int = Field(100_000, ge=1, description="intake bound; beyond it submit fails fast")
     batch_size: int = Field(512, ge=1, description="intake messages read per loop iteration")
     priors: dict[str, PriorConfig] = Field(
@@ -239,12 +241,18 @@ class SchedulerConfig(_Model):
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        from scheduler.policies import get_policy
+        from scheduler.policies import get_policy, live_policies
 
         try:
-            get_policy(v)
+            policy = get_policy(v)
         except KeyError as e:
             raise ValueError(str(e).strip("'\"")) from None
+        gaps = policy.execution.live_gaps()
+        if gaps:
+            live = ", ".join("fixed-dop-K" if p == "fixed-dop" else p for p in live_policies())
+            raise ValueError(
+                f"policy {v!r} runs in the simulator only ({'; '.join(gaps)}); the live service runs {live}"
+            )
         return v
 
 

@@ -46,7 +46,7 @@ def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
         if ev.status is EventStatus.CANCELLED:
             faults.drop_cancelled(ctx, action_id)
             continue
-        alloc = state.release(action_id)
+        alloc = state.release(action_id, ctx.clock())  # a use of its trajectory (eviction order)
         if alloc is None:
             continue  # not running here: refused or replayed
         if alloc.kind is ResourceKind.GPU and ev.resident is not None:
