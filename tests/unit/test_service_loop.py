@@ -212,7 +212,7 @@ def test_liveness_retries_an_action_whose_worker_died(h: Harness) -> None:
     back and sends it again as attempt 2; the dead worker's late claim of attempt 1 is refused."""
     h.client.submit(ApiAction(id="l1", trajectory_id="t", api="calc"))
     h.svc.step(block_ms=None)
-    [(aid, order)] = h.messages("tangram.api.calc")
+    [(aid, _)] = h.messages("tangram.api.calc")
     assert h.store.claim(aid, 1, "dead", time.time()) != "running"
     _beat(h.store, "dead", "api:calc", time.time() - 60)
     _beat(h.store, "alive", "api:calc", time.time())
