@@ -17,9 +17,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fakeredis")
-pytest.importorskip("lupa")
-
 from scheduler.duration import Amdahl
 from scheduler.estimator import Prior
 from scheduler.model import Allocation, QueuedAction, ResourceKind

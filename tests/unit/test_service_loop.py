@@ -14,9 +14,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fakeredis")
-pytest.importorskip("lupa")
-
 from scheduler.service import SchedulerService
 from tangram_celery.actions import ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
 from tangram_celery.admission import cancelled_result
