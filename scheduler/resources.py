@@ -385,44 +385,16 @@ class ClusterState:
         else:
             cache.learn(resident, now_s)
 
-    # ---- persistence -----------------------------------------------------------------------
+    # ---- persistence (scheduler.snapshot) ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "trajectory_node": dict(self.trajectory_node),
-            "trajectory_memory_mb": {n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()},
-            "running": [a.to_dict() for a in self.running.values()],
-            "expected_end_s": dict(self.expected_end_s),
-            "running_trajectory": dict(self.running_trajectory),
-            "trajectory_used_s": dict(self.trajectory_used_s),
-        }
+        """The bookkeeping to rebuild this state on a fresh cluster of the same shape."""
+        from scheduler.snapshot import snapshot
+
+        return snapshot(self)
 
     def restore(self, d: dict[str, Any]) -> None:
-        """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape."""
-        self.trajectory_node = dict(d.get("trajectory_node", {}))
-        self.pin_epoch += 1
-        for name, mem in d.get("trajectory_memory_mb", {}).items():
-            if name in self.cpu:
-                self.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}
-        for raw in d.get("running", []):
-            alloc = Allocation.from_dict(raw)
-            if alloc.kind is ResourceKind.CPU and alloc.pool in self.cpu:
-                self.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
-            elif alloc.kind is ResourceKind.GPU and alloc.pool in self.gpu:
-                gnode = self.gpu[alloc.pool]
-                if not gnode.free.issuperset(alloc.unit_ids):  # a rider on a held chunk
-                    gnode.riders[alloc.unit_ids] = gnode.riders.get(alloc.unit_ids, 0) + 1
-                    self.shared.add(alloc.action_id)
-                gnode.free.difference_update(alloc.unit_ids)
-            elif alloc.kind is ResourceKind.API and alloc.pool in self.api:
-                self.api[alloc.pool].in_flight += 1
-            self.running[alloc.action_id] = alloc
-            self._track(alloc)
-        self.expected_end_s = {
-            k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in self.running
-        }
-        for aid, tid in d.get("running_trajectory", {}).items():
-            if aid in self.running:
-                self._busy(aid, tid)
-        self.trajectory_used_s = {
-            t: float(v) for t, v in d.get("trajectory_used_s", {}).items() if t in self.trajectory_node
-        }
+        """Re-apply saved bookkeeping (`to_dict`, or one rebuilt from dispatch records after a
+        restart) onto a freshly built (all-free) cluster of the same shape."""
+        from scheduler.snapshot import restore
+
+        restore(self, d)

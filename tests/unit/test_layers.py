@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOOR = {
     "tangram_celery.errors",
     "tangram_celery.config",
+    "tangram_celery.config_front",
     "tangram_celery.actions",
     "tangram_celery.admission",
     "tangram_celery.wire",
