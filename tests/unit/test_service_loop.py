@@ -297,3 +297,29 @@ def test_a_cancel_after_the_round_chose_the_action_undoes_its_pin(h: Harness) ->
     assert h.svc.schedule() == 0
     assert not h.svc.state.running and "t" not in h.svc.state.trajectory_node
     assert not h.messages("tangram.cpu.n0") and not h.messages("tangram.cpu.n1")
+
+
+def test_recovery_survives_a_running_action_that_evicted(tmp_path: Any) -> None:
+    """Given an action that evicted an idle trajectory and still runs, a restarted scheduler
+    rebuilds its state without evicting again (the evicted pin is gone from Redis already)."""
+    cfg = config(
+        str(tmp_path),
+        nodes={"cpu": [{"name": "n0", "cores": 2, "memory_mb": 1024}]},
+        apis=[],
+        reward_models=[],
+    )
+    h = Harness(str(tmp_path), cfg=cfg)
+    h.svc.start()
+    h.client.submit(CodeAction(id="first", trajectory_id="t1", code="x", memory_mb=600))
+    h.svc.step(block_ms=None)
+    [(aid, order)] = h.messages("tangram.cpu.n0")
+    h.run(aid, order)
+    h.svc.step(block_ms=None)  # t1 is idle, pinned, holding 600 MiB
+    h.client.submit(CodeAction(id="second", trajectory_id="t2", code="x", memory_mb=600))
+    h.svc.step(block_ms=None)
+    [(aid, order)] = h.messages("tangram.cpu.n0")
+    assert aid == "second" and order.evict == ("t1",)
+    again = h.restart()
+    assert set(again.svc.state.running) == {"second"}
+    assert again.svc.state.trajectory_node == {"t2": "n0"}
+    assert again.svc.state.cpu["n0"].trajectory_memory_mb == {"t2": 600}
