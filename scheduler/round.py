@@ -20,6 +20,12 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
   allocations evict, per node. GPU services are evicted on execution (`scheduler.gpu_cache`):
   for each GPU allocation, a hit or a restore with its victims, planned in order on copies of
   the state's GPU caches with the one LRU rule (`gpu_cache.lru_victims`).
+
+Extending the round: a new kind of decision (resizing a running malleable action, say) is a
+step here that adds to the `RoundPlan`, which both executors then carry out; what an executor
+must be able to do for it is a field of the policy's `ExecutionModel` (`scheduler.execution`),
+and `ExecutionModel.live_gaps` says when the live service cannot. The parity test
+(tests/unit/test_round_parity.py) keeps the two executors honest.
 """
 
 from __future__ import annotations
