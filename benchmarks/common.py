@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -52,6 +53,9 @@ def provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "argv": sys.argv[1:],
         "machine_us": machine_us(),
+        # 1/5/15-minute load averages when written: figures from a busy machine are labelled so
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
     }
 
 

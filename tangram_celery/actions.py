@@ -95,9 +95,13 @@ class CodeAction(_Action):
     )
     test_command: str | None = Field(None, max_length=4096)
     test_cases: list[TestCase] = Field(default_factory=list, max_length=100_000)
-    memory_mb: int = Field(512, ge=16, le=1 << 20)
+    # the harness (runner + zygote, two resident interpreters) takes part of every sandbox's memory
+    memory_mb: int = Field(512, ge=32, le=1 << 20)
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
+    compile_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="limit of the compile phase (C); `timeout_s` starts after it"
+    )
 
     @field_validator("files", "binary_files")
     @classmethod
@@ -246,6 +250,17 @@ class TestOutcome(BaseModel):
     detail: str = ""
 
 
+class PhaseOutcome(BaseModel):
+    """One phase of a code action before its run (today: compiling C), reported beside the run.
+    `exit_code` is None when the phase did not end on its own (time limit, output cap)."""
+
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    exec_s: float = 0.0
+    timed_out: bool = False
+
+
 class ActionResult(BaseModel):
     """What comes back for every action, whatever happened to it.
 
@@ -262,6 +277,7 @@ class ActionResult(BaseModel):
     stderr: str = ""
     exit_code: int | None = None
     tests: list[TestOutcome] = Field(default_factory=list)
+    compile: PhaseOutcome | None = None  # the compile phase of a C action; stdout etc. are the run's
     output: Any = None  # reward scores / API response
     error: str = ""  # infrastructure or rejection reason
     queue_s: float = 0.0

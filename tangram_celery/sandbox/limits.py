@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_celery.actions import ActionStatus, TestOutcome
+from tangram_celery.actions import ActionStatus, PhaseOutcome, TestOutcome
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 SANDBOX_UID = 10001  # the uid user code runs as; owns nothing outside the workdir and /tmp
+VERIFIER_UID = SANDBOX_UID + 1  # assert tests are judged under this uid (the runner derives it)
 WORKDIR = "/work"
 RUNNER_SOCKET = "/run/tangram/runner.sock"
 RUNNER_DIR = "/opt/tangram/runner"  # tangram_celery/sandbox/inside, read-only
@@ -37,10 +38,13 @@ class Limits:
     disk_quota_mb: int = 64
     network: bool = False
     use_rlimits: bool = False  # no cgroups: fall back to RLIMIT_AS / RLIMIT_NPROC
+    nofile: int = 1024  # RLIMIT_NOFILE of every user process
 
     @classmethod
     def from_config(cls, cfg: SandboxConfig) -> Limits:
-        return cls(cfg.pids_limit, cfg.max_output_bytes, cfg.disk_quota_mb, cfg.network)
+        return cls(
+            cfg.pids_limit, cfg.max_output_bytes, cfg.disk_quota_mb, cfg.network, nofile=cfg.nofile_limit
+        )
 
 
 def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> dict[str, Any]:
@@ -56,7 +60,9 @@ def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> d
         "test_cases": [t.model_dump() for t in req.test_cases],
         "stdin": req.stdin,
         "timeout_s": req.timeout_s,
+        "compile_timeout_s": req.compile_timeout_s,
         "cores": list(req.cores),
+        "nofile": limits.nofile,
         "max_output_bytes": req.max_output_bytes or limits.max_output_bytes,
         "env": dict(req.env),
         "pythonpath": pythonpath,
@@ -66,9 +72,16 @@ def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> d
     return payload
 
 
+def runner_timeout_s(req: ExecRequest) -> float:
+    """How long the host waits for the runner's answer: both phases' limits plus a grace."""
+    compile_s = req.compile_timeout_s if req.language == "c" and req.code is not None else 0.0
+    return req.timeout_s + compile_s + RUNNER_GRACE_S
+
+
 def classify(facts: dict[str, Any], delta: dict[str, int], has_tests: bool) -> ActionStatus:
     """One status per action. A limit outranks the failure it caused (a fork bomb usually also
-    times out; a memory bomb also exits non-zero)."""
+    times out; a memory bomb also exits non-zero). A test command that mentions pytest passes
+    only on the harness's own verdict (`suite`), whatever its exit status."""
     if delta.get("pids_max", 0) > 0 or (facts.get("fork_failed") and not delta):
         return ActionStatus.PIDS_LIMIT
     if delta.get("oom_kill", 0) > 0 or (facts.get("memory_error") and not facts.get("timed_out")):
@@ -81,9 +94,12 @@ def classify(facts: dict[str, Any], delta: dict[str, int], has_tests: bool) -> A
         return ActionStatus.TIMEOUT
     if facts.get("killed") and not delta:
         return ActionStatus.MEMORY_LIMIT  # no counters to ask: an unexplained SIGKILL is the OOM
-    if facts.get("compile_failed") or facts.get("exit_code") not in (0, None):
+    if facts.get("compile_failed") or facts.get("setup_error") or facts.get("exit_code") not in (0, None):
         return ActionStatus.FAILED
-    if has_tests and not all(t["passed"] for t in facts.get("tests", [])):
+    suite = facts.get("suite")
+    if suite is not None and not suite.get("passed"):
+        return ActionStatus.FAILED
+    if (has_tests or suite is not None) and not all(t["passed"] for t in facts.get("tests", [])):
         return ActionStatus.FAILED
     return ActionStatus.OK
 
@@ -91,6 +107,15 @@ def classify(facts: dict[str, Any], delta: dict[str, int], has_tests: bool) -> A
 def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) -> ExecResult:
     has_tests = bool(req.test_cases)
     status = classify(facts, delta, has_tests)
+    compile_out = facts.get("compile")
+    details = [_rolled_back_detail(facts.get("rolled_back"))]
+    suite = facts.get("suite")
+    if suite is not None and not suite.get("passed"):
+        details.append(f"test suite not passed: {suite.get('detail', '')}")
+    if suite is not None and suite.get("deselected"):
+        details.append(f"{suite['deselected']} test(s) deselected")
+    if facts.get("setup_error"):
+        details.append(str(facts["setup_error"]))
     return ExecResult(
         status=status,
         exit_code=facts.get("exit_code"),
@@ -98,7 +123,8 @@ def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) ->
         stderr=facts.get("stderr", ""),
         tests=[TestOutcome(**t) for t in facts.get("tests", [])],
         exec_s=float(facts.get("exec_s", 0.0)),
-        detail=_rolled_back_detail(facts.get("rolled_back")),
+        detail="; ".join(d for d in details if d),
+        compile=PhaseOutcome(**compile_out) if compile_out is not None else None,
         files=dict(facts.get("files") or {}),
     )
 

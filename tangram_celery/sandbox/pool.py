@@ -37,11 +37,11 @@ from tangram_celery.errors import SandboxError
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.limits import (
-    RUNNER_GRACE_S,
     TOOLS_PATH,
     Limits,
     counter_delta,
     runner_payload,
+    runner_timeout_s,
     to_result,
 )
 from tangram_celery.sandbox.prewarm import Disposer, ReadyPool
@@ -364,7 +364,7 @@ class WarmPool(ABC):
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
         try:
-            facts = call_runner(h.socket_path, payload, req.timeout_s + RUNNER_GRACE_S)
+            facts = call_runner(h.socket_path, payload, runner_timeout_s(req))
         except (RunnerGone, RunnerTimeout) as e:
             after = h.cgroups.counters() if h.cgroups else None
             delta = counter_delta(before, after)

@@ -8,12 +8,14 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tangram_celery.actions import ActionStatus
-from tangram_celery.sandbox import ExecRequest
+from tangram_celery.sandbox import ExecRequest, inside
+from tests.fixtures.common import unavailable
 from tests.fixtures.docker import SMALL_LIMITS
 
 pytestmark = pytest.mark.integration
@@ -27,13 +29,32 @@ def run(box: Any, traj: str, **kw: Any) -> Any:
     return box.run(traj, ExecRequest(**kw))
 
 
+LIST_PROCS = (
+    "import os\n"
+    "for p in sorted(os.listdir('/proc')):\n"
+    "    if p.isdigit() and int(p) != os.getpid():\n"
+    "        try:\n"
+    "            cmd = open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()\n"
+    "            stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
+    "            uid = os.stat(f'/proc/{p}').st_uid\n"
+    "        except FileNotFoundError:\n"
+    "            continue  # gone meanwhile\n"
+    "        if stat[0] not in 'ZX' and cmd:  # not a zombie or exiting\n"
+    "            print(p, uid, cmd)\n"
+)
+
+
 def healthy(box: Any, traj: str) -> None:
-    """The same trajectory still runs code, and nothing of the last action is left running."""
-    code = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
-    res = run(box, traj, language="python", code=code)
+    """The same trajectory still runs code, and nothing of the last action is left running:
+    only the runner (PID 1), the zygote (root) and idle verifiers (their own uid), besides the
+    process that looks."""
+    res = run(box, traj, language="python", code=LIST_PROCS)
     assert res.status is ActionStatus.OK, res
-    pids = eval(res.stdout)
-    assert len(pids) == 2 and 1 in pids, f"leftover processes: {pids}"  # runner + this one
+    procs = {p: (int(uid), cmd) for p, uid, cmd in (line.split(" ", 2) for line in res.stdout.splitlines())}
+    assert "runner.py" in procs.get("1", (0, ""))[1], procs
+    zygotes = [p for p, (uid, _) in procs.items() if uid == 0 and p != "1"]  # no user code is root
+    verifiers = [p for p, (uid, _) in procs.items() if uid == 10002]
+    assert len(zygotes) == 1 and set(procs) == {"1", *zygotes, *verifiers}, f"leftover processes: {procs}"
 
 
 def test_fork_bomb_hits_pids_limit(sandbox_backend: Any) -> None:
@@ -278,3 +299,86 @@ def test_setuid_binaries_do_not_escalate(sandbox_backend: Any) -> None:
     code = "for b in /usr/bin/su /usr/bin/sudo /usr/bin/passwd; do [ -x $b ] && $b -h >/dev/null 2>&1; done; id -u"
     res = run(sandbox_backend, tid(), language="bash", code=code)
     assert res.stdout.strip().splitlines()[-1] == "10001"
+
+
+PLANT = (
+    "ln -s /run/tangram lnk_run; ln -s /opt/tangram lnk_opt; ln -s /proc/1/root lnk_root; "
+    "ln -s /proc/1/cwd lnk_cwd; ln -s /proc/1/fd lnk_fd; ln -s /run/tangram/owned main.py; "
+    "mkfifo fifo; ln -s /run/tangram/runner.sock .tangram-mark; ln -s /run/tangram/runner.sock "
+    "/tmp/.tangram-mark; echo planted; chmod 000 /work /tmp"
+)
+
+
+def test_planted_links_do_not_redirect_privileged_writes(sandbox_backend: Any) -> None:
+    """Given links planted by one action (to the runner-state dir, the runner's code, /proc/1's
+    root, cwd and descriptors; main.py as a link; a FIFO; /work and /tmp made inaccessible),
+    when later actions write `files`
+    through them and write their code, then writes through a link into those places fail as the
+    user's own would (FAILED), the code replaces the link, the FIFO is replaced without hanging,
+    and on the host the state dir is untouched: still root's, mode 0700, nothing new in it."""
+    traj = tid()
+    assert run(sandbox_backend, traj, language="bash", code=PLANT).stdout == "planted\n"
+    state_dir = sandbox_backend._handles[traj].state_dir
+    before = sorted(p.name for p in state_dir.iterdir())
+    for entry in ("lnk_run/x", "lnk_run/sub/x", "lnk_opt/runner/x", "lnk_root/x", "lnk_cwd/x", "lnk_fd/x"):
+        res = run(sandbox_backend, traj, language="python", code="print('ran')", files={entry: "pwned"})
+        assert res.status is ActionStatus.FAILED and "cannot write files entry" in res.detail, (entry, res)
+        assert "ran" not in res.stdout
+    res = run(
+        sandbox_backend, traj, language="python", code="print('ran')", files={"fifo": "data"}, timeout_s=5
+    )
+    assert (res.status, res.stdout) == (ActionStatus.OK, "ran\n"), res
+    res = run(sandbox_backend, traj, language="bash", code="cat fifo; test -L main.py || echo main-replaced")
+    assert "data" in res.stdout and "main-replaced" in res.stdout, res
+    st = state_dir.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
+    assert sorted(p.name for p in state_dir.iterdir()) == before
+    assert not (Path(inside.__file__).parent / "x").exists()
+    healthy(sandbox_backend, traj)
+
+
+def test_user_code_gets_no_user_namespace_and_runs_under_seccomp(sandbox_backend: Any) -> None:
+    """Given user code trying `unshare -Ur` (uid 0 in a new user namespace), unshare and clone
+    with CLONE_NEWUSER, clone3 and mount, when run, then each fails, the process has seccomp
+    filtering, no new privileges and a 1024 descriptor limit."""
+    code = (
+        "import ctypes, os, subprocess\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "r = subprocess.run(['unshare', '-Ur', 'id', '-u'], capture_output=True, text=True)\n"
+        "print('unshare-cmd', r.returncode, r.stdout.strip() or '-')\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
+        "print('clone', libc.syscall(56 if os.uname().machine == 'x86_64' else 220, 0x10000011, 0, 0, 0, 0),"
+        " ctypes.get_errno())\n"
+        "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
+        "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print('seccomp', status['Seccomp'].strip(), status['NoNewPrivs'].strip())\n"
+        "import resource\nprint('nofile', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    res = run(sandbox_backend, tid(), language="python", code=code)
+    assert res.status is ActionStatus.OK, res
+    out = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    rc, uid = out["unshare-cmd"].split()
+    assert rc != "0" and uid != "0", res
+    assert out["unshare"] == "-1 1" and out["clone"] == "-1 1" and out["clone3"] == "-1 38"
+    assert out["mount"].startswith("-1 ")
+    assert out["seccomp"] == "2 1" and out["nofile"] == "1024"
+
+
+def test_inode_exhaustion_is_a_disk_limit_and_is_rolled_back(sandbox_backend: Any) -> None:
+    """Given code creating empty files until the workdir has no inodes left, when run, then
+    DISK_LIMIT (not a memory limit), the files it created are removed, and the trajectory's next
+    action can create files again."""
+    traj = tid()
+    probe = run(
+        sandbox_backend, traj, language="python", code="import os; print(os.statvfs('/work').f_files)"
+    )
+    if int(probe.stdout) > 500_000:
+        unavailable("no inode cap (nr_inodes) on the sandbox's /work tmpfs: the backend must set one")
+    code = "i = 0\nwhile True:\n    open(f'f{i}', 'w').close()\n    i += 1\n"
+    res = run(sandbox_backend, traj, language="python", code=code, timeout_s=30)
+    assert res.status is ActionStatus.DISK_LIMIT, res
+    assert "removed" in res.detail and "/work/f" in res.detail, res.detail
+    nxt = run(sandbox_backend, traj, language="bash", code="test ! -e f0 && touch new && echo ok")
+    assert (nxt.status, nxt.stdout) == (ActionStatus.OK, "ok\n"), nxt
+    healthy(sandbox_backend, traj)

@@ -58,10 +58,32 @@ def test_bash_and_c(sandbox_backend: Any, gcc: str) -> None:
 
 
 def test_c_compile_error_is_failed(sandbox_backend: Any, gcc: str) -> None:
-    """Given C that does not compile, when run, then FAILED with gcc's message."""
+    """Given C that does not compile, when run, then FAILED with gcc's message, in the compile
+    phase's outcome (and, as there is no run, in stderr too)."""
     res = run(sandbox_backend, tid(), language="c", code="int main( { return 0; }")
     assert res.status is ActionStatus.FAILED
     assert "error" in res.stderr
+    assert res.compile is not None and res.compile.exit_code not in (0, None)
+    assert "error" in res.compile.stderr and not res.compile.timed_out
+
+
+def test_compile_and_run_phases_are_reported_apart(sandbox_backend: Any, gcc: str) -> None:
+    """Given C that compiles with a warning and prints, when run, then the compile phase carries
+    the warning and its own time, and stdout/stderr/exit_code are the program's."""
+    code = '#include <stdio.h>\nint main(void){int unused; printf("run\\n"); return 0;}\n'
+    res = run(sandbox_backend, tid(), language="c", code=code)
+    assert (res.status, res.stdout, res.exit_code) == (ActionStatus.OK, "run\n", 0), res
+    assert res.compile is not None and res.compile.exit_code == 0 and res.compile.exec_s > 0
+    py = run(sandbox_backend, tid(), language="python", code="print(1)")
+    assert py.compile is None
+
+
+def test_compile_phase_has_its_own_time_limit(sandbox_backend: Any, gcc: str) -> None:
+    """Given a compile time limit far below what gcc needs, when run, then TIMEOUT with the
+    compile phase marked timed out, and the run never starts."""
+    res = run(sandbox_backend, tid(), language="c", code=C_SUM, compile_timeout_s=0.001, timeout_s=5)
+    assert res.status is ActionStatus.TIMEOUT, res
+    assert res.compile is not None and res.compile.timed_out and res.compile.exit_code is None
 
 
 def test_stdin_test_cases_in_parallel(sandbox_backend: Any, gcc: str) -> None:
@@ -92,6 +114,56 @@ def test_assert_test_cases(sandbox_backend: Any) -> None:
     assert all(t.passed for t in res.tests) and len(res.tests) == 6
 
 
+def test_assert_tests_use_classes_generators_exceptions_and_workdir_modules(sandbox_backend: Any) -> None:
+    """Given a solution with a stateful class, a generator and a raising function, and a helper
+    module in `files`, when assert tests use them (and import the helper), then all pass."""
+    code = (
+        "from helper import double\n"
+        "class Counter:\n    def __init__(self):\n        self.n = 0\n"
+        "    def tick(self):\n        self.n += 1\n        return self.n\n"
+        "def evens(k):\n    for i in range(k):\n        yield double(i)\n"
+        "def root(x):\n    if x < 0:\n        raise ValueError(x)\n    return x ** 0.5\n"
+    )
+    cases = [
+        TestCase(name="cls", assert_code="c = Counter()\nc.tick()\nassert c.tick() == 2 and c.n == 2"),
+        TestCase(name="gen", assert_code="assert list(evens(3)) == [0, 2, 4]"),
+        TestCase(
+            name="exc", assert_code="try:\n    root(-1)\n    assert False\nexcept ValueError:\n    pass"
+        ),
+        TestCase(name="imp", assert_code="from helper import double\nassert double(4) == 8"),
+    ]
+    files = {"helper.py": "def double(x):\n    return 2 * x\n"}
+    res = run(sandbox_backend, tid(), language="python", code=code, files=files, test_cases=cases)
+    assert res.status is ActionStatus.OK and all(t.passed for t in res.tests), res
+
+
+def test_a_test_that_changes_the_verifier_does_not_change_the_next(sandbox_backend: Any) -> None:
+    """Given assert tests run one after the other by pooled verifiers, when the first rebinds a
+    builtin and the recursion limit and imports a module from the workdir, then the second sees
+    none of it."""
+    first = "import builtins, sys\nbuiltins.abs = lambda x: -1\nbuiltins.MARK = 1\nsys.setrecursionlimit(300)\nimport helper"
+    second = (
+        "import sys\nassert abs(-2) == 2 and 'MARK' not in dir(__builtins__)\n"
+        "assert sys.getrecursionlimit() > 300 and 'helper' not in sys.modules"
+    )
+    cases = [TestCase(name=f"t{i}", assert_code=c) for i, c in enumerate([first, second] * 3)]
+    files = {"helper.py": "X = 1\n"}
+    res = run(sandbox_backend, tid(), language="python", code="", files=files, test_cases=cases)
+    assert res.status is ActionStatus.OK and all(t.passed for t in res.tests), res
+
+
+def test_a_test_hanging_in_the_verifier_times_out_and_the_next_action_works(sandbox_backend: Any) -> None:
+    """Given an assert test whose own code never ends, when run with a 1 s limit, then TIMEOUT,
+    and the trajectory's next assert tests pass (the stuck verifier was replaced)."""
+    traj = tid()
+    hang = [TestCase(name="hang", assert_code="while True:\n    pass")]
+    res = run(sandbox_backend, traj, language="python", code="", test_cases=hang, timeout_s=1)
+    assert res.status is ActionStatus.TIMEOUT, res
+    ok = [TestCase(name="ok", assert_code="assert f() == 1")]
+    res = run(sandbox_backend, traj, language="python", code="def f():\n    return 1\n", test_cases=ok)
+    assert res.status is ActionStatus.OK, res
+
+
 def test_parallel_test_cases_use_granted_cores(sandbox_backend: Any) -> None:
     """Given 4 tests sleeping 0.5 s, when run on 2 cores, then about 1 s, not 2 s."""
     cases = [TestCase(name=f"s{i}", assert_code="import time; time.sleep(0.5)") for i in range(4)]
@@ -116,6 +188,11 @@ def test_pytest_command_gets_n_workers(sandbox_backend: Any) -> None:
     assert res.status is ActionStatus.OK, res.stdout + res.stderr
     assert "2 passed" in res.stdout
     assert "2 workers" in res.stdout or "bringing up nodes" in res.stdout
+    # the verdict comes from the harness's report channel, per test
+    assert sorted((t.name, t.passed) for t in res.tests) == [
+        ("test_m.py::test_a", True),
+        ("test_m.py::test_b", True),
+    ]
 
 
 def test_failing_pytest_command_is_failed(sandbox_backend: Any) -> None:

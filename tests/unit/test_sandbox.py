@@ -10,7 +10,7 @@ from tangram_celery.actions import ActionStatus, TestCase
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.cgroups import CgroupSet, _field
-from tangram_celery.sandbox.inside._tangram_jobs import PYTEST
+from tangram_celery.sandbox.inside._tangram_suite import rewrite
 from tangram_celery.sandbox.limits import Limits, classify, counter_delta, runner_payload, to_result
 
 pytestmark = pytest.mark.unit
@@ -69,20 +69,54 @@ def test_payload_carries_limits_and_rlimits_only_in_fallback() -> None:
     assert p["rlimits"] == {"AS": 64 << 20, "NPROC": 32}
 
 
+BOOT = "/usr/bin/python3 -E -s /r/_tangram_pytest.py --tangram-fd 3 --tangram-path /opt/tangram/site"
+
+
 @pytest.mark.parametrize(
     ("cmd", "expected"),
     [
-        ("pytest -q", "python3 -m pytest -n 4 -q"),
-        ("python -m pytest tests", "python3 -m pytest -n 4 tests"),
-        ("cd sub && pytest", "cd sub && python3 -m pytest -n 4"),
+        ("pytest -q", f"{BOOT} -n 4 -q"),
+        ("python -m pytest tests", f"{BOOT} -n 4 tests"),
+        ("python3.11 -m pytest tests", f"{BOOT} -n 4 tests"),
+        ("cd sub && pytest", f"cd sub && {BOOT} -n 4"),
+        ("pytest a; exec py.test b", f"{BOOT} -n 4 a; exec {BOOT} -n 4 b"),
         ("make test", "make test"),
         ("echo pytest-like", "echo pytest-like"),
     ],
 )
-def test_pytest_commands_get_n_workers(cmd: str, expected: str) -> None:
-    """Given a test command, when rewritten for DoP 4, then pytest calls get `-n 4`."""
-    out = PYTEST.sub(lambda m: f"{m.group(1)}python3 -m pytest -n 4", cmd)
-    assert out == expected
+def test_pytest_commands_run_under_the_harness_with_n_workers(
+    cmd: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a test command, when rewritten for DoP 4, then every pytest call becomes the
+    harness's bootstrap (report channel on fd 3) with `-n 4`."""
+    monkeypatch.setattr("sys.executable", "/usr/bin/python3")
+    assert rewrite(cmd, 4, "/r", ["/opt/tangram/site"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected"),
+    [
+        ({"exit_code": 0, "suite": {"passed": True}, "tests": [{"name": "t", "passed": True}]}, "ok"),
+        ({"exit_code": 0, "suite": {"passed": False, "detail": "no report"}}, "failed"),
+        ({"exit_code": 0, "setup_error": "cannot write files entry 'a/b'"}, "failed"),
+        ({"exit_code": None, "timed_out": True, "compile": {"timed_out": True}}, "timeout"),
+    ],
+)
+def test_suite_verdict_and_setup_errors_decide_over_exit_status(facts: dict, expected: str) -> None:
+    """Given exit status 0 but no passing verdict from the harness (or a files entry that could
+    not be written), when classified, then FAILED; a passing verdict is OK."""
+    assert classify(facts, COUNTERS, has_tests=False) == expected
+
+
+def test_compile_phase_is_reported_apart() -> None:
+    """Given facts with a compile phase, when converted, then the result carries it apart from the
+    run's output."""
+    req = ExecRequest(language="c", code="int main(){}", compile_timeout_s=3.0)
+    compile_out = {"exit_code": 0, "stdout": "", "stderr": "warn", "exec_s": 0.2, "timed_out": False}
+    res = to_result({"exit_code": 0, "stdout": "run", "compile": compile_out}, COUNTERS, req)
+    assert res.status is ActionStatus.OK and res.stdout == "run"
+    assert res.compile is not None and (res.compile.stderr, res.compile.exec_s) == ("warn", 0.2)
+    assert runner_payload(req, Limits(), [])["compile_timeout_s"] == 3.0
 
 
 def test_cgroup_v1_counters_and_binding(tmp_path: Path) -> None:

@@ -1,44 +1,93 @@
-"""The sandbox runner's child-process pump (`_tangram_proc.Action`), run in this process."""
+"""The sandbox runner's process pump (`_tangram_proc.Action`) with a real zygote, run from this
+process (standing in for the runner)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tangram_celery.sandbox.inside._tangram_proc import Action
+from tangram_celery.sandbox.inside import _tangram_proc
+from tangram_celery.sandbox.inside._tangram_proc import Action, Zygote
 
-pytestmark = pytest.mark.unit
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(os.getuid() != 0, reason="children drop their uid and groups, which needs root"),
+]
 
 
-def action(workdir: Path, timeout_s: float) -> Action:
-    uid = os.getuid()
+@pytest.fixture
+def zygote() -> Iterator[Zygote]:
+    """A zygote, started as the runner starts it."""
+    z = Zygote(str(Path(_tangram_proc.__file__).with_name("_tangram_zygote.py")))
+    z.start()
+    try:
+        yield z
+    finally:
+        z.stop()
+
+
+def action(workdir: Path, timeout_s: float, zygote: Zygote) -> Action:
     req = {
-        "uid": uid,
+        "uid": os.getuid(),
         "workdir": str(workdir),
         "max_output_bytes": 1 << 20,
         "timeout_s": timeout_s,
         "cores": [],
     }
-    return Action(req)
+    return Action(req, zygote)
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="children drop their groups (setgroups), which needs root")
-def test_a_child_that_closed_its_output_early_does_not_take_a_later_childs_fds(tmp_path: Path) -> None:
+def test_a_child_that_closed_its_output_early_does_not_take_a_later_childs_fds(
+    tmp_path: Path, zygote: Zygote
+) -> None:
     """Given a child A that closes its stdout/stderr at once and exits later, and a child D
     spawned after A's pipes were closed (so D's descriptors reuse their numbers), when A exits,
     then D's output and exit are still D's: A's end must not close or read D's descriptors.
     (This lost a test case's exit in CI: it waited until the deadline and timed out.)"""
-    act = action(tmp_path, timeout_s=20.0)
+    act = action(tmp_path, 20.0, zygote)
     try:
         a = act.spawn("a", None, argv=["/bin/sh", "-c", "exec >&- 2>&-; sleep 1"])
         c = act.spawn("c", None, argv=["/bin/sh", "-c", "sleep 0.3"])
+        assert a is not None and c is not None
         assert act.wait_any() is c  # meanwhile A's pipes reached EOF and were closed
         d = act.spawn("d", None, argv=["/bin/sh", "-c", "sleep 1.5; echo d-out; echo d-err >&2"])
+        assert d is not None
         done = {act.wait_any(), act.wait_any()}
         assert done == {a, d} and not act.timed_out
         assert (d.returncode, d.stdout, d.stderr) == (0, b"d-out\n", b"d-err\n")
         assert (a.returncode, a.stdout, a.stderr) == (0, b"", b"")
+    finally:
+        act.close()
+
+
+def test_user_processes_are_children_of_the_runner_with_stdin_and_limits(
+    tmp_path: Path, zygote: Zygote
+) -> None:
+    """Given a spawn through the zygote, when it runs, then the process is this process's child
+    (waited for by pid), got its stdin and its descriptor limit, and holds no other descriptor."""
+    act = action(tmp_path, 20.0, zygote)
+    try:
+        p = act.spawn("p", "in-data\n", argv=["/bin/sh", "-c", "cat; ulimit -n; ls /proc/self/fd | wc -l"])
+        assert p is not None and act.wait_any() is p
+        out = p.stdout.decode().split()
+        assert p.returncode == 0 and out[0] == "in-data" and out[1] == "1024"
+        assert int(out[2]) <= 5  # 0, 1, 2 and what ls itself opens
+    finally:
+        act.close()
+
+
+def test_a_dead_zygote_is_restarted_on_the_next_spawn(tmp_path: Path, zygote: Zygote) -> None:
+    """Given a zygote that died, when a process is spawned, then a new zygote serves it."""
+    old = zygote.pid
+    assert old is not None
+    os.kill(old, 9)
+    act = action(tmp_path, 20.0, zygote)
+    try:
+        p = act.spawn("p", None, argv=["/bin/true"])
+        assert p is not None and act.wait_any() is p and p.returncode == 0
+        assert zygote.pid not in (None, old)
     finally:
         act.close()

@@ -1,51 +1,98 @@
-"""Child processes of one action: fork/exec (or fork + in-process Python), output capture with a
-cap, one wall-clock deadline, and `kill_all` for the whole process tree."""
+"""Processes of one action: user processes spawned through the zygote, test jobs given to pooled
+verifiers, output capture with a cap, one deadline per phase, and the end-of-action kill.
+
+The zygote forks every process and reports its exit status; the runner holds a pidfd of each, so
+it kills them without pid-reuse races.
+"""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
-import resource
 import selectors
 import signal
-import sys
+import socket
 import time
-import traceback
-import types
+from collections.abc import Callable
+from typing import Any
 
-RUNNER_MODULE_PREFIX = "_tangram_"
+try:
+    from tangram_celery.sandbox.inside._tangram_spawn import SpawnFailed, Verifier, Zygote, memfd
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_spawn import SpawnFailed, Verifier, Zygote, memfd  # type: ignore[no-redef]
+
+__all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd"]
+
+VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
+DEFAULT_NOFILE = 1024
+EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
 
 
 class Proc:
-    """One child process of the current action and the output read from it so far."""
+    """One process of the current action (or one test job of a pooled verifier, with `verifier`
+    set and no pidfd of its own) and what it wrote so far, per stream name."""
 
-    def __init__(self, pid: int, out_fd: int, err_fd: int, tag: object) -> None:
-        self.pid, self.tag = pid, tag
-        self.fds = {out_fd: bytearray(), err_fd: bytearray()}
-        self.out_fd, self.err_fd = out_fd, err_fd
-        self.pidfd = os.pidfd_open(pid)
+    def __init__(self, pid: int, pidfd: int | None, tag: object, streams: dict[int, str], user: bool) -> None:
+        self.pid, self.pidfd, self.tag, self.user = pid, pidfd, tag, user
+        self.fds = dict(streams)  # fd -> stream name
+        self.bufs = {name: bytearray() for name in streams.values()}
         self.returncode: int | None = None
+        self.killed_by_runner = False  # its SIGKILL is no limit's doing
+        self.verifier: Verifier | None = None
+        self.job_id = 0
+        self.pending: int | None = None  # a job's end, seen and not yet taken
 
     @property
     def stdout(self) -> bytes:
-        return bytes(self.fds[self.out_fd])
+        return bytes(self.bufs.get("out", b""))
 
     @property
     def stderr(self) -> bytes:
-        return bytes(self.fds[self.err_fd])
+        return bytes(self.bufs.get("err", b""))
+
+    def stream(self, name: str) -> bytes:
+        return bytes(self.bufs.get(name, b""))
+
+
+class Launch:
+    """One process to start: its spec for the zygote, the descriptors it gets (sent, then closed
+    here), and the pipes whose read ends the runner keeps, by stream name."""
+
+    def __init__(self, tag: object, spec: dict[str, Any], user: bool) -> None:
+        self.tag, self.spec, self.user = tag, spec, user
+        self.send: list[int] = []
+        self.streams: dict[int, str] = {}
+        self.mine: list[int] = []  # our copies to close once sent
+
+    def pipe(self, name: str) -> None:
+        r, w = os.pipe()
+        self.streams[r] = name
+        self.send.append(w)
+        self.mine.append(w)
+
+    def memfd(self, data: bytes, name: str) -> None:
+        fd = memfd(data, name)
+        self.send.append(fd)
+        self.mine.append(fd)
 
 
 class Action:
-    """Runs one request: children spawned with `spawn`, pumped by `wait` under one deadline."""
+    """Runs the processes of one request, pumped by `wait_any` under the current deadline."""
 
-    def __init__(self, req: dict) -> None:
+    def __init__(self, req: dict, zygote: Zygote) -> None:
         self.req = req
+        self.zygote = zygote
         self.uid = int(req["uid"])
         self.workdir = req["workdir"]
         self.cap_b = int(req["max_output_bytes"])
         self.deadline = time.monotonic() + float(req["timeout_s"])
-        self.timed_out = self.output_capped = False
+        self.timed_out = self.output_capped = self.fork_failed = False
+        self.spawn_error = ""
         self.sel = selectors.DefaultSelector()
+        self.procs: list[Proc] = []
+        self._zfd: int | None = None  # the zygote socket's descriptor, while watched
+        self._job_seq = 0
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -56,110 +103,184 @@ class Action:
             **req.get("env", {}),
         }
 
-    # -- child side --------------------------------------------------------------------------
-    def _child_setup(self, stdin: bytes, out_w: int, err_w: int) -> None:
-        """In the forked child: new session, limits, fds, drop to the sandbox uid."""
-        os.setsid()
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")  # the OOM killer takes user code, never the runner
-        except OSError:
-            pass
-        try:
-            os.sched_setaffinity(0, [int(c) for c in self.req["cores"]])
-        except (OSError, ValueError):
-            pass  # the cgroup cpuset binds anyway
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        for name, value in self.req.get("rlimits", {}).items():
-            lim = getattr(resource, "RLIMIT_" + name)
-            resource.setrlimit(lim, (int(value), int(value)))
-        fd = os.memfd_create("stdin")
-        os.write(fd, stdin)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.dup2(fd, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.closerange(3, 65536)
-        os.setgroups([])
-        os.setgid(self.uid)
-        os.setuid(self.uid)
-        os.chdir(self.workdir)
-        os.umask(0o022)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
+    def set_deadline(self, seconds: float) -> None:
+        """Start a phase (compile, run) with its own time limit."""
+        self.deadline = time.monotonic() + seconds
+        self.timed_out = False
 
-    def _run_python(self, sources: list[tuple[str, str]]) -> int:
-        """Run Python sources in this (forked) interpreter as `python3 main.py` would."""
-        os.environ.clear()
-        os.environ.update(self.env)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
-        sys.argv = [sources[0][0]]
-        extra = [p for p in self.env["PYTHONPATH"].split(":") if p]
-        sys.path[:] = [self.workdir, *extra, *[p for p in sys.path if p.startswith("/usr/lib")]]
-        import site
+    def limits(self) -> dict[str, Any]:
+        # the cgroup cpuset binds the cores; only without cgroups (rlimit fallback) does each
+        # process pin itself
+        cores = [int(c) for c in self.req.get("cores", [])] if self.req.get("rlimits") else []
+        return {
+            "uid": self.uid,
+            "workdir": self.workdir,
+            "cores": cores,
+            "rlimits": dict(self.req.get("rlimits", {})),
+            "nofile": int(self.req.get("nofile") or DEFAULT_NOFILE),
+        }
 
-        user_site = f"{self.workdir}/.local/lib/python{sys.version_info[0]}.{sys.version_info[1]}"
-        site.addsitedir(user_site + "/site-packages")
-        code = 0
-        for name in [m for m in sys.modules if m.startswith(RUNNER_MODULE_PREFIX)]:
-            del sys.modules[name]  # a user's own module of the same name must win
-        main = types.ModuleType("__main__")
-        main.__file__ = sources[0][0]
-        sys.modules["__main__"] = main
-        scope = main.__dict__
-        try:
-            for path, src in sources:
-                exec(compile(src, path, "exec"), scope)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if not isinstance(e.code, int | None):
-                print(e.code, file=sys.stderr)
-        except BaseException as e:
-            tb = e.__traceback__.tb_next if e.__traceback__ else None  # hide the runner's frame
-            traceback.print_exception(type(e), e, tb)
-            code = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                code = code or 1
-        return code
-
-    # -- parent side -------------------------------------------------------------------------
-    def spawn(
+    # -- starting processes ------------------------------------------------------------------
+    def user_launch(
         self,
         tag: object,
         stdin: str | None,
         argv: list[str] | None = None,
-        python: list[tuple[str, str]] | None = None,
-    ) -> Proc:
-        """Start one child: `argv` is exec'd; `python` sources run in a fork of the runner."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            code = 127
-            try:
-                self._child_setup((stdin or "").encode(), out_w, err_w)
-                if python is not None:
-                    code = self._run_python(python)
-                else:
-                    assert argv is not None
-                    os.execve(argv[0], argv, self.env)
-            except BaseException as e:
-                os.write(2, f"tangram runner: {e!r}\n".encode())
-            os._exit(code)
-        os.close(out_w)
-        os.close(err_w)
-        proc = Proc(pid, out_r, err_r, tag)
-        for fd in (out_r, err_r):
+        python: str | None = None,
+        code_fd: int | None = None,
+        extra_fd: int | None = None,
+    ) -> Launch:
+        """A user process: `argv` is exec'd, or the code in `code_fd` runs as `python` (the
+        script name, e.g. main.py); with `extra_fd` (its descriptor 3) and `python`, it serves its
+        objects to a verifier afterwards."""
+        ln = Launch(tag, {**self.limits(), "env": self.env}, user=True)
+        ln.memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
+        ln.pipe("out")
+        ln.pipe("err")
+        if extra_fd is not None:
+            ln.send.append(extra_fd)
+        ln.spec["fds"] = len(ln.send)
+        if python is not None:
+            assert code_fd is not None
+            mode = "serve" if extra_fd is not None else "python"
+            ln.spec.update(mode=mode, argv0=python, code=True)
+            ln.send.append(code_fd)
+        else:
+            ln.spec.update(mode="exec", argv=argv)
+        return ln
+
+    def launch(self, launches: list[Launch]) -> list[Proc | None]:
+        """Start processes through the zygote (one round trip); None where a fork failed."""
+        before = self.zygote.sock
+        pids: list[tuple[int, int] | None]
+        try:
+            pids, errors = self.zygote.spawn(
+                [ln.spec for ln in launches], [fd for ln in launches for fd in ln.send]
+            )
+            if before is not None and self.zygote.sock is not before:  # it died and was replaced
+                self._zygote_gone()
+        except SpawnFailed as e:
+            pids, errors = [None] * len(launches), [str(e)]
+        finally:
+            for ln in launches:
+                for fd in ln.mine:
+                    os.close(fd)
+        if errors:
+            self.fork_failed = True
+            self.spawn_error = errors[0]
+        out: list[Proc | None] = []
+        for ln, started in zip(launches, pids, strict=True):
+            if started is None:
+                for fd in ln.streams:
+                    os.close(fd)
+                out.append(None)
+            else:
+                out.append(self._track(started[0], started[1], ln.tag, ln.streams, ln.user))
+        self._watch_zygote()
+        return out
+
+    def spawn(self, *args: Any, **kwargs: Any) -> Proc | None:
+        """One user process (see `user_launch`); None when the fork failed (pids limit)."""
+        return self.launch([self.user_launch(*args, **kwargs)])[0]
+
+    def start_job(self, tag: object, assert_code: str, sock_fd: int, trusted_path: list[str]) -> Proc | None:
+        """Give one assert test to a pooled verifier (its own uid), connected to the user process
+        at `sock_fd`; the record is the job's stream "record". None if no verifier could start."""
+        pool = self.zygote.verifiers
+        try:
+            v = pool.get({**self.limits(), "uid": self.uid + 1, "oom_score_adj": 500})
+        except SpawnFailed as e:
+            self.fork_failed, self.spawn_error = True, str(e)
+            return None
+        self._job_seq += 1
+        streams: dict[int, str] = {}
+        theirs: list[int] = [sock_fd]
+        for name in ("record", "out", "err"):
+            r, w = os.pipe()
+            streams[r] = name
+            theirs.append(w)
+        code = memfd(assert_code.encode("utf-8", "surrogatepass"), "test")
+        msg = json.dumps({"job": self._job_seq, "trusted_path": trusted_path}).encode()
+        try:
+            socket.send_fds(v.ctl, [msg], [*theirs, code])
+        except OSError as e:
+            pool.discard(v)
+            for fd in streams:
+                os.close(fd)
+            self.spawn_error = f"verifier unavailable: {e}"
+            return None
+        finally:
+            for fd in [*theirs[1:], code]:
+                os.close(fd)
+        job = self._track(v.pid, None, tag, streams, user=False)
+        job.verifier, job.job_id = v, self._job_seq
+        self.sel.register(v.ctl.fileno(), selectors.EVENT_READ, lambda: self._job_message(job))
+        return job
+
+    def _job_message(self, job: Proc) -> None:
+        """The verifier's report on its control socket: the job is done, or the verifier died."""
+        v = job.verifier
+        assert v is not None
+        try:
+            msg = v.ctl.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            msg = b""
+        try:
+            done = bool(msg) and json.loads(msg).get("done") == job.job_id
+        except ValueError:
+            done = False
+        if job.pending is None:
+            job.pending = 0 if done else -signal.SIGKILL
+        self._unwatch(v)
+        if not done:
+            self.zygote.verifiers.discard(v)
+
+    def _unwatch(self, v: Verifier) -> None:
+        key = self.sel.get_map().get(v.fd)
+        if key is not None and callable(key.data):
+            self.sel.unregister(v.fd)
+
+    def _watch_zygote(self) -> None:
+        sock = self.zygote.sock
+        fd = sock.fileno() if sock is not None else None
+        if fd != self._zfd:
+            if self._zfd is not None:  # by number: the old socket may be closed already
+                self.sel.unregister(self._zfd)
+            if fd is not None:
+                self.sel.register(fd, selectors.EVENT_READ, self.zygote)
+            self._zfd = fd
+
+    def _track(self, pid: int, pidfd: int | None, tag: object, streams: dict[int, str], user: bool) -> Proc:
+        proc = Proc(pid, pidfd, tag, streams, user)
+        self.procs.append(proc)
+        for fd in streams:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ, proc)
-        self.sel.register(proc.pidfd, selectors.EVENT_READ, proc)
         return proc
 
+    def watch(self, fd: int, on_readable: Callable[[], None]) -> None:
+        """Call `on_readable` whenever `fd` is readable while the action runs."""
+        self.sel.register(fd, selectors.EVENT_READ, on_readable)
+
+    def kill(self, proc: Proc) -> None:
+        if proc.returncode is not None:
+            return
+        proc.killed_by_runner = True
+        if proc.verifier is not None:  # a job: its verifier goes (a test hung in it)
+            self._unwatch(proc.verifier)
+            self.zygote.verifiers.discard(proc.verifier)
+            if proc.pending is None:
+                proc.pending = -signal.SIGKILL
+            return
+        try:
+            assert proc.pidfd is not None
+            signal.pidfd_send_signal(proc.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # -- pumping -----------------------------------------------------------------------------
     def _read(self, proc: Proc, fd: int) -> bool:
         """Read what is available on `fd`; False once it is drained or closed."""
         try:
@@ -169,24 +290,23 @@ class Action:
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.EBADF):
                 raise
-            # The number no longer names this child's pipe (EINVAL, as when reading a pidfd).
-            # Stop watching it; the child's end still comes by its pidfd.
-            if self._owns(proc, fd):
+            if self._owns(proc, fd):  # the number no longer names this process's pipe
                 self.sel.unregister(fd)
             return False
         if not chunk:
             self._close_fd(proc, fd)
             return False
-        buf = proc.fds[fd]
-        room = self.cap_b - len(buf)
+        buf = proc.bufs[proc.fds[fd]]
+        cap = self.cap_b if proc.user else VERIFIER_STREAM_CAP_B
+        room = cap - len(buf)
         buf += chunk[: max(room, 0)]
-        if len(chunk) > room:
+        if len(chunk) > room and proc.user:
             self.output_capped = True
         return True
 
     def _owns(self, proc: Proc, fd: int) -> bool:
         """Is `fd` still one of `proc`'s open descriptors? Once closed (a pipe at EOF), its
-        number can be reused by a later child's pipe or pidfd, which must be left alone."""
+        number can be reused by a later process's pipe, which must be left alone."""
         key = self.sel.get_map().get(fd)
         return key is not None and key.data is proc
 
@@ -195,34 +315,140 @@ class Action:
             self.sel.unregister(fd)
             os.close(fd)
 
-    def _finish(self, proc: Proc) -> None:
-        self._close_fd(proc, proc.pidfd)
-        _, status = os.waitpid(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        for fd in (proc.out_fd, proc.err_fd):  # drain what is there; never wait for daemons
-            while self._owns(proc, fd) and not self.output_capped and self._read(proc, fd):
+    def _finish(self, proc: Proc, status: int) -> None:
+        proc.returncode = status
+        if proc.pidfd is not None:
+            os.close(proc.pidfd)
+        v = proc.verifier
+        if v is not None:
+            self._unwatch(v)
+            if status == 0:
+                self.zygote.verifiers.put(v)  # ready for the next test
+        for fd in list(proc.fds):  # drain what is there; never wait for daemons
+            while self._owns(proc, fd) and not (proc.user and self.output_capped) and self._read(proc, fd):
                 pass
             self._close_fd(proc, fd)
 
+    def _take_exit(self) -> Proc | None:
+        """A process whose exit the zygote reported (or a job its verifier reported done), now
+        finished here."""
+        for p in self.procs:
+            if p.returncode is not None:
+                continue
+            if p.pending is not None:
+                self._finish(p, p.pending)
+                return p
+            if p.pid in self.zygote.exits:
+                status = self.zygote.exits.pop(p.pid)
+                if p.verifier is not None:  # the verifier died under the job
+                    self._unwatch(p.verifier)
+                    self.zygote.verifiers.died(p.verifier)
+                self._finish(p, status)
+                return p
+        return None
+
+    def _zygote_gone(self) -> None:
+        """The zygote died mid-action (never expected): its children are ours now; end them."""
+        for p in self.procs:
+            if p.returncode is None and p.verifier is not None:
+                self.kill(p)
+                self._finish(p, -signal.SIGKILL)
+        for p in self.procs:
+            if p.returncode is None:
+                self.kill(p)
+                status = -signal.SIGKILL
+                for _ in range(100):  # until the kernel has reparented it to us
+                    try:
+                        status = os.waitstatus_to_exitcode(os.waitpid(p.pid, 0)[1])
+                        break
+                    except ChildProcessError:
+                        time.sleep(0.01)
+                self._finish(p, status)
+
     def wait_any(self) -> Proc | None:
-        """Pump output until some child exits; None once the deadline or the output cap hit."""
+        """Pump output until some process exits; None once the deadline or the output cap hit."""
         while not (self.timed_out or self.output_capped):
+            done = self._take_exit()
+            if done is not None:
+                return done
             left = self.deadline - time.monotonic()
             if left <= 0:
                 self.timed_out = True
                 break
             for key, _ in self.sel.select(min(left, 1.0)):
-                proc = key.data
-                if key.fd == proc.pidfd:
-                    self._finish(proc)
-                    return proc
-                self._read(proc, key.fd)
+                data = key.data
+                if data is self.zygote:
+                    if not self.zygote.poll():
+                        self.sel.unregister(key.fd)
+                        self._zfd = None
+                        self._zygote_gone()
+                elif callable(data):
+                    data()
+                else:
+                    self._read(data, key.fd)
         return None
+
+    def end(self) -> bool:
+        """Kill and reap every process of the action. Processes it started go by pidfd; anything
+        else still alive (a daemon, a fork bomb) forces `kill(-1)` from PID 1, which also takes
+        the zygote: True then, and the runner starts a new zygote after answering."""
+        for p in self.procs:
+            self.kill(p)
+        pool = self.zygote.verifiers
+        deadline = time.monotonic() + EXIT_REPORT_TIMEOUT_S
+        while any(p.returncode is None for p in self.procs) or pool.dying:
+            if self._take_exit() is not None:
+                continue
+            pool.prune()
+            if not any(p.returncode is None for p in self.procs) and not pool.dying:
+                break
+            if time.monotonic() > deadline or not self.zygote.poll(0.5):
+                self._zygote_gone()
+                pool.dying.clear()
+        _reap()
+        if not _strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
+            return False
+        kill_all()
+        self.zygote.lost()
+        return True
 
     def close(self) -> None:
         for key in list(self.sel.get_map().values()):
-            self._close_fd(key.data, key.fd)
+            if isinstance(key.data, Proc):
+                self._close_fd(key.data, key.fd)
+            else:
+                self.sel.unregister(key.fd)
         self.sel.close()
+        for p in self.procs:
+            if p.returncode is None and p.pidfd is not None:
+                os.close(p.pidfd)
+
+
+def _reap() -> None:
+    """Collect orphans that ended (reparented to PID 1)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _strays(keep: set[int | None]) -> bool:
+    """Is any process other than these (the runner, the zygote, idle verifiers) alive? Zombies do
+    not count."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def kill_all() -> None:

@@ -4,10 +4,14 @@ It listens on a unix socket that only root can reach, reads one JSON request per
 runs it as the unprivileged sandbox uid and answers one JSON line of *facts* (exit code, output,
 flags such as timed_out / output_capped / disk_full); the host turns facts into a status.
 
-Why PID 1: `kill(-1, SIGKILL)` from PID 1 reaches every other process of the sandbox (daemons,
-double forks, fork bombs) and nothing outside it, and the sandboxed uid cannot signal PID 1.
-Python snippets take the fast path: the runner forks itself and `exec`s the code in the child,
-so no interpreter starts per action.
+Why PID 1: orphans of user code are reparented to it, and `kill(-1, SIGKILL)` from PID 1 reaches
+every other process of the sandbox (daemons, double forks, fork bombs) and nothing outside it;
+the sandboxed uid cannot signal PID 1.
+
+The runner holds requests, so nothing is ever forked from its memory: user processes and the
+verifiers of assert tests (another uid, _tangram_verifier) come from the zygote (_tangram_zygote,
+exec'd fresh, warm, holding nothing secret), and expected outputs are compared here. See
+docs/sandbox.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -20,15 +24,31 @@ import traceback
 
 try:
     from tangram_celery.sandbox.inside._tangram_jobs import handle
+    from tangram_celery.sandbox.inside._tangram_proc import Zygote
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     from _tangram_jobs import handle  # type: ignore[no-redef]
+    from _tangram_proc import Zygote  # type: ignore[no-redef]
+
+_PR_SET_DUMPABLE = 4
+
+
+def _harden() -> None:
+    """No supplementary groups (file operations switch only uid and gid), not dumpable."""
+    import ctypes
+
+    os.setgroups([])
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def serve(sock_path: str, uid: int, workdir: str) -> None:
     """Accept one request per connection, forever."""
-    for path in (workdir, "/tmp"):
-        os.chown(path, uid, uid)
+    _harden()
+    for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
+        os.chown(path, uid, uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
+    zygote = Zygote(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tangram_zygote.py"))
+    zygote.start(pristine=True)  # forked: nothing of a request is in this process yet
+    zygote.wait_ready()  # part of the sandbox's start, not of its first action
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path + ".new"
     if os.path.exists(tmp):
@@ -52,13 +72,19 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
                 if req.get("op") == "ping":
                     out = {"pong": True}
                 else:
-                    out = handle({**req, "uid": uid, "workdir": workdir})
+                    out = handle({**req, "uid": uid, "workdir": workdir}, zygote)
             except Exception as e:
                 out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}
             try:
                 conn.sendall(json.dumps(out).encode() + b"\n")
             except OSError:
                 pass
+        if not zygote.alive():  # killed with a stray at the end of the action: warm up again now
+            zygote.start()
+            try:
+                zygote.wait_ready()
+            except Exception:
+                zygote.stop()  # the next spawn tries again
 
 
 def main() -> None:

@@ -1,0 +1,173 @@
+"""The verifier: trusted code in a process of its own that judges `assert_code` tests (stdlib
+only).
+
+Forked from the zygote (never from the runner, which holds every test of the request), it runs
+under its own uid (not the user's: user code can neither signal nor read it) with the seccomp
+filter. Verifiers are pooled by the runner: one judges one test at a time. Per test it gets the
+`assert_code` as a memfd, a connection to that test's user process, and the write end of the
+test's record, which only it holds; it runs the assert code with the user module's top-level
+names bound to proxies of the objects in the user's process (_tangram_proxy), and writes `PASS`
+on the record only after the assert code ran to its end. That record is the test's verdict: the
+user process's exit status and output never decide it.
+
+Names of the user module that shadow builtins (`len`, `abs`, `AssertionError`, ...) are not
+bound: the test sees the real builtins. Exact builtin values among the user's globals (a constant
+`MOD = 10**9 + 7`) arrive as copies taken when the module finished.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import socket
+import sys
+import traceback
+from typing import Any
+
+try:
+    from tangram_celery.sandbox.inside import _tangram_child as child
+    from tangram_celery.sandbox.inside._tangram_proxy import (
+        TEST_FILENAME,
+        Conn,
+        RemoteModule,
+        install_importer,
+    )
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    import _tangram_child as child  # type: ignore[no-redef]
+    from _tangram_proxy import TEST_FILENAME, Conn, RemoteModule, install_importer  # type: ignore[no-redef]
+
+
+CTL_FD = 3
+MAX_JOBS = 1000  # then a fresh verifier takes over (bounds what tests leave behind)
+
+
+def serve_jobs() -> None:
+    """In a verifier process, after `_tangram_child.setup` (uid, limits, seccomp), with the
+    runner's control socket at descriptor 3: judge one test per job until the socket closes.
+    Never returns.
+
+    A job brings [the connection to the user process, the record's write end, stdout, stderr, the
+    assert code as a memfd]. Each test runs in a fresh namespace; what a test changes in
+    builtins, sys.path, sys.meta_path, the recursion limit and the standard streams is put back,
+    and modules imported from the user process are dropped."""
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    out = open(1, "w", closefd=False)  # noqa: SIM115
+    err = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+    ctl = socket.socket(fileno=CTL_FD)
+    clean = _Clean()
+    for _ in range(MAX_JOBS):
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 8)
+        except OSError:
+            break
+        if not msg:
+            break
+        if len(fds) != 5:
+            break
+        rpc, record, job_out, job_err, code_fd = fds
+        os.dup2(job_out, 1)
+        os.dup2(job_err, 2)
+        os.close(job_out)
+        os.close(job_err)
+        sys.stdout, sys.stderr = out, err
+        passed, detail = False, ""
+        sock = socket.socket(fileno=rpc)
+        try:
+            job = json.loads(msg)
+            code = child.read_all(code_fd)
+            passed, detail = verify(Conn(sock), code, [str(p) for p in job["trusted_path"]])
+        except BaseException as e:
+            detail = f"verifier error: {e!r}"
+            job = {}
+        for stream in (out, err, sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.write(record, b"PASS" if passed else b"FAIL" + detail.encode("utf-8", "replace")[:4000])
+        for fd in (record, code_fd):
+            os.close(fd)
+        sock.close()
+        os.dup2(null, 1)  # the job's output pipes close here: the runner sees their end
+        os.dup2(null, 2)
+        clean.restore()
+        try:
+            ctl.send(json.dumps({"done": job.get("job")}).encode())
+        except OSError:
+            break
+    os._exit(0)
+
+
+class _Clean:
+    """What a test may change in the verifier's interpreter, as it was before any test."""
+
+    def __init__(self) -> None:
+        self.builtins = dict(vars(builtins))
+        self.path = list(sys.path)
+        self.meta_path = list(sys.meta_path)
+        self.limit = sys.getrecursionlimit()
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
+
+    def restore(self) -> None:
+        b = vars(builtins)
+        for k in [k for k in b if k not in self.builtins]:
+            del b[k]
+        for k, v in self.builtins.items():
+            if b.get(k) is not v:
+                b[k] = v
+        sys.path[:] = self.path
+        sys.meta_path[:] = self.meta_path
+        sys.setrecursionlimit(self.limit)
+        sys.stdin, sys.stdout, sys.stderr = self.streams
+        for name in [n for n, m in sys.modules.items() if isinstance(m, RemoteModule)]:
+            del sys.modules[name]
+
+
+def verify(conn: Conn, assert_code: str, trusted_path: list[str] | None) -> tuple[bool, str]:
+    """(passed, why not): run the test against the user process behind `conn`. With
+    `trusted_path`, imports come from there and otherwise from the user process."""
+    lines = assert_code.splitlines()
+    try:
+        code = compile(assert_code, TEST_FILENAME, "exec")
+    except SyntaxError as e:
+        return False, f"the test's assert_code does not compile: {e}"
+    if trusted_path is not None:
+        install_importer(conn, trusted_path)
+    try:
+        first = conn.receive()
+    except Exception as e:
+        return False, f"user code never got ready: {e}"
+    if type(first) is tuple and len(first) == 4 and first[0] == "err":
+        return False, f"user code raised {first[1]}: {str(first[2])[:300]} before the tests ran"
+    if type(first) is not tuple or len(first) != 2 or first[0] != "ready" or type(first[1]) is not dict:
+        return False, "user code sent something else than its module"
+    ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    shadow = set(vars(builtins))
+    for name, value in first[1].items():
+        if type(name) is str and name not in shadow:
+            ns[name] = value
+    try:
+        exec(code, ns)
+    except SystemExit as e:  # only the test code itself can raise it here
+        if e.code in (None, 0):
+            return True, ""
+        return False, f"the test exited with {e.code!r}"
+    except BaseException as e:
+        return False, describe(e, lines)
+    return True, ""
+
+
+def describe(e: BaseException, lines: list[str]) -> str:
+    """`Type: message (test line N: source)`, plus the user-side traceback of a remote error."""
+    msg = f"{type(e).__name__}: {e}"[:600]
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == TEST_FILENAME]
+    if frames:
+        n = frames[-1].lineno or 0
+        src = lines[n - 1].strip()[:200] if 0 < n <= len(lines) else ""
+        msg += f" (test line {n}: {src})"
+    for note in getattr(e, "__notes__", [])[:1]:
+        msg += "\n" + str(note)[-1000:]
+    return msg

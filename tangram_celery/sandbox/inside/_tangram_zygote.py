@@ -1,0 +1,187 @@
+"""The zygote: the clean, warm process every user process and every (pooled) verifier is forked
+from (stdlib only).
+
+The runner holds requests (expected outputs, test code); a process forked from it would carry
+them into user code's reach. The zygote is exec'd fresh by the runner, never receives a request,
+preloads the interpreter and the common stdlib, and then, per spawn, gets only what that one
+process may see: a small spec (mode, uid, env, cores, limits) and descriptors (stdin, stdout,
+stderr, the code or test code as a memfd, the verifier connection). It never reads the memfds
+itself: the child does, after the fork, so no test code stays behind in the zygote's memory for a
+later user process to find. A per-test process costs a fork, not an interpreter start.
+
+The zygote runs as root (it must set each child's uid), holds nothing secret, and user code can
+neither signal, trace nor read it (other uid, not dumpable, seccomp). It reaps its children and
+reports their exit statuses; the runner holds a pidfd of each to kill it.
+
+Protocol on descriptor 3 (SOCK_SEQPACKET to the runner): the zygote sends b"ready" once. The
+runner sends {"spawn": [spec, ...]} with every spec's descriptors, in order, as SCM_RIGHTS; the
+zygote answers {"pids": [pid or null, ...], "errors": [text, ...]} with a pidfd of each child
+that started, as SCM_RIGHTS. Whenever a child ends it sends {"exit": pid, "status": exit code
+(negative: killed by that signal)}.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import selectors
+import socket
+import sys
+
+import _tangram_child as child
+import _tangram_seccomp as seccomp
+import _tangram_serve as serve
+import _tangram_verifier as verifier
+
+# what model-written solutions and test code import most (HumanEval, MBPP); each module here
+# makes every fork a little dearer (more page tables to copy), so the list stays short
+PRELOAD = (
+    "typing",
+    "re",
+    "math",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "random",
+    "copy",
+    "operator",
+)
+MAX_FDS = 16
+
+
+def preload() -> set[str]:
+    """Import PRELOAD; return the top-level module names a user file may shadow."""
+    before = set(sys.modules)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    return {n.partition(".")[0] for n in set(sys.modules) - before} - set(sys.builtin_module_names)
+
+
+def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # pragma: no cover - child
+    """A user process or a verifier: never returns."""
+    code = 127
+    try:
+        source = child.read_all(fds[-1]) if spec.get("code") else ""
+        n = int(spec["fds"])
+        child.setup(
+            int(spec["uid"]),
+            fds[:n],
+            spec["workdir"],
+            [int(c) for c in spec.get("cores", [])],
+            {str(k): int(v) for k, v in spec.get("rlimits", {}).items()},
+            int(spec["nofile"]),
+            int(spec.get("oom_score_adj", 1000)),
+        )
+        mode = spec["mode"]
+        if mode == "verifier":
+            seccomp.set_name(b"tangram-verify")
+            verifier.serve_jobs()  # never returns
+        env = {str(k): str(v) for k, v in spec["env"].items()}
+        if mode == "exec":
+            child.default_signals()
+            os.execve(spec["argv"][0], spec["argv"], env)
+        seccomp.set_name(b"python3")  # what it is to the user (ps, /proc/self/comm)
+        server = serve.Server(socket.socket(fileno=3)) if mode == "serve" else None
+        child.prepare_python(env, spec["workdir"], spec["argv0"], preloaded)
+        code, main, exc = child.run_main(spec["argv0"], source)
+        code = child.flush() or code
+        if server is not None:
+            if exc is None:
+                server.ready(main.__dict__)
+                server.serve()
+            elif not isinstance(exc, SystemExit):
+                server.send(serve.exception_record(exc))
+            # after SystemExit the connection just closes: the tests never ran
+    except BaseException as e:
+        try:
+            os.write(2, f"tangram runner: {e!r}\n".encode())
+        except OSError:
+            pass
+    os._exit(code)
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, preloaded: set[str]) -> None:
+        self.sock = sock
+        self.preloaded = preloaded
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ, None)
+
+    def spawn(self, specs: list[dict], fds: list[int]) -> tuple[dict, list[int]]:
+        """Fork one child per spec: the reply and the children's pidfds (for the runner, which
+        could not open them itself without racing this process's reaping)."""
+        pids: list[int | None] = []
+        pidfds: list[int] = []
+        errors: list[str] = []
+        start = 0
+        for spec in specs:
+            n = int(spec["fds"]) + (1 if spec.get("code") else 0)
+            mine = fds[start : start + n]
+            start += n
+            try:
+                pid = os.fork()
+            except OSError as e:
+                pids.append(None)
+                errors.append(f"fork failed: {e}")
+                continue
+            if pid == 0:  # pragma: no cover - child
+                child_main(spec, mine, self.preloaded)
+            pids.append(pid)
+            pidfd = os.pidfd_open(pid)
+            self.sel.register(pidfd, selectors.EVENT_READ, pid)
+            pidfds.append(pidfd)
+        return {"pids": pids, "errors": errors}, pidfds
+
+    def reap(self, key: selectors.SelectorKey) -> None:
+        self.sel.unregister(key.fd)
+        os.close(key.fd)
+        try:
+            _, status = os.waitpid(key.data, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            code = -9
+        self.sock.send(json.dumps({"exit": key.data, "status": code}).encode())
+
+    def loop(self) -> None:
+        while True:
+            for key, _ in self.sel.select():
+                if key.data is not None:
+                    self.reap(key)
+                    continue
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
+                except OSError:
+                    os._exit(1)
+                if not msg:
+                    os._exit(0)  # the runner is gone
+                pidfds: list[int] = []
+                try:
+                    reply, pidfds = self.spawn(json.loads(msg)["spawn"], fds)
+                except Exception as e:
+                    reply = {"pids": [], "errors": [repr(e)]}
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                socket.send_fds(self.sock, [json.dumps(reply).encode()], pidfds)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=3)
+    preloaded = preload()
+    seccomp.set_name(b"tangram-zygote")
+    seccomp.install()  # inherited by every child: none has to install it
+    gc.collect()
+    gc.freeze()  # forks share these pages instead of copying them on the first collection
+    sock.send(b"ready")
+    Zygote(sock, preloaded).loop()
+
+
+if __name__ == "__main__":
+    main()
