@@ -50,7 +50,7 @@ CASES = [
 class Recorder:
     def __init__(self, inner):
         self.inner, self.name, self.h, self.rounds = inner, inner.name, hashlib.sha256(), 0
-        for attr in ("cpu_sharing", "gpu_residency", "api_control"):
+        for attr in ("cpu_sharing", "gpu_residency", "api_control", "execution"):
             if hasattr(inner, attr):
                 setattr(self, attr, getattr(inner, attr))
     def decide(self, queue, state, now_s):

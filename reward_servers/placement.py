@@ -4,7 +4,8 @@ Nothing here does I/O or reads a clock: callers pass `now_s`. `replicas.ReplicaM
 decisions into Triton load/unload calls (Ray Serve style: decide, then act).
 
 Memory model: a replica of DoP d on chunk c takes `memory_mb` on every GPU of c (weights are
-replicated per instance); a GPU's budget is the node's `gpu_memory_mb`.
+replicated per instance); a GPU's budget is the node's `gpu_memory_mb`. Which idle replicas make
+room is the scheduler's one eviction rule, `scheduler.gpu_cache.lru_victims`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from reward_servers.naming import aligned_chunks, replica_name, service_name
+from scheduler.gpu_cache import Instance, lru_victims
 
 
 class ReplicaState(StrEnum):
@@ -96,25 +98,18 @@ class Placement:
 def victims_for(node: NodeReplicas, chunk: tuple[int, ...], memory_mb: int) -> tuple[str, ...] | None:
     """Idle replicas to evict, least recently used first, so `memory_mb` fits on every GPU of `chunk`.
 
-    None when even evicting every idle replica there is not enough (in-flight ones are never taken).
+    The scheduler's rule (`scheduler.gpu_cache.lru_victims`), applied to this node's replicas;
+    ties in last use go by name. None when even evicting every idle replica there is not enough
+    (in-flight ones are never taken).
     """
-    if memory_mb > node.gpu_memory_mb:
-        return None
+    idle = [
+        Instance(r.name, r.chunk, r.memory_mb, r.last_used_s)
+        for r in sorted(node.replicas.values(), key=lambda r: r.name)
+        if r.idle
+    ]
     free = {g: node.gpu_memory_mb - node.used_mb(g) for g in chunk}
-    chosen: list[str] = []
-    idle = sorted((r for r in node.replicas.values() if r.idle), key=lambda r: (r.last_used_s, r.name))
-    for r in idle:
-        short = {g for g in chunk if free[g] < memory_mb}
-        if not short:
-            break
-        if short.intersection(r.chunk):
-            chosen.append(r.name)
-            for g in r.chunk:
-                if g in free:
-                    free[g] += r.memory_mb
-    if any(free[g] < memory_mb for g in chunk):
-        return None
-    return tuple(chosen)
+    names = lru_victims(idle, chunk, memory_mb, free, node.gpu_memory_mb)
+    return None if names is None else tuple(str(n) for n in names)
 
 
 def plan_placement(

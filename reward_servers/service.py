@@ -26,6 +26,7 @@ from reward_servers import client
 from reward_servers.backends import input_errors
 from reward_servers.backends.rules import verify
 from reward_servers.errors import InferenceFailed, InputRejected, ModelLoadFailed, TritonCrashed
+from reward_servers.naming import parse_name
 from reward_servers.placement import Placement, ScalingPlan, ScalingPolicy
 from reward_servers.profile import DopProfile, batch_tokens
 from reward_servers.replicas import ReplicaManager
@@ -323,10 +324,7 @@ class RewardService:
         assert self.manager is not None
         return self.manager.resident()
 
-    def resident_models(self) -> dict[str, list[str]]:
-        """What the scheduler places by: "0,1" (a chunk) -> models cached there, least recently
-        used first. The chunk's size is the service's DoP, so the model name is enough."""
-        return {
-            ",".join(map(str, chunk)): [s.rsplit("__dop", 1)[0] for s in services]
-            for chunk, services in self.resident().items()
-        }
+    def resident_models(self) -> dict[tuple[int, ...], list[str]]:
+        """What the scheduler places by: chunk -> models cached there, least recently used
+        first. The chunk's size is the service's DoP, so the model name is enough."""
+        return {chunk: [parse_name(s)[0] for s in services] for chunk, services in self.resident().items()}

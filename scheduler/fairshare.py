@@ -8,8 +8,9 @@
 3. among jobs of equal effective priority, the one with the smallest weighted share, i.e.
    (units it holds + units of its actions already placed in the order) / weight, goes next.
 
-With a single job and equal priorities the order is exactly FCFS. `FairShare` wraps any policy:
-it hands the reordered queue to it, so the policy's FCFS prefix becomes a fair prefix.
+With a single job and equal priorities the order is exactly FCFS. The scheduling round
+(`scheduler.round.Round`) hands the reordered queue to the policy, so the policy's FCFS prefix
+becomes a fair prefix.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from scheduler.model import Allocation, QueuedAction
-from scheduler.policies.base import Policy
-from scheduler.resources import ClusterState
+from scheduler.model import QueuedAction
 
 
 def order_queue(
@@ -55,27 +54,3 @@ def order_queue(
         if not q:
             del per_job[best_job]
     return out
-
-
-class FairShare:
-    """A policy wrapper applying `order_queue` before the inner policy decides."""
-
-    def __init__(self, inner: Policy, weights: Mapping[str, float] | None = None, aging_s: float = 60.0):
-        self.inner = inner
-        self.name = f"{inner.name}+fair"
-        self.weights = dict(weights or {})
-        self.aging_s = aging_s
-        self._job_of: dict[str, str] = {}
-
-    def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
-        for a in queue:
-            self._job_of[a.action_id] = a.job_id
-        held: dict[str, int] = {}
-        for aid, alloc in state.running.items():
-            job = self._job_of.get(aid, "default")
-            held[job] = held.get(job, 0) + alloc.units
-        if len(self._job_of) > 4 * (len(queue) + len(state.running)) + 1024:
-            live = {a.action_id for a in queue} | set(state.running)
-            self._job_of = {k: v for k, v in self._job_of.items() if k in live}
-        ordered = order_queue(queue, held, self.weights, now_s, self.aging_s)
-        return self.inner.decide(ordered, state, now_s)

@@ -3,18 +3,78 @@
 Every (service, chunk) pair is its own service instance (each DoP configuration is a separate
 deployment, as in the paper). Weights of every service are backed up in host memory, so a
 service that is not resident on the chunk it is given is *restored* from host memory, after
-evicting the least recently used idle instances on overlapping GPUs until its per-GPU footprint
-fits. Pure bookkeeping, shared by the simulator and the live GPU worker; the resident map is the
-same `dict[chunk, list[service]]` shape as `GpuNode.resident` (most recently used last).
+evicting idle instances until its per-GPU footprint fits.
+
+The eviction rule is `lru_victims`, the one model of it: the least recently used idle instance
+that holds memory on a GPU still short goes first, and an instance that would free nothing
+where memory is short is never taken. Two callers apply it to their own memory figures:
+`GpuCache` below (the scheduler's view of a node: the simulator's GPU nodes, and the live
+scheduler's predicted residency), and the live GPU worker's replica table
+(`reward_servers.placement.victims_for`, which carries the evictions out on Triton).
+`GpuCache.resident` has the shape of `GpuNode.resident`: `dict[chunk, list[service]]`, most
+recently used last.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 Chunk = tuple[int, ...]
 FootprintFn = Callable[[str, int], int]  # (service, units) -> MB needed on each GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """An idle resident instance that eviction may take: `memory_mb` on each GPU of `chunk`,
+    last used at `used_s`; `key` names it to the caller."""
+
+    key: Hashable
+    chunk: Chunk
+    memory_mb: int
+    used_s: float
+
+
+def lru_victims(
+    idle: Iterable[Instance], chunk: Chunk, need_mb: int, free_mb: Mapping[int, int], gpu_memory_mb: int
+) -> list[Hashable] | None:
+    """Keys of the instances to evict so that `need_mb` fits on every GPU of `chunk`.
+
+    `idle`: the instances that may go, in the caller's tie-break order (the sort by last use is
+    stable); `free_mb`: free MiB per GPU of `chunk` now. Least recently used first; an instance
+    is taken only if it holds memory on a GPU of `chunk` that is still short. None when even
+    all of them would not make room (or `need_mb` exceeds a GPU).
+    """
+    if need_mb > gpu_memory_mb:
+        return None
+    free = {g: free_mb[g] for g in chunk}
+    out: list[Hashable] = []
+    for inst in sorted(idle, key=lambda i: i.used_s):
+        short = [g for g in chunk if free[g] < need_mb]
+        if not short:
+            break
+        if not any(g in inst.chunk for g in short):
+            continue
+        out.append(inst.key)
+        for g in inst.chunk:
+            if g in free:
+                free[g] += inst.memory_mb
+    if any(free[g] < need_mb for g in chunk):
+        return None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLoad:
+    """What running `service` on `chunk` of GPU node `pool` does to the node's residency: a hit,
+    or a restore after evicting `victims` ((chunk, service) pairs)."""
+
+    pool: str
+    chunk: Chunk
+    service: str
+    hit: bool
+    victims: tuple[tuple[Chunk, str], ...] = ()
 
 
 @dataclass
@@ -39,51 +99,70 @@ class GpuCache:
         )
 
     def victims(self, chunk: Chunk, service: str) -> list[tuple[Chunk, str]] | None:
-        """Instances to evict (LRU first) so that `service` fits on `chunk`; None if it never can.
+        """Instances to evict so that `service` fits on `chunk` (`lru_victims`); None if it never can.
 
-        Only instances overlapping `chunk` are considered: they are idle, because the chunk is
-        held exclusively by the action about to run.
+        Only instances overlapping `chunk` are candidates: they are idle, because the chunk is
+        held exclusively by the action about to run. Ties in last use go by (chunk, service).
         """
-        need = self.footprint_mb(service, len(chunk))
-        if need > self.gpu_memory_mb:
-            return None
-        overlapping = sorted(
-            (
-                (self._used_at_s.get((c, s), 0.0), c, s)
-                for c, services in self.resident.items()
-                if set(c) & set(chunk)
-                for s in services
-            ),
+        pairs = sorted(
+            (c, s) for c, services in self.resident.items() if set(c) & set(chunk) for s in services
         )
-        used = {g: self.used_mb(g) for g in chunk}
-        out: list[tuple[Chunk, str]] = []
-        for _, c, s in overlapping:
-            if all(used[g] + need <= self.gpu_memory_mb for g in chunk):
-                break
-            out.append((c, s))
-            for g in c:
-                if g in used:
-                    used[g] -= self.footprint_mb(s, len(c))
-        if not all(used[g] + need <= self.gpu_memory_mb for g in chunk):
-            return None
-        return out
+        idle = [
+            Instance(p, p[0], self.footprint_mb(p[1], len(p[0])), self._used_at_s.get(p, 0.0)) for p in pairs
+        ]
+        free = {g: self.gpu_memory_mb - self.used_mb(g) for g in chunk}
+        keys = lru_victims(idle, chunk, self.footprint_mb(service, len(chunk)), free, self.gpu_memory_mb)
+        return None if keys is None else cast(list[tuple[Chunk, str]], keys)
 
-    def ensure(self, chunk: Chunk, service: str, now_s: float) -> tuple[bool, list[tuple[Chunk, str]]]:
-        """Make `service` resident on `chunk`: (was it a hit, instances evicted)."""
+    def plan(self, pool: str, chunk: Chunk, service: str) -> GpuLoad:
+        """What making `service` resident on `chunk` takes (nothing changes); ValueError if it
+        never fits."""
         if self.is_resident(chunk, service):
-            self.touch(chunk, service, now_s)
-            return True, []
+            return GpuLoad(pool, chunk, service, True)
         evicted = self.victims(chunk, service)
         if evicted is None:
             raise ValueError(f"service {service} does not fit on chunk {chunk}")
-        for c, s in evicted:
-            self.resident[c].remove(s)
-            if not self.resident[c]:
-                del self.resident[c]
-            self._used_at_s.pop((c, s), None)
-        self.resident.setdefault(chunk, []).append(service)
-        self.touch(chunk, service, now_s)
-        return False, evicted
+        return GpuLoad(pool, chunk, service, False, tuple(evicted))
+
+    def apply(self, load: GpuLoad, now_s: float) -> None:
+        """Carry out a planned load: its victims go, its service is resident and just used."""
+        if not load.hit:
+            for c, s in load.victims:
+                self.resident[c].remove(s)
+                if not self.resident[c]:
+                    del self.resident[c]
+                self._used_at_s.pop((c, s), None)
+            if not self.is_resident(load.chunk, load.service):
+                self.resident.setdefault(load.chunk, []).append(load.service)
+        self.touch(load.chunk, load.service, now_s)
+
+    def ensure(self, chunk: Chunk, service: str, now_s: float) -> tuple[bool, list[tuple[Chunk, str]]]:
+        """Make `service` resident on `chunk`: (was it a hit, instances evicted)."""
+        load = self.plan("", chunk, service)
+        self.apply(load, now_s)
+        return load.hit, list(load.victims)
+
+    def copy(self) -> GpuCache:
+        """An independent copy (for planning a round's loads without changing this one)."""
+        return GpuCache(
+            self.gpu_memory_mb,
+            self.footprint_mb,
+            {c: list(v) for c, v in self.resident.items()},
+            dict(self._used_at_s),
+        )
+
+    def learn(self, resident: Mapping[Chunk, Iterable[str]], now_s: float) -> None:
+        """Replace the resident map with what the node reports (in place: `GpuNode.resident`
+        may be this very dict). Instances still there keep their last use; new ones count as
+        used at `now_s`, in the reported order (most recently used last)."""
+        fresh = {tuple(c): [str(s) for s in services] for c, services in resident.items() if services}
+        used = {k: v for k, v in self._used_at_s.items() if k[1] in fresh.get(k[0], ())}
+        for c, services in fresh.items():
+            for s in services:
+                used.setdefault((c, s), now_s)
+        self.resident.clear()
+        self.resident.update(fresh)
+        self._used_at_s = used
 
     def touch(self, chunk: Chunk, service: str, now_s: float) -> None:
         """Mark an instance as just used (LRU order)."""

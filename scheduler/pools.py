@@ -36,6 +36,16 @@ def numa_shape(numa: tuple[tuple[int, ...], ...]) -> NumaShape:
     return hit
 
 
+def numa_split(cores: int, groups: int, first: int = 0) -> tuple[tuple[int, ...], ...]:
+    """Core ids `first..first+cores-1` in `groups` NUMA groups of `cores // groups` each, the
+    last group taking the remainder: the one split of a node's cores (config and simulator)."""
+    per = cores // groups
+    return tuple(
+        tuple(range(first + g * per, first + ((g + 1) * per if g < groups - 1 else cores)))
+        for g in range(groups)
+    )
+
+
 @dataclass
 class CpuNode:
     """A CPU node: cores grouped by NUMA node, host memory reserved per trajectory."""
@@ -53,11 +63,7 @@ class CpuNode:
 
     @classmethod
     def uniform(cls, name: str, cores: int, memory_mb: int, numa_groups: int = 1) -> CpuNode:
-        per = cores // numa_groups
-        groups = tuple(
-            tuple(range(g * per, (g + 1) * per if g < numa_groups - 1 else cores)) for g in range(numa_groups)
-        )
-        return cls(name=name, numa=groups, memory_mb=memory_mb)
+        return cls(name=name, numa=numa_split(cores, numa_groups), memory_mb=memory_mb)
 
     @property
     def cores(self) -> int:

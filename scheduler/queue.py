@@ -54,6 +54,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._items: dict[str, QueuedAction] = {}
         self._seq: dict[str, int] = {}
         self._per_trajectory: dict[str, int] = {}  # trajectory -> actions queued
+        self._per_job: dict[str, int] = {}  # job -> actions queued (fair share needs > 1 job)
         self._next = 0
         self._list: list[QueuedAction] | None = None  # positional view, rebuilt when asked
         self._routes: Routes | None = None
@@ -74,6 +75,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._next += 1
         tid = action.trajectory_id
         self._per_trajectory[tid] = self._per_trajectory.get(tid, 0) + 1
+        self._per_job[action.job_id] = self._per_job.get(action.job_id, 0) + 1
         self._list = None
         if self._routes is not None:
             self._routes.new[aid] = action
@@ -90,6 +92,12 @@ class WaitingQueue(Sequence[QueuedAction]):
             self._per_trajectory[tid] = left
         else:
             del self._per_trajectory[tid]
+        job = action.job_id
+        left = self._per_job[job] - 1
+        if left:
+            self._per_job[job] = left
+        else:
+            del self._per_job[job]
         r = self._routes
         if r is not None and r.new.pop(action_id, None) is None:
             node = r.where.pop(action_id, None)
@@ -125,6 +133,10 @@ class WaitingQueue(Sequence[QueuedAction]):
     def trajectories(self) -> Collection[str]:
         """The trajectories with at least one queued action (a live view)."""
         return self._per_trajectory.keys()
+
+    def jobs(self) -> Collection[str]:
+        """The jobs with at least one queued action (a live view)."""
+        return self._per_job.keys()
 
     def position(self, action_id: str) -> int:
         """A number that orders queued actions FCFS (not the index in the sequence)."""

@@ -1,8 +1,10 @@
 """Resource state of every pool: which units are free, who holds what.
 
-This is plain in-memory state with `fits` / `apply` / `release`; the live service and the
-simulator both own one `ClusterState` and mutate it only through these methods. Policies read
-it (or a `copy()`), never mutate the caller's instance.
+This is plain in-memory state with `place` / `apply` / `share` / `release`; the live service
+and the simulator both own one `ClusterState` and mutate it only through its methods, which
+also cover pools going offline and back (`set_offline`), the GPU services resident on each
+node (`attach_gpu_caches`, `load_gpu`, `learn_residency`) and rebuilding the state after a
+restart (`restore`). Policies read it (or a `copy()`), never mutate the caller's instance.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.gpu_cache import Chunk, FootprintFn, GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.pools import (
     GPU_CHUNK_SIZES,
@@ -63,6 +66,13 @@ class ClusterState:
     pin_epoch: int = field(default=0, init=False, repr=False, compare=False)
     unpin_log: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     unpin_base: int = field(default=0, init=False, repr=False, compare=False)
+    # Pools with no live worker ("cpu:<node>", "gpu:<node>"): nothing is placed there, and units
+    # released there stay out of placement until the pool is back (`set_offline`).
+    offline: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+    # GPU node -> its resident services with their last use, for eviction on execution
+    # (`attach_gpu_caches`; each `GpuNode.resident` is its cache's map). Not copied by `copy`:
+    # policies read `GpuNode.resident` only.
+    gpu_cache: dict[str, GpuCache] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for alloc in self.running.values():
@@ -290,8 +300,10 @@ class ClusterState:
         if alloc is None:
             return None
         self.by_pool[self.pool_key(alloc)].pop(action_id, None)
+        gone = bool(self.offline) and f"{alloc.kind}:{alloc.pool}" in self.offline
         if alloc.kind is ResourceKind.CPU:
-            self.cpu[alloc.pool].free.update(alloc.unit_ids)
+            if not gone:
+                self.cpu[alloc.pool].free.update(alloc.unit_ids)
         elif alloc.kind is ResourceKind.GPU:
             gnode = self.gpu[alloc.pool]
             riders = gnode.riders.get(alloc.unit_ids, 0)
@@ -299,7 +311,7 @@ class ClusterState:
                 gnode.riders[alloc.unit_ids] = riders - 1
             elif riders == 1:
                 del gnode.riders[alloc.unit_ids]
-            else:
+            elif not gone:
                 gnode.free.update(alloc.unit_ids)
         else:
             self.api[alloc.pool].in_flight -= 1
@@ -317,44 +329,72 @@ class ClusterState:
         if node is not None and node in self.cpu:
             self.cpu[node].trajectory_memory_mb.pop(trajectory_id, None)
 
-    # ---- persistence -----------------------------------------------------------------------
+    # ---- pools going away and coming back ----------------------------------------------------
+    def set_offline(self, pools: set[str]) -> tuple[set[str], set[str], list[str]]:
+        """Make exactly `pools` ("cpu:<node>", "gpu:<node>") offline: nothing is placed there,
+        and their free units stay out of placement until they are back.
+
+        Returns (pools gone offline, pools back, trajectories pinned to a CPU node gone offline).
+        Those trajectories are not unpinned here: their owner releases them (their sandboxes are
+        gone with the node, and the owner keeps the books of sandboxes)."""
+        went = pools - self.offline
+        back = self.offline - pools
+        lost = [t for t, n in self.trajectory_node.items() if f"cpu:{n}" in went]
+        self.offline = set(pools)
+        if not went and not back:
+            return went, back, lost
+        held: dict[tuple[ResourceKind, str], set[int]] = {}
+        for a in self.running.values():
+            held.setdefault((a.kind, a.pool), set()).update(a.unit_ids)
+        for name, node in self.cpu.items():
+            node.online = f"cpu:{name}" not in self.offline
+            all_cores = {c for g in node.numa for c in g}
+            node.free = all_cores - held.get((ResourceKind.CPU, name), set()) if node.online else set()
+        for name, gnode in self.gpu.items():
+            if f"gpu:{name}" in self.offline:
+                gnode.free = set()
+            else:
+                gnode.free = set(range(gnode.num_gpus)) - held.get((ResourceKind.GPU, name), set())
+        return went, back, lost
+
+    # ---- GPU residency ---------------------------------------------------------------------------
+    def attach_gpu_caches(self, footprint_mb: FootprintFn) -> None:
+        """Track the services resident on every GPU node, each instance taking
+        `footprint_mb(service, units)` MiB per GPU (evict on execution, `scheduler.gpu_cache`)."""
+        for name, node in self.gpu.items():
+            cache = GpuCache(node.gpu_memory_mb, footprint_mb)
+            node.resident = cache.resident  # policies see residency through the node
+            self.gpu_cache[name] = cache
+
+    def load_gpu(self, load: GpuLoad, now_s: float) -> None:
+        """Carry out a planned GPU load (`scheduler.round`): its victims are gone, its service
+        resident on its chunk."""
+        cache = self.gpu_cache.get(load.pool)
+        if cache is not None:
+            cache.apply(load, now_s)
+
+    def learn_residency(self, node: str, resident: dict[Chunk, list[str]], now_s: float) -> None:
+        """What GPU `node` reports it holds (chunk -> services, most recently used last)
+        replaces what the state predicted."""
+        gnode = self.gpu.get(node)
+        if gnode is None:
+            return
+        cache = self.gpu_cache.get(node)
+        if cache is None:
+            gnode.resident = {c: list(v) for c, v in resident.items() if v}
+        else:
+            cache.learn(resident, now_s)
+
+    # ---- persistence (scheduler.snapshot) ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "trajectory_node": dict(self.trajectory_node),
-            "trajectory_memory_mb": {n.name: dict(n.trajectory_memory_mb) for n in self.cpu.values()},
-            "running": [a.to_dict() for a in self.running.values()],
-            "expected_end_s": dict(self.expected_end_s),
-            "running_trajectory": dict(self.running_trajectory),
-            "trajectory_used_s": dict(self.trajectory_used_s),
-        }
+        """The bookkeeping to rebuild this state on a fresh cluster of the same shape."""
+        from scheduler.snapshot import snapshot
+
+        return snapshot(self)
 
     def restore(self, d: dict[str, Any]) -> None:
-        """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape."""
-        self.trajectory_node = dict(d.get("trajectory_node", {}))
-        self.pin_epoch += 1
-        for name, mem in d.get("trajectory_memory_mb", {}).items():
-            if name in self.cpu:
-                self.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}
-        for raw in d.get("running", []):
-            alloc = Allocation.from_dict(raw)
-            if alloc.kind is ResourceKind.CPU and alloc.pool in self.cpu:
-                self.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
-            elif alloc.kind is ResourceKind.GPU and alloc.pool in self.gpu:
-                gnode = self.gpu[alloc.pool]
-                if not gnode.free.issuperset(alloc.unit_ids):  # a rider on a held chunk
-                    gnode.riders[alloc.unit_ids] = gnode.riders.get(alloc.unit_ids, 0) + 1
-                    self.shared.add(alloc.action_id)
-                gnode.free.difference_update(alloc.unit_ids)
-            elif alloc.kind is ResourceKind.API and alloc.pool in self.api:
-                self.api[alloc.pool].in_flight += 1
-            self.running[alloc.action_id] = alloc
-            self._track(alloc)
-        self.expected_end_s = {
-            k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in self.running
-        }
-        for aid, tid in d.get("running_trajectory", {}).items():
-            if aid in self.running:
-                self._busy(aid, tid)
-        self.trajectory_used_s = {
-            t: float(v) for t, v in d.get("trajectory_used_s", {}).items() if t in self.trajectory_node
-        }
+        """Re-apply saved bookkeeping (`to_dict`, or one rebuilt from dispatch records after a
+        restart) onto a freshly built (all-free) cluster of the same shape."""
+        from scheduler.snapshot import restore
+
+        restore(self, d)

@@ -1,6 +1,14 @@
-"""Tangram: action-level orchestration of external resources for agentic RL, on Celery."""
+"""Tangram: action-level orchestration of external resources for agentic RL, on Celery.
 
-from tangram_celery.aclient import AsyncActionHandle, AsyncTangramClient
+The clients are imported on first use (PEP 562): importing a lower module of the package (the
+config, the action models, the store) does not load the clients and their dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tangram_celery.actions import (
     ActionResult,
     ActionStatus,
@@ -9,8 +17,28 @@ from tangram_celery.actions import (
     RewardAction,
     TestCase,
 )
-from tangram_celery.client import ActionHandle, TangramClient
 from tangram_celery.errors import ActionRejected, AdmissionError, TangramError
+
+if TYPE_CHECKING:
+    from tangram_celery.aclient import AsyncActionHandle, AsyncTangramClient
+    from tangram_celery.client import ActionHandle, TangramClient
+
+_LAZY = {
+    "ActionHandle": "tangram_celery.client",
+    "TangramClient": "tangram_celery.client",
+    "AsyncActionHandle": "tangram_celery.aclient",
+    "AsyncTangramClient": "tangram_celery.aclient",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tangram_celery' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ActionHandle",

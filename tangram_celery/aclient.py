@@ -16,7 +16,6 @@ listener therefore also reads the state of every action still awaited, so no res
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -28,24 +27,15 @@ import redis
 import redis.asyncio as aredis
 
 from tangram_celery.actions import ActionResult, new_id
-from tangram_celery.admission import limits_from_view
+from tangram_celery.admission import AnyAction, admit, cancelled_result, coerce_action, limits_from_view
 from tangram_celery.broker import resolve_url
-from tangram_celery.client import (
-    AnyAction,
-    action_meta,
-    cancelled_result,
-    check_action,
-    coerce_action,
-    encode_action,
-    pool_view_of,
-)
 from tangram_celery.config import TangramConfig, load_config
 from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError, ResultTimeout, TangramError
 from tangram_celery.store import (
-    _CANCEL,
-    _SUBMIT,
+    CANCEL,
     CONFIG,
     INTAKE,
+    SUBMIT,
     akey,
     cancel_args,
     cancel_keys,
@@ -54,6 +44,7 @@ from tangram_celery.store import (
     notify_key,
     redact,
 )
+from tangram_celery.wire import PoolView
 
 log = logging.getLogger("tangram.aclient")
 T = TypeVar("T")
@@ -118,9 +109,9 @@ class AsyncTangramClient:
         self._listen = aredis.Redis.from_url(
             broker_url, decode_responses=True, single_connection_client=True, socket_timeout=None
         )
-        self._submit = self.r.register_script(_SUBMIT)
-        self._cancel = self.r.register_script(_CANCEL)
-        self._view: dict[str, Any] | None = pool_view_of(config) if config else None
+        self._submit = self.r.register_script(SUBMIT)
+        self._cancel = self.r.register_script(CANCEL)
+        self._view: PoolView | None = PoolView.of(config) if config else None
         self._view_read = config is not None
         self._waiters: dict[str, _Waiter] = {}
         self._listener: asyncio.Task[None] | None = None
@@ -148,12 +139,12 @@ class AsyncTangramClient:
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 1.0)
 
-    async def _pool_view(self) -> dict[str, Any] | None:
+    async def _pool_view(self) -> PoolView | None:
         if not self._view_read:
             raw = await self._retrying("read config", lambda: self.r.get(CONFIG))
             if raw is None:
                 return None  # no scheduler yet; it checks on intake, and we ask again next time
-            self._view, self._view_read = json.loads(raw), True
+            self._view, self._view_read = PoolView.model_validate_json(raw), True
         return self._view
 
     def _ensure_listener(self) -> None:
@@ -182,19 +173,13 @@ class AsyncTangramClient:
             if action.id in seen:
                 raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
             seen.add(action.id)
-            meta = action_meta(action, now)
-            check_action(action, meta, view, limits)
-            items.append(encode_action(action, meta, limits))
+            items.append(admit(action, view, limits, now))
             handles.append(AsyncActionHandle(self, action.id, action.trajectory_id or ""))
         if not items:
             return []
         self._ensure_listener()
-        max_queued = int((view or {}).get("max_queued", 0))
-        fraction = (
-            self.config.broker.admit_memory_fraction
-            if self.config
-            else float((view or {}).get("admit_memory_fraction", 0.8))
-        )
+        max_queued = view.max_queued if view else 0
+        fraction = view.admit_memory_fraction if view else 0.8
         await self._admit_memory(fraction, len(items))
         ttl = str(int(limits.queued_ttl_s)) if limits.queued_ttl_s > 0 else "0"
 

@@ -1,16 +1,89 @@
-"""What one action may carry: the deployment's payload caps, checked before anything is enqueued.
+"""Admitting an action: the one check both clients (sync and async) make before enqueuing.
 
-The action models validate shape (types, path rules, a hard nesting ceiling); the caps here are
-the deployment's own (`limits` in the config, published with the pool view so that a client
-without the config file applies the same ones). Sizes are UTF-8 bytes, not characters.
+`admit` validates an action against the deployment and encodes what goes to Redis: the
+deployment's payload caps (`payload_errors`; `limits` in the config, published with the pool
+view so that a client without the config file applies the same ones; sizes are UTF-8 bytes),
+whether it can run here at all (`PoolView.refusal`, the check the scheduler makes again at
+intake), and a reward model's inputs. The action models themselves validate shape (types,
+path rules, a hard nesting ceiling).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from tangram_celery.actions import ApiAction, CodeAction, RewardAction, json_depth
+from pydantic import TypeAdapter, ValidationError
+
+from tangram_celery.actions import (
+    Action,
+    ActionResult,
+    ActionStatus,
+    ApiAction,
+    CodeAction,
+    RewardAction,
+    json_depth,
+)
 from tangram_celery.config import LimitsConfig
+from tangram_celery.errors import ActionRejected
+from tangram_celery.wire import ActionMeta, PoolView
+
+AnyAction = CodeAction | RewardAction | ApiAction
+_ACTION: TypeAdapter[AnyAction] = TypeAdapter(Action)
+
+
+class SubmitItem(NamedTuple):
+    """One admitted action as the submit script takes it."""
+
+    action_id: str
+    meta_json: str
+    payload_json: str
+
+
+def coerce_action(action: AnyAction | dict[str, Any]) -> AnyAction:
+    """The action model for a dict (validated), or the model itself; ActionRejected if invalid."""
+    if isinstance(action, CodeAction | RewardAction | ApiAction):
+        return action
+    try:
+        return _ACTION.validate_python(action)
+    except ValidationError as e:
+        raise ActionRejected(f"invalid action: {e}") from None
+
+
+def admit(action: AnyAction, view: PoolView | None, limits: LimitsConfig, submitted_s: float) -> SubmitItem:
+    """Check `action` and encode it, or raise ActionRejected saying why.
+
+    `view` None: no scheduler has published its pools yet (it checks at intake)."""
+    too_big = payload_errors(action, limits)
+    if too_big:
+        raise ActionRejected(f"action {action.id} rejected: too large: " + "; ".join(too_big))
+    meta = ActionMeta.of(action, submitted_s)
+    if view is not None:
+        why = view.refusal(meta)
+        if why is None and isinstance(action, RewardAction):
+            from reward_servers.backends import input_errors
+
+            errors = input_errors(view.models[action.model].backend, action.inputs)
+            why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
+        if why is not None:
+            raise ActionRejected(f"action {action.id} rejected: {why}")
+    payload = action.model_dump_json()
+    size = len(payload.encode())
+    if size > limits.max_payload_bytes:
+        raise ActionRejected(
+            f"action {action.id} rejected: {size} bytes as JSON > "
+            f"{limits.max_payload_bytes} (limits.max_payload_bytes)"
+        )
+    return SubmitItem(action.id, meta.dumps(), payload)
+
+
+def cancelled_result(action_id: str, reason: str) -> str:
+    """The stored result of an action cancelled before it ran (JSON)."""
+    return ActionResult(
+        action_id=action_id,
+        status=ActionStatus.CANCELLED,
+        error=f"cancelled before it ran: {reason}",
+        attempts=0,
+    ).model_dump_json()
 
 
 def _b(text: str | None) -> int:
@@ -47,7 +120,6 @@ def payload_errors(action: CodeAction | RewardAction | ApiAction, limits: Limits
     return out
 
 
-def limits_from_view(view: dict[str, Any] | None) -> LimitsConfig:
-    """The caps a scheduler published (defaults when it published none, e.g. an older one)."""
-    raw = (view or {}).get("limits")
-    return LimitsConfig.model_validate(raw) if isinstance(raw, dict) else LimitsConfig()
+def limits_from_view(view: PoolView | None) -> LimitsConfig:
+    """The caps a scheduler published (defaults when none has yet)."""
+    return view.limits if view is not None else LimitsConfig()

@@ -21,8 +21,11 @@ def queue_name(kind: str, pool: str) -> str:
 
 
 def make_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
-    """A Celery app bound to `broker_url` (Redis), used as broker and result backend."""
-    app = Celery("tangram", broker=broker_url, backend=broker_url, set_as_current=False)
+    """A Celery app bound to `broker_url` (Redis), used as broker and result backend.
+
+    `memory://` (kombu's in-process transport, for tests) gets an in-memory result backend."""
+    backend = "cache+memory://" if broker_url.startswith("memory://") else broker_url
+    app = Celery("tangram", broker=broker_url, backend=backend, set_as_current=False)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -198,7 +198,7 @@ def run_demo(
         raise TangramError("the demo needs at least one CPU node in nodes.cpu")
     rng = random.Random(seed)
     apis = [a.name for a in cfg.apis if a.name in ("calc", "docsearch")]
-    max_cpus = max(n.cores // n.numa_groups for n in cfg.nodes.cpu)
+    max_cpus = max(len(g) for n in cfg.nodes.cpu for g in n.numa_split())  # the largest NUMA group
     summary = Summary()
     lock = threading.Lock()
     done = threading.Event()

@@ -266,7 +266,7 @@ class Deployment:
         seen: set[str] = set()
         while time.monotonic() < deadline:
             self.check_alive()
-            if store.published_config() is not None:
+            if store.pool_view() is not None:
                 replies = app.control.ping(timeout=0.5) or []
                 seen = {name.split("@")[0] for r in replies for name in r}
                 if expected <= seen:

@@ -3,13 +3,13 @@
 A policy is a pure function of (queue in FCFS order, cluster state, now) -> allocations. It does
 no I/O and does not mutate the state it is given; the caller applies the allocations in order.
 
-Optional class attributes tell an executor (the simulator, or a live worker) how the baseline
-systems *execute* what they decide: `cpu_sharing` (static pods time-share cores),
-`gpu_residency` ("cache" default, "dedicated", "none") and `api_control` (False: no quota
-control, the provider rejects over-limit calls).
+Each policy declares how its decisions are executed, as an `ExecutionModel` (its `execution`
+attribute, `scheduler.execution`): the baselines' pods time-share cores, their GPU services are
+dedicated or loaded per call, their API calls are not held back. The simulator executes every
+model; the live service only Tangram's own (`live_policies()` lists the policies it accepts).
 """
 
-from scheduler.policies.base import Policy, available, get_policy, register
+from scheduler.policies.base import Policy, available, get_policy, live_policies, register
 from scheduler.policies.cold_start import ColdStart
 from scheduler.policies.dedicated_gpu import DedicatedGpu
 from scheduler.policies.fcfs_min import FcfsMin
@@ -31,5 +31,6 @@ __all__ = [
     "TangramFast",
     "available",
     "get_policy",
+    "live_policies",
     "register",
 ]

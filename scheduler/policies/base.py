@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from scheduler.execution import ExecutionModel
 from scheduler.model import Allocation, QueuedAction
 from scheduler.resources import ClusterState
 
@@ -14,9 +15,11 @@ class Policy(Protocol):
 
     `queue` is the waiting queue in FCFS order. `state` must not be mutated. Every returned
     allocation must be applicable, in order, to `state` with `ClusterState.apply`.
+    `execution` says how its decisions run (`scheduler.execution`).
     """
 
     name: str
+    execution: ExecutionModel
 
     def decide(
         self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
@@ -49,3 +52,14 @@ def get_policy(name: str, **params: object) -> Policy:
     if head in _REGISTRY and tail.isdigit():
         return _REGISTRY[head](int(tail), **params)
     raise KeyError(f"unknown policy {name!r}; choose one of: {', '.join(available())}")
+
+
+def live_policies() -> list[str]:
+    """The registered policies whose execution model the live service can run (with their
+    default parameters)."""
+    return [name for name in available() if not _REGISTRY[name]().execution.live_gaps()]
+
+
+def live_gaps(name: str, **params: object) -> list[str]:
+    """Why the live service cannot run policy `name` ([] when it can); KeyError if unknown."""
+    return get_policy(name, **params).execution.live_gaps()

@@ -4,8 +4,8 @@ Placement is FCFS at the minimum units, as in `fcfs-min`, preferring a free chun
 service is still resident (ServerlessLLM's locality-aware placement). What differs is execution:
 the simulator (and a live GPU worker honouring `gpu_residency`) loads the service's weights from
 local storage before a call that finds no resident instance. With `keep_alive_s` = 0 the GPUs
-are freed after every call (`gpu_residency = "none"`); otherwise an instance stays resident for
-`keep_alive_s` after its last call ends (`"keepalive"`), unless a load needs its memory first
+are freed after every call (`GpuResidency.NONE`); otherwise an instance stays resident for
+`keep_alive_s` after its last call ends (`KEEPALIVE`), unless a load needs its memory first
 (least recently used idle instances go first). ServerlessLLM keeps a model alive after a request
 in the same way. `load_from="memory"` loads from checkpoints cached in host memory (ServerlessLLM's
 DRAM tier) at the restore speed instead of from local storage.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.execution import ExecutionModel, GpuResidency
 from scheduler.model import Allocation, QueuedAction
 from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
@@ -35,7 +36,11 @@ class ColdStart:
             raise ValueError(f"cold-start load_from must be 'storage' or 'memory', got {load_from!r}")
         self.keep_alive_s = float(keep_alive_s)
         self.load_from = load_from
-        self.gpu_residency = "none" if keep_alive_s == 0 else "keepalive"
+        self.execution = ExecutionModel(
+            gpu_residency=GpuResidency.NONE if keep_alive_s == 0 else GpuResidency.KEEPALIVE,
+            keep_alive_s=self.keep_alive_s,
+            load_from="memory" if load_from == "memory" else "storage",
+        )
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         return fcfs_prefix(queue, state, now_s)[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from scheduler.execution import ExecutionModel, GpuResidency
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
@@ -64,7 +65,6 @@ class DedicatedGpu:
     """`services` to host on groups of `tp` GPUs (see the module doc for the other knobs)."""
 
     name = "dedicated-gpu"
-    gpu_residency = "dedicated"
 
     def __init__(
         self,
@@ -89,9 +89,16 @@ class DedicatedGpu:
         self.loads = dict(loads or {})
         self.model_mb = dict(model_mb or {})
         self.call_memory_mb = call_memory_mb
-        # the simulator runs concurrent calls of one group together (continuous batching)
-        self.gpu_sharing = max_concurrent != 1
         self._plans: dict[tuple[tuple[str, int, int], ...], dict[str, list[Slot]]] = {}
+        # its groups are resident from the start; with max_concurrent above 1 a group runs its
+        # concurrent calls together (continuous batching)
+        self.execution = ExecutionModel(
+            gpu_residency=GpuResidency.DEDICATED, preload=self.preload, gpu_sharing=max_concurrent != 1
+        )
+
+    def preload(self, state: ClusterState, services: Sequence[str]) -> list[tuple[str, Slot]]:
+        """(service, slot) of every group (`placement`), resident from the start."""
+        return [(svc, slot) for svc, slots in self.placement(state, services).items() for slot in slots]
 
     # ---- the deployment ----------------------------------------------------------------------
     def group_size(self, gpu_memory_mb: int) -> int:

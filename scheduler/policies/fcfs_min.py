@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from scheduler.eviction import Evictions, drain, place_evicting
+from scheduler.execution import TANGRAM
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.resources import ClusterState
@@ -74,6 +75,7 @@ def fcfs_prefix(
 @register("fcfs-min")
 class FcfsMin:
     name = "fcfs-min"
+    execution = TANGRAM
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         return fcfs_prefix(queue, state, now_s)[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.execution import TANGRAM
 from scheduler.model import Allocation, QueuedAction
 from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
@@ -23,6 +24,8 @@ def fixed_units(action: QueuedAction, dop: int) -> int:
 @register("fixed-dop")
 class FixedDop:
     """Every action at `fixed_units(action, dop)`; selectable as "fixed-dop-4", "fixed-dop-16"."""
+
+    execution = TANGRAM
 
     def __init__(self, dop: int = 4) -> None:
         if dop < 1:

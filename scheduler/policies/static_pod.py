@@ -14,7 +14,7 @@ see docs/simulator.md). The returned allocations carry no core ids, and `units` 
 of threads the action runs (its maximum units, capped at the pod's cap, e.g. `pytest -n 4`).
 Non-CPU actions are scheduled as in `fcfs-min`.
 
-What a pod costs to create is part of the execution model (`pod_start`, read by the simulator):
+What a pod costs to create is part of its execution model (`ExecutionModel.pod_start`):
 the scheduler binds pods at most `bind_qps` per second after a burst of `bind_burst` (its API
 client's QPS 50 / burst 100), and a bound pod starts in a lognormal time with median
 `start_p50_s` and 99th percentile `start_p99_s` (the scalability SLO: p99 <= 5 s, images
@@ -26,8 +26,8 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from scheduler.execution import ExecutionModel, PodStart
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
@@ -37,26 +37,11 @@ PACKINGS = ("spread", "binpack")  # kube-scheduler's LeastAllocated / MostAlloca
 MAX_NODE_SCORE = 100  # framework.MaxNodeScore
 
 
-@dataclass(frozen=True, slots=True)
-class PodStart:
-    """What creating a pod costs (simulator execution model): binding rate and start-up time.
-
-    `bind_qps` None: binding is not rate limited. `start_p50_s` 0: pods start at once (the
-    simulator then charges its generic sandbox start instead).
-    """
-
-    bind_qps: float | None = 50.0
-    bind_burst: int = 100
-    start_p50_s: float = 1.5
-    start_p99_s: float = 5.0
-
-
 @register("static-pod")
 class StaticPod:
-    """Pods of `request_cores` request and `cap_cores` cap; `cpu_sharing` tells the simulator."""
+    """Pods of `request_cores` request and `cap_cores` cap; its execution model time-shares cores."""
 
     name = "static-pod"
-    cpu_sharing = True
 
     def __init__(
         self,
@@ -90,6 +75,9 @@ class StaticPod:
         self.packing = packing
         self.max_pods = max_pods
         self.pod_start = PodStart(bind_qps, bind_burst, start_p50_s, start_p99_s)
+        self.execution = ExecutionModel(
+            cpu_sharing=True, cap_cores=float(cap_cores), pod_start=self.pod_start
+        )
 
     def threads(self, action: QueuedAction) -> int:
         """Threads an action runs inside its pod: its maximum units, at most the cap."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.execution import TANGRAM
 from scheduler.model import Allocation, QueuedAction
 from scheduler.policies.base import register
 from scheduler.policies.elastic import dp_cpu_solver, dp_gpu_solver, elastic_round
@@ -27,6 +28,7 @@ class TangramDp:
     """The paper's scheduler. `depth` is Algorithm 2's look-ahead for the first waiting action."""
 
     name = "tangram-dp"
+    execution = TANGRAM
 
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth

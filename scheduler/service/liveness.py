@@ -1,7 +1,8 @@
-"""Worker liveness: retry actions whose worker died, re-route actions of a pool that is gone.
+"""Worker liveness: which pools are gone, which actions to retry, re-route or forget.
 
 Workers heart-beat into Redis (server time). Every `check_every_s` the scheduler compares each
-running action's owner with the live workers:
+running action's owner with the live workers, and `assess` turns what it read into a
+`LivenessPlan` (pure: no I/O, no clock of its own) that the loop carries out (`faults.apply`):
 - the owner stopped beating while the action ran -> the action is retried on the same pool
   (a new attempt; the old attempt's message can no longer claim it), at most `max_attempts`
   times, then it finishes with status `error`;
@@ -12,21 +13,18 @@ running action's owner with the live workers:
 - an action dispatched but not claimed within `claim_timeout_s` (its message died with a
   worker that had prefetched it, and sits unacknowledged in the broker) is sent again as a new
   attempt; when the old message resurfaces it is stale and cannot claim.
+- an action whose record is gone from Redis (expired, deleted by hand) is forgotten.
 Failures of the user's code are results, never retried here.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from scheduler.model import ResourceKind
+from scheduler.model import Allocation, ResourceKind
 
-if TYPE_CHECKING:
-    from scheduler.service.loop import SchedulerService
-
-log = logging.getLogger("tangram.scheduler")
+Owner = tuple[str | None, str | None, int, float]  # (state, worker, attempt, dispatched_s)
 
 
 @dataclass(frozen=True)
@@ -42,34 +40,54 @@ def pool_key(kind: ResourceKind, pool: str) -> str:
     return f"{kind}:{pool}"
 
 
-def check(svc: SchedulerService, policy: LivenessPolicy) -> None:
-    """One liveness pass over the workers and the running actions."""
-    now, workers = svc.store.workers()
-    alive = {w for w, (t, _) in workers.items() if now - t <= policy.dead_after_s}
-    for w, (t, _) in workers.items():
-        if now - t > policy.forget_after_s:
-            svc.store.forget_worker(w)
+@dataclass
+class LivenessPlan:
+    """What one liveness pass found, in the order to act on it.
+
+    `offline`: the pools with known workers none of which is alive (all others are online);
+    `alive`: the live workers; `forget`: workers silent for `forget_after_s`;
+    `vanished`: running actions with no record left; `reroute` / `retry`: (action, worker,
+    attempt) of actions on an offline pool / of a lost or never-claimed attempt (worker "")."""
+
+    offline: set[str] = field(default_factory=set)
+    alive: set[str] = field(default_factory=set)
+    forget: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
+    reroute: list[tuple[str, str, int]] = field(default_factory=list)
+    retry: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def assess(
+    policy: LivenessPolicy,
+    server_now_s: float,
+    workers: Mapping[str, tuple[float, str]],
+    running: Mapping[str, Allocation],
+    owners: Sequence[Owner],
+    local_now_s: float,
+) -> LivenessPlan:
+    """The plan for the workers' heartbeats `workers` (worker -> (last beat, pool key), Redis
+    server time `server_now_s`) and the `owners` of the `running` actions (in its order)."""
+    plan = LivenessPlan()
+    plan.alive = {w for w, (t, _) in workers.items() if server_now_s - t <= policy.dead_after_s}
+    plan.forget = [w for w, (t, _) in workers.items() if server_now_s - t > policy.forget_after_s]
     known = {p for _, p in workers.values()}
-    alive_pools = {p for w, (_, p) in workers.items() if w in alive}
-    svc.set_offline(known - alive_pools)
-    svc.reconcile_sandboxes(alive, svc.store.sandbox_reports())
-    ids = list(svc.state.running)
-    if not ids:
-        return
-    local_now = svc.clock()
-    for action_id, (state, worker, attempt, dispatched_s) in zip(ids, svc.store.owners(ids), strict=True):
-        alloc = svc.state.running.get(action_id)
-        if alloc is None:
-            continue
+    alive_pools = {p for w, (_, p) in workers.items() if w in plan.alive}
+    plan.offline = known - alive_pools
+    for (action_id, alloc), (state, worker, attempt, dispatched_s) in zip(
+        running.items(), owners, strict=True
+    ):
         if state is None:  # its record expired or was deleted: nothing will ever complete it
-            svc.forget_vanished(action_id)
+            plan.vanished.append(action_id)
             continue
         key = pool_key(alloc.kind, alloc.pool)
-        if key in svc.offline and alloc.kind is not ResourceKind.API:
-            svc.reroute(action_id, worker or "", attempt, policy.max_attempts)
-        elif state == "running" and worker not in alive:
-            svc.retry(action_id, worker or "", attempt, policy.max_attempts)
+        if key in plan.offline and alloc.kind is not ResourceKind.API:
+            plan.reroute.append((action_id, worker or "", attempt))
+        elif state == "running" and worker not in plan.alive:
+            plan.retry.append((action_id, worker or "", attempt))
         elif (
-            state == "dispatched" and key in alive_pools and local_now - dispatched_s > policy.claim_timeout_s
+            state == "dispatched"
+            and key in alive_pools
+            and local_now_s - dispatched_s > policy.claim_timeout_s
         ):
-            svc.retry(action_id, "", attempt, policy.max_attempts)
+            plan.retry.append((action_id, "", attempt))
+    return plan

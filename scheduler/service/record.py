@@ -10,11 +10,12 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
 from tangram_celery.metrics import SchedulerMetrics
+from tangram_celery.wire import Completion
 
 
 def family(qa: QueuedAction) -> str:
@@ -34,14 +35,14 @@ class RunRecorder:
         for a in allocs:
             self.metrics.dispatched.labels(pool=f"{a.kind}:{a.pool}").inc()
 
-    def completed(self, qa: QueuedAction | None, alloc: Allocation, ev: dict[str, Any]) -> None:
-        kind = qa.kind if qa else str(ev.get("kind", ""))
-        status = str(ev.get("status", ""))
+    def completed(self, qa: QueuedAction | None, alloc: Allocation, ev: Completion) -> None:
+        kind = qa.kind if qa else ""
+        status = ev.status.value
         self.metrics.completed.labels(kind=kind, status=status).inc()
-        if "act_s" in ev:
-            self.metrics.act.labels(kind=kind).observe(float(ev["act_s"]))
-            self.metrics.queue.labels(kind=kind).observe(float(ev.get("queue_s", 0.0)))
-        if self._log is None or qa is None or "act_s" not in ev:
+        if ev.act_s is not None:
+            self.metrics.act.labels(kind=kind).observe(ev.act_s)
+            self.metrics.queue.labels(kind=kind).observe(ev.queue_s)
+        if self._log is None or qa is None or ev.act_s is None:
             return
         rec = {
             "action_id": qa.action_id,
@@ -58,9 +59,9 @@ class RunRecorder:
             "api_quota": qa.cost.api_quota,
             "status": status,
             "submitted_s": qa.submitted_s,
-            "started_s": qa.submitted_s + float(ev.get("queue_s", 0.0)),
-            "ended_s": qa.submitted_s + float(ev["act_s"]),
-            "attempt": int(ev.get("attempt", 1)),
+            "started_s": qa.submitted_s + ev.queue_s,
+            "ended_s": qa.submitted_s + ev.act_s,
+            "attempt": ev.attempt,
         }
         self._log.write(json.dumps(rec) + "\n")
 

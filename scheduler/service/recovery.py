@@ -1,60 +1,105 @@
-"""Rebuild the scheduler's in-memory state from Redis after a restart (or a Redis restart)."""
+"""Rebuild the scheduler's in-memory state from Redis after a restart (or a Redis restart).
+
+`plan` turns what Redis holds (dispatch records and their actions' states, pins, resets) into a
+`RecoveryPlan`: a `ClusterState.restore` snapshot, the actions to queue again and the running
+ones, and the messages to send again. It reads nothing itself; the loop reads, calls it and
+carries the plan out (then replays the unacknowledged events and intake entries)."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from scheduler.model import Allocation
-from scheduler.service.cluster import to_queued
-from tangram_celery.store import EVENTS, INTAKE, ActionState
-
-if TYPE_CHECKING:
-    from scheduler.service.loop import SchedulerService
+from scheduler.estimator import DurationEstimator
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.service.cluster import alloc_from_wire, to_queued
+from tangram_celery.config import TangramConfig
+from tangram_celery.store import ActionState
+from tangram_celery.wire import ActionMeta, DispatchRecord, SandboxOrder
 
 log = logging.getLogger("tangram.scheduler")
 
 
-def recover(svc: SchedulerService) -> None:
-    """Rebuild state from Redis after a restart: running allocations, pins, pending entries."""
-    running = svc.store.load_running()
-    now = svc.clock()
-    ids = list(running)
-    states = svc.store.states(ids)
-    for (action_id, rec), st in zip(running.items(), states, strict=True):
-        qa = to_queued(rec["meta"], svc.cfg)
-        svc.estimator.annotate(qa)
-        svc.active[qa.trajectory_id] += 1
-        svc.attempt[action_id] = int(rec.get("attempt", 1))
+@dataclass(slots=True)
+class Recovered:
+    """One action of the previous run: its queue entry, metadata, attempt and sandbox order."""
+
+    qa: QueuedAction
+    meta: ActionMeta
+    attempt: int
+    sandbox: SandboxOrder | None = None
+
+
+@dataclass
+class RecoveryPlan:
+    """What to rebuild: `snapshot` for `ClusterState.restore` (the running allocations, their
+    trajectories' pins and reservations), `queued` (re-routed, to place again), `running`
+    (dispatched), `pins` (the pin records, for the sandbox book) and `resend` (dispatched
+    actions whose message may never have been sent)."""
+
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    queued: list[Recovered] = field(default_factory=list)
+    running: list[Recovered] = field(default_factory=list)
+    pins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resend: list[Allocation] = field(default_factory=list)
+
+
+def plan(
+    records: Mapping[str, DispatchRecord],
+    states: Sequence[str | None],
+    pins: Mapping[str, dict[str, Any]],
+    cfg: TangramConfig,
+    estimator: DurationEstimator,
+    now_s: float,
+    cpu_nodes: Mapping[str, object],
+) -> RecoveryPlan:
+    """The plan for the dispatch records `records` (their actions' states `states`, in order)
+    and the pin records `pins`; `cpu_nodes` are the configured CPU nodes (pins elsewhere go)."""
+    out = RecoveryPlan()
+    running: list[dict[str, Any]] = []
+    expected: dict[str, float] = {}
+    busy: dict[str, str] = {}
+    node_of: dict[str, str] = {}
+    memory: dict[str, dict[str, int]] = {}
+    used: dict[str, float] = {}
+    for (action_id, rec), st in zip(records.items(), states, strict=True):
+        qa = to_queued(rec.meta, cfg)
+        estimator.annotate(qa)
+        got = Recovered(qa, rec.meta, rec.attempt, rec.sandbox)
         if st == ActionState.QUEUED:  # re-routed, not yet placed again
-            svc.waiting.append(qa)
+            out.queued.append(got)
             continue
-        svc.state.hold(Allocation.from_dict(rec["alloc"]), qa, now)
-        svc.kind_of[action_id] = qa.kind
-        svc.running_qa[action_id] = qa
-        if isinstance(rec.get("sandbox"), dict):
-            svc.sandbox_of[action_id] = rec["sandbox"]
-    svc.waiting.sort_by_submission()
-    for tid, pin in svc.store.load_pins().items():
-        if pin["node"] in svc.state.cpu:
-            svc.state.trajectory_node[tid] = pin["node"]
-            svc.state.cpu[pin["node"]].trajectory_memory_mb[tid] = int(pin["memory_mb"])
-            svc.book.restore_pin(tid, pin)
-    # Sandboxes of restored pins may be gone (their workers restarted too): the liveness check
-    # releases those (`trajectories.reconcile`) once the workers' reports say so.
-    svc.book.reset.update(svc.store.load_resets())
-    # Allocated but maybe never sent (the previous run died between persist and send):
-    # send again; the worker's claim turns a duplicate into a no-op.
-    resend = [
-        Allocation.from_dict(running[i]["alloc"])
-        for i, st in zip(ids, states, strict=True)
-        if st == ActionState.DISPATCHED
-    ]
-    if resend:
-        log.info("re-sending %d dispatched action(s) after restart", len(resend))
-        svc.send(resend)
-    # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
-    for events in svc.store.read_pending(EVENTS):
-        svc.on_events(events)
-    for intake in svc.store.read_pending(INTAKE):
-        svc.on_intake(intake)
+        alloc = alloc_from_wire(rec.alloc)
+        out.running.append(got)
+        running.append(alloc.to_dict())
+        expected[action_id] = now_s + qa.duration_s(alloc.units)
+        busy[action_id] = qa.trajectory_id
+        if alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
+            tid = qa.trajectory_id
+            node_of.setdefault(tid, alloc.pool)  # as `apply` pins it, unless a pin record says
+            memory.setdefault(alloc.pool, {}).setdefault(tid, qa.cost.memory_mb)
+            used[tid] = now_s
+        if st == ActionState.DISPATCHED:
+            # allocated but maybe never sent (the previous run died between persist and send)
+            out.resend.append(alloc)
+    for tid, pin in pins.items():
+        node = str(pin.get("node", ""))
+        if node not in cpu_nodes:
+            continue
+        old = node_of.get(tid)
+        if old is not None and old != node:
+            memory.get(old, {}).pop(tid, None)
+        node_of[tid] = node
+        memory.setdefault(node, {})[tid] = int(pin.get("memory_mb", 0))
+        out.pins[tid] = pin
+    out.snapshot = {
+        "trajectory_node": node_of,
+        "trajectory_memory_mb": memory,
+        "running": running,
+        "expected_end_s": expected,
+        "running_trajectory": busy,
+        "trajectory_used_s": used,
+    }
+    return out

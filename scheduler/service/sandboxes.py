@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tangram_celery.wire import SandboxOrder
+
 ONE_SHOT = "~"  # prefix of the scheduler's key for a one-shot action (not a valid trajectory id)
 RESET_TTL_S = 24 * 3600.0
 
@@ -66,18 +68,18 @@ class SandboxBook:
     owner: dict[str, tuple[str, int]] = field(default_factory=dict)
     reset: dict[str, float] = field(default_factory=dict)  # trajectory -> when it lost its sandbox
 
-    def pinned(self, tid: str, action_id: str, now_s: float) -> dict[str, Any]:
+    def pinned(self, tid: str, action_id: str) -> SandboxOrder:
         """A CPU action pins `tid` (a new sandbox): the worker's sandbox instructions."""
         self.gen[tid] = action_id
         self.owner.pop(tid, None)
         reset = self.reset.pop(tid, None) is not None
-        return {"gen": action_id, "new": True, "reset": reset}
+        return SandboxOrder(gen=action_id, new=True, reset=reset)
 
-    def reuse(self, tid: str, action_id: str) -> dict[str, Any]:
+    def reuse(self, tid: str, action_id: str) -> SandboxOrder:
         """A CPU action of pinned `tid`: run in its existing sandbox (the pinning action placed
         again, after a retryable failure, may still find none)."""
         gen = self.gen.get(tid, "")
-        return {"gen": gen, "new": gen == action_id, "reset": False}
+        return SandboxOrder(gen=gen, new=gen == action_id)
 
     def completed(self, tid: str, worker: str, seq: int) -> bool:
         """The trajectory's action completed on `worker` at its completion counter `seq`; True

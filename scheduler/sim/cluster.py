@@ -69,6 +69,10 @@ class ExecParams:
         together: k calls run at k / (1 + (k - 1) * (1 - share)) times one call's throughput
         (1.25x at most with 0.2; 0: processor sharing, no gain).
     round_gap_s: minimum time between two scheduling rounds (0: a round at every event time).
+    max_batch: the largest batch one call of a reward service scores (the live deployment's
+        `reward_models[].max_batch`): a GPU allocation takes along up to `max_batch - 1`
+        waiting calls of its service as riders (`scheduler.round`), run as one batch at the
+        gain of `batch_amortised_share`. 1 (the default): no riders, each call runs alone.
     """
 
     exec_overhead_s: float = 0.1
@@ -81,6 +85,7 @@ class ExecParams:
     api_reject_s: float = 0.1
     batch_amortised_share: float = 0.2
     round_gap_s: float = 0.0
+    max_batch: int = 1
 
     def footprint_mb(self, model_mb: int, units: int) -> int:
         return model_mb // units + self.gpu_activation_mb

@@ -1,11 +1,12 @@
 """The discrete-event simulator: drives a policy object exactly as the live service does.
 
 Loop: events (submit, finish, wake) advance simulated time; after the events of one instant,
-if anything changed and actions wait, one scheduling round runs `policy.decide(queue, state,
-now)` on the simulator's own `ClusterState`, and every returned allocation is applied in order.
-Policies see only estimates (`DurationEstimator`, learned online from completions); the true
-durations come from the workload. Execution semantics follow the policy's declared execution
-model (see `scheduler.policies`): exclusive cores, time-shared pods, GPU residency, API control.
+if anything changed and actions wait, one scheduling round runs (`scheduler.round.Round`, the
+live loop's round: fair ordering, `policy.decide`, GPU batch riders, the eviction plan) on the
+simulator's own `ClusterState`, and the plan is carried out in order. Policies see only
+estimates (`DurationEstimator`, learned online from completions); the true durations come from
+the workload. Execution follows the policy's declared `ExecutionModel` (`scheduler.execution`):
+exclusive cores, time-shared pods, GPU residency, API control.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import time
 from dataclasses import dataclass, field
 
 from scheduler.estimator import DurationEstimator
-from scheduler.gpu_cache import GpuCache
+from scheduler.execution import GpuResidency, execution_of
+from scheduler.gpu_cache import GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.dedicated_gpu import dedicated_groups
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
+from scheduler.round import FairShareSpec, Round
 from scheduler.sim.cpu_share import SharedNode
 from scheduler.sim.gpu_share import BatchedGroup
 from scheduler.sim.pods import PodStarts
@@ -51,12 +54,14 @@ class _Running:
 
 @dataclass
 class Simulator:
-    """Run `scenario` under `policy`. `learn` feeds completions back into the estimator."""
+    """Run `scenario` under `policy`. `learn` feeds completions back into the estimator; `fair`
+    orders the jobs' actions as the live service does (its default; None: FCFS as queued)."""
 
     scenario: Scenario
     policy: Policy
     learn: bool = True
     estimator: DurationEstimator | None = None
+    fair: FairShareSpec | None = field(default_factory=FairShareSpec)
     _events: list[tuple[float, int, int, object]] = field(default_factory=list)
     _seq: int = 0
 
@@ -69,33 +74,21 @@ class Simulator:
             n: ApiPool(p.name, p.max_concurrency, p.quota_per_window, p.window_s)
             for n, p in self.state.api.items()
         }
-        self.cpu_sharing = bool(getattr(self.policy, "cpu_sharing", False))
-        self.cap_cores = float(getattr(self.policy, "cap_cores", 4))
-        self.residency = str(getattr(self.policy, "gpu_residency", "cache"))
-        self.api_control = bool(getattr(self.policy, "api_control", True))
-        self.max_retries = int(getattr(self.policy, "max_retries", 3))
-        self.timeout_s = float(getattr(self.policy, "timeout_s", 600.0))
-        self.backoff_s = float(getattr(self.policy, "backoff_s", 1.0))
-        self.gpu_sharing = bool(getattr(self.policy, "gpu_sharing", False))
-        self.keep_alive_s = float(getattr(self.policy, "keep_alive_s", 0.0))
-        self.load_from = str(getattr(self.policy, "load_from", "storage"))
-        pod_start = getattr(self.policy, "pod_start", None) if self.cpu_sharing else None
-        self.pods = PodStarts(pod_start) if pod_start is not None else None
-        self.caches: dict[str, GpuCache] = {}
-        for name, node in self.state.gpu.items():
-            cache = GpuCache(node.gpu_memory_mb, self._footprint_mb)
-            node.resident = cache.resident  # the policy sees residency through the state
-            self.caches[name] = cache
-        if self.residency == "dedicated":
-            services = list(getattr(self.policy, "services", []) or sc.model_mb)
-            placement = getattr(self.policy, "placement", None)
-            if placement is not None:
-                groups = [
-                    (svc, slot) for svc, slots in placement(self.state, services).items() for slot in slots
-                ]
-            else:
-                tp = int(getattr(self.policy, "tp", 4))
-                groups = list(dedicated_groups(self.state, services, tp).items())
+        # How the policy's decisions run (scheduler.execution): read once, typed.
+        self.model = ex = execution_of(self.policy)
+        self.cpu_sharing = ex.cpu_sharing
+        self.residency = ex.gpu_residency
+        self.gpu_sharing = ex.gpu_sharing
+        self.pods = PodStarts(ex.pod_start) if ex.cpu_sharing and ex.pod_start is not None else None
+        self.state.attach_gpu_caches(self._footprint_mb)  # the policy sees residency through the state
+        self.caches = self.state.gpu_cache
+        if self.residency is GpuResidency.DEDICATED:
+            services = sorted(sc.model_mb)
+            groups = (
+                ex.preload(self.state, services)
+                if ex.preload is not None
+                else list(dedicated_groups(self.state, services, 4).items())
+            )
             for svc, (node_name, chunk) in groups:
                 self.caches[node_name].preload(chunk, svc)
         self.shared = {n: SharedNode(float(node.cores)) for n, node in self.state.cpu.items()}
@@ -107,6 +100,9 @@ class Simulator:
         self.sandboxes: set[str] = set()  # trajectories with a live sandbox
         self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
+        batch = self.params.max_batch
+        self.round = Round(self.policy, fair=self.fair, max_batch=(lambda _s: batch) if batch > 1 else None)
+        self._riding: dict[str, list[Allocation]] = {}  # GPU allocation -> its riders this round
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
 
@@ -185,15 +181,18 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
-        if self.residency == "keepalive":
+        if self.residency is GpuResidency.KEEPALIVE:
             for cache in self.caches.values():  # what the policy sees must be what is loaded
-                self.result.unloads += cache.expire(now - self.keep_alive_s)
-        t0 = time.perf_counter()
-        allocs = self.policy.decide(self.queue, self.state, now)
-        self.result.decision_s.append(time.perf_counter() - t0)
+                self.result.unloads += cache.expire(now - self.model.keep_alive_s)
+        plan = self.round.plan(self.queue, self.state, now)
+        self.result.decision_s.append(plan.decision_s)
         self.result.queue_len.append(len(self.queue))
-        for alloc in allocs:
-            self._start(now, self.queue.pop(alloc.action_id), alloc)
+        if plan.riders:
+            lead = {(a.pool, a.unit_ids): a.action_id for a in plan.allocs if a.kind is ResourceKind.GPU}
+            for r in plan.riders:
+                self._riding.setdefault(lead[(r.pool, r.unit_ids)], []).append(r)
+        for alloc in plan.allocs:
+            self._start(now, self.queue.pop(alloc.action_id), alloc, plan.gpu_loads.get(alloc.action_id))
         # Quota refills are not events: wake up when the head of each API pool's line fits.
         seen: set[str] = set()
         for qa in self.queue.values() if self.state.api else ():
@@ -218,7 +217,7 @@ class Simulator:
         p = self.pending[aid]
         return self.scenario.trajectories[p.traj].steps[p.step].action
 
-    def _start(self, now: float, qa: QueuedAction, alloc: Allocation) -> None:
+    def _start(self, now: float, qa: QueuedAction, alloc: Allocation, load: GpuLoad | None = None) -> None:
         sa = self._sim_action(qa.action_id)
         if self.gpu_sharing and alloc.kind is ResourceKind.GPU:
             self.state.hold(alloc, qa, now)  # the group may already be serving calls
@@ -252,7 +251,11 @@ class Simulator:
             self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
             return
         if alloc.kind is ResourceKind.GPU:
-            run.setup_s = self._gpu_setup_s(now, alloc, qa.target)
+            run.setup_s = self._gpu_setup_s(now, alloc, qa.target, load)
+            batch = self._riding.pop(qa.action_id, None)
+            if batch:
+                self._start_batch(now, run, batch)
+                return
             if self.gpu_sharing:
                 key = (alloc.pool, alloc.unit_ids)
                 group = self.groups.get(key)
@@ -273,7 +276,7 @@ class Simulator:
             return
         run.rejected = True
         self.result.rejected_calls += 1
-        if self.api_control:
+        if self.model.api_control:
             self.result.limit_violations += 1
         self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
 
@@ -281,22 +284,43 @@ class Simulator:
         """A pod's action starts using its node's time-shared cores."""
         run = self.running[aid]
         sa = self._sim_action(aid)
-        self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.cap_cores)
+        self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.model.cap_cores)
         self._reschedule_shared(run.alloc.pool)
 
-    def _gpu_setup_s(self, now: float, alloc: Allocation, service: str) -> float:
+    def _start_batch(self, now: float, lead: _Running, riders: list[Allocation]) -> None:
+        """A GPU allocation and its riders run as one batch on its chunk once the service is
+        loaded, at the batching gain of a continuously batching server (`BatchedGroup`)."""
+        group = BatchedGroup(self.params.batch_amortised_share)
+        group.add(
+            0.0, lead.qa.action_id, self._sim_action(lead.qa.action_id).true_duration_s(lead.alloc.units)
+        )
+        for alloc in riders:
+            qa = self.queue.pop(alloc.action_id)
+            self.state.share(alloc, qa, now)
+            self.running[qa.action_id] = _Running(qa, alloc, now, lead.setup_s)
+            group.add(0.0, qa.action_id, self._sim_action(qa.action_id).true_duration_s(alloc.units))
+        while group.calls:
+            t_s = group.next_finish_s()
+            assert t_s is not None
+            for aid in group.pop_done(t_s):
+                self._push(now + lead.setup_s + t_s, _FINISH, aid)
+
+    def _gpu_setup_s(self, now: float, alloc: Allocation, service: str, load: GpuLoad | None) -> float:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
         load_s = (
-            self.params.restore_s if self.load_from == "memory" else self.params.cold_load_s
+            self.params.restore_s if self.model.load_from == "memory" else self.params.cold_load_s
         )  # the cold-start baseline's checkpoint tier
-        if self.residency == "none":
+        if self.residency is GpuResidency.NONE:
             self.result.cold_loads += 1
             return load_s(model_mb, alloc.units)
         cache = self.caches[alloc.pool]
-        hit, evicted = cache.ensure(alloc.unit_ids, service, now)
-        if self.residency == "keepalive":
+        if load is None:  # not planned by the round (a policy run outside it)
+            load = cache.plan(alloc.pool, alloc.unit_ids, service)
+        cache.apply(load, now)
+        hit = load.hit
+        if self.residency is GpuResidency.KEEPALIVE:
             cache.touch(alloc.unit_ids, service, float("inf"))  # in use: never expires
-            self.result.unloads += len(evicted)
+            self.result.unloads += len(load.victims)
             if hit:
                 return 0.0
             self.result.cold_loads += 1
@@ -319,7 +343,7 @@ class Simulator:
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
         self.state.release(aid, now)
-        if self.residency == "keepalive" and run.alloc.kind is ResourceKind.GPU:
+        if self.residency is GpuResidency.KEEPALIVE and run.alloc.kind is ResourceKind.GPU:
             self.caches[run.alloc.pool].touch(run.alloc.unit_ids, run.qa.target, now)  # idle from now
         pend = self.pending[aid]
         sa = self._sim_action(aid)
@@ -328,8 +352,9 @@ class Simulator:
         if run.rejected:
             pend.retries += 1
             elapsed = now - pend.first_submit_s
-            if pend.retries <= self.max_retries and elapsed < self.timeout_s:
-                backoff = self.backoff_s * 2 ** (pend.retries - 1)
+            retries = self.model.retries
+            if pend.retries <= retries.max_retries and elapsed < retries.timeout_s:
+                backoff = retries.backoff_s * 2 ** (pend.retries - 1)
                 self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
                 return
         exec_s = now - run.started_s - run.setup_s

@@ -14,7 +14,7 @@ import math
 import random
 import zlib
 
-from scheduler.policies.static_pod import PodStart
+from scheduler.execution import PodStart
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 

@@ -43,16 +43,16 @@ class ServerState:
 
     async def capabilities(self) -> Capabilities:
         if self._caps is None:
-            from tangram_celery.client import pool_view_of
+            from tangram_celery.wire import PoolView
 
-            view = pool_view_of(self.cfg)
+            view = PoolView.of(self.cfg)
             self._caps = Capabilities(
                 languages=list(LANGUAGES),
                 compiled_languages=sorted(COMPILED),
-                reward_models=sorted(view["models"]),
-                apis=list(view["apis"]),
-                max_cpus=int(view["max_cpus"]),
-                max_memory_mb=int(view["max_memory_mb"]),
+                reward_models=sorted(view.models),
+                apis=list(view.apis),
+                max_cpus=view.max_cpus,
+                max_memory_mb=view.max_memory_mb,
             )
         return self._caps
 

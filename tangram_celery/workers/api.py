@@ -12,6 +12,7 @@ from typing import Any
 
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.config import ApiConfig
+from tangram_celery.wire import TaskOrder
 
 _pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api-call")
 
@@ -49,7 +50,7 @@ class ApiHandler:
         with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
             return json.loads(resp.read().decode() or "null")
 
-    def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+    def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
         request = payload.get("request", {})
         call = self._http if self.fn is None else self.fn
         timeout_s = min(float(payload.get("timeout_s", self.cfg.timeout_s)), self.cfg.timeout_s)

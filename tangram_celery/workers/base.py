@@ -23,11 +23,13 @@ from celery import Celery
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.metrics import WorkerMetrics
 from tangram_celery.store import Store
+from tangram_celery.wire import ActionMeta, Completion, EventStatus, TaskOrder, residency
 
 log = logging.getLogger("tangram.worker")
 
-Handler = Callable[[str, dict[str, Any], dict[str, Any]], ActionResult]
-"""handler(action_id, payload, allocation) -> ActionResult (timings are filled in by execute)."""
+Handler = Callable[[str, dict[str, Any], TaskOrder], ActionResult]
+"""handler(action_id, payload, order) -> ActionResult (timings are filled in by execute). A GPU
+handler also has `residency()`: what its node holds, sent with each completion."""
 
 
 class WorkerRuntime:
@@ -122,42 +124,43 @@ class WorkerRuntime:
         t.join(timeout_s)
         return bool(box and box[0])
 
-    def execute(self, action_id: str, alloc: dict[str, Any], handler: Handler) -> str:
-        """Run one dispatched action exactly once; returns its final status (or why it was skipped)."""
+    def execute(self, action_id: str, record: dict[str, Any], handler: Handler) -> str:
+        """Run one dispatched action exactly once; returns its final status (or why it was skipped).
+
+        `record` is the Celery message's order (`wire.TaskOrder`); one that does not parse is
+        not run (the scheduler sends the action again when nobody claims it)."""
+        try:
+            order = TaskOrder.model_validate(record)
+        except ValueError as e:
+            log.error("action %s: unreadable task order, not run: %s", action_id, e)
+            return "skipped:malformed"
         started = time.time()
-        claimed = self.store.claim(action_id, int(alloc.get("attempt", 1)), self.name, started)
+        claimed = self.store.claim(action_id, order.attempt, self.name, started)
         if claimed == "expired":
             log.warning("action %s: payload expired before it ran (limits.queued_ttl_s)", action_id)
             res = ActionResult(
                 action_id=action_id,
                 status=ActionStatus.REJECTED,
                 error="the action waited longer than limits.queued_ttl_s and its payload expired",
-                attempts=int(alloc.get("attempt", 1)),
+                attempts=order.attempt,
             )
-            self.store.complete(
-                action_id, res.model_dump_json(), {"status": str(res.status), "trajectory_id": ""}
-            )
+            self.store.complete(action_id, res.model_dump_json(), Completion(status=EventStatus.REJECTED))
             return str(res.status)
         if isinstance(claimed, str):
             log.info("skip %s: %s (duplicate or superseded delivery)", action_id, claimed)
             self.metrics.duplicates.labels(pool=self.pool_key).inc()
             return f"skipped:{claimed}"
         meta_raw, payload_raw, _ = claimed
-        meta = json.loads(meta_raw)
+        meta = ActionMeta.model_validate_json(meta_raw)
         payload = json.loads(payload_raw)
         try:
-            result = handler(action_id, payload, alloc)
+            result = handler(action_id, payload, order)
         except Exception as e:  # an infrastructure failure: the user's code never raises here
-            attempt = int(alloc.get("attempt", 1))
+            back = Completion(
+                status=EventStatus.RETRY, error=f"{type(e).__name__}: {e}", trajectory_id=meta.trajectory_id
+            )
             if getattr(e, "retryable", False) and self.store.give_back(
-                action_id,
-                self.name,
-                attempt,
-                {
-                    "status": "retry",
-                    "error": f"{type(e).__name__}: {e}",
-                    "trajectory_id": meta["trajectory_id"],
-                },
+                action_id, self.name, order.attempt, back
             ):
                 log.warning(
                     "action %s: %s: %s; handed back to be placed again", action_id, type(e).__name__, e
@@ -169,34 +172,32 @@ class WorkerRuntime:
                 action_id=action_id, status=ActionStatus.ERROR, error=f"{type(e).__name__}: {e}"
             )
         finished = time.time()
-        result.trajectory_id = meta["trajectory_id"]
-        submitted = float(meta["submitted_s"])
-        result.queue_s = max(0.0, started - submitted)
+        result.trajectory_id = meta.trajectory_id
+        result.queue_s = max(0.0, started - meta.submitted_s)
         if not result.exec_s:
             result.exec_s = finished - started
-        result.act_s = max(0.0, finished - submitted)
-        result.units = int(alloc.get("units", 0))
-        result.node = str(alloc.get("pool", ""))
-        result.attempts = int(alloc.get("attempt", 1))
+        result.act_s = max(0.0, finished - meta.submitted_s)
+        result.units = order.units
+        result.node = order.pool
+        result.attempts = order.attempt
         if not result.batch_size:
-            result.batch_size = int(alloc.get("batch", 1))
+            result.batch_size = order.batch
         with self._seq_lock:
             self.seq += 1
             seq = self.seq
-        event = {
-            "worker": self.name,
-            "seq": seq,
-            "status": str(result.status),
-            "exec_s": result.exec_s,
-            "queue_s": result.queue_s,
-            "act_s": result.act_s,
-            "units": result.units,
-            "attempt": result.attempts,
-            "trajectory_id": result.trajectory_id,
-        }
-        extra = getattr(handler, "event_extra", None)
-        if extra is not None:
-            event.update(extra())
+        held = getattr(handler, "residency", None)
+        event = Completion(
+            status=EventStatus(result.status.value),
+            worker=self.name,
+            seq=seq,
+            exec_s=result.exec_s,
+            queue_s=result.queue_s,
+            act_s=result.act_s,
+            units=result.units,
+            attempt=result.attempts,
+            trajectory_id=result.trajectory_id,
+            resident=residency(held()) if held is not None else None,
+        )
         self.metrics.outcomes.labels(pool=self.pool_key, status=str(result.status)).inc()
         self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
         self.store.complete(action_id, result.model_dump_json(), event)

@@ -2,7 +2,7 @@
 
 Each Celery task thread hands its request to `Batcher.submit` and blocks. Requests for the same
 model on the same GPU chunk (the scheduler sends a batch of actions on one chunk together, see
-`SchedulerService._riders`) that arrive within `window_s` of the first one (or until
+`scheduler.round.riders`) that arrive within `window_s` of the first one (or until
 `max_batch` of them) go to the reward service as one call; every caller gets its own row, and
 the seconds the batch took to score (its execution time, without the wait for the window or a
 replica load: what the scheduler learns durations from).

@@ -9,6 +9,7 @@ from typing import Any
 from tangram_celery.actions import ActionResult, ActionStatus, CodeAction, RewardAction
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, Sandbox
+from tangram_celery.wire import SandboxOrder, TaskOrder
 
 
 class CpuHandler:
@@ -19,14 +20,16 @@ class CpuHandler:
         self.cfg = cfg
         self.rules = dict(rules or {})  # rule reward model name -> rule
 
-    def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+    def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
         if payload.get("type") == "reward":
             return self._verify(action_id, RewardAction.model_validate(payload))
         action = CodeAction.model_validate(payload)
-        cores = tuple(int(c) for c in alloc.get("unit_ids") or ()) or (0,)
+        if not order.unit_ids:  # the live service executes only models that name cores
+            raise ValueError(f"action {action_id}: its allocation names no cores")
+        cores = order.unit_ids
         # The scheduler's word on the trajectory's sandbox (scheduler/service/sandboxes.py):
         # its generation, whether this action starts it, whether the caller lost the last one.
-        sandbox = alloc.get("sandbox") or {}
+        sandbox = order.sandbox or SandboxOrder()
         req = ExecRequest(
             language=action.language,
             code=action.code,
@@ -40,8 +43,8 @@ class CpuHandler:
             compile_timeout_s=action.compile_timeout_s,
             memory_mb=action.memory_mb,
             cores=cores,
-            sandbox_gen=str(sandbox.get("gen", "")),
-            new_sandbox=bool(sandbox.get("new", False)),
+            sandbox_gen=sandbox.gen,
+            new_sandbox=sandbox.new,
         )
         if action.one_shot or action.trajectory_id is None:
             res = self.sandbox.run_once(req)
@@ -57,7 +60,7 @@ class CpuHandler:
             compile=res.compile,
             exec_s=res.exec_s,
             files=res.files,
-            sandbox_reset=res.sandbox_reset or bool(sandbox.get("reset", False)),
+            sandbox_reset=res.sandbox_reset or sandbox.reset,
         )
 
     def _verify(self, action_id: str, action: RewardAction) -> ActionResult:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tangram_celery.actions import ActionResult, ActionStatus, RewardAction
 from tangram_celery.config import GpuNodeConfig, TangramConfig
+from tangram_celery.wire import TaskOrder
 from tangram_celery.workers.batcher import Batcher
 
 if TYPE_CHECKING:
@@ -98,13 +99,13 @@ class GpuHandler:
         except Exception:
             log.warning("could not record the warm-up status of %s", self.node, exc_info=True)
 
-    def __call__(self, action_id: str, payload: dict[str, Any], alloc: dict[str, Any]) -> ActionResult:
+    def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
         from reward_servers.errors import InputRejected
 
         action = RewardAction.model_validate(payload)
-        chunk = tuple(int(g) for g in alloc.get("unit_ids") or ()) or None
+        chunk = order.unit_ids or None
         try:
-            scored = self.batcher.submit(action.model, action.inputs, chunk, int(alloc.get("batch", 0)))
+            scored = self.batcher.submit(action.model, action.inputs, chunk, order.batch)
         except InputRejected as e:
             return ActionResult(action_id=action_id, status=ActionStatus.REJECTED, error=str(e))
         finally:
@@ -134,10 +135,10 @@ class GpuHandler:
                     counter.labels(node=self.node).inc(now - self._seen.get(stat, 0))
                 self._seen[stat] = now
 
-    def event_extra(self) -> dict[str, Any]:
+    def residency(self) -> dict[tuple[int, ...], list[str]]:
         """Sent with each completion: the node's cached services, so that the scheduler prefers
         chunks that already hold an action's model (evict-on-execution)."""
-        return {"resident": self.service.resident_models()}
+        return self.service.resident_models()
 
     def close(self) -> None:
         self.service.stop()

@@ -56,7 +56,7 @@ def test_warm_up_residency_reaches_the_scheduler_and_steers_placement(redis_url:
     svc.start()
     store = Store(redis_url)
     store.r.xadd(EVENTS, {"id": "", "event": json.dumps({"type": "residency", "pool": "g0", "resident": 7})})
-    store.publish_residency("g0", {"1": ["rm"], "0": ["sim"]})
+    store.publish_residency("g0", {(1,): ["rm"], (0,): ["sim"]})
     svc.step(block_ms=100)
     assert svc.state.gpu["g0"].resident == {(1,): ["rm"], (0,): ["sim"]}
 

@@ -8,8 +8,10 @@ import time
 import pytest
 
 from tangram_celery.store import Store, akey, nkey
+from tangram_celery.wire import Completion, EventStatus
 
 pytestmark = pytest.mark.integration
+OK = Completion(status=EventStatus.OK)
 
 
 def _submit(store: Store, action_id: str) -> None:
@@ -24,7 +26,7 @@ def test_result_survives_a_wake_up_lost_with_its_reply(redis_url: str) -> None:
     _submit(store, "a1")
     store.r.hset(akey("a1"), mapping={"state": "dispatched", "attempt": "1"})
     assert not isinstance(store.claim("a1", 1, "w", time.time()), str)
-    store.complete("a1", '{"status": "ok"}', {"status": "ok"})
+    store.complete("a1", '{"status": "ok"}', OK)
     store.r.lpop(nkey("a1"))  # what a BLPOP whose reply died with Redis leaves behind
     t0 = time.monotonic()
     assert store.wait_result("a1", timeout_s=10, poll_s=0.2) == '{"status": "ok"}'
@@ -40,8 +42,8 @@ def test_claims_are_exactly_once_and_attempt_scoped(redis_url: str) -> None:
     assert not isinstance(store.claim("a2", 2, "w1", time.time()), str)
     assert store.claim("a2", 2, "w2", time.time()) == "running"
     assert not isinstance(store.claim("a2", 2, "w1", time.time()), str)  # own claim, reply lost
-    assert store.complete("a2", "{}", {}) is True
-    assert store.complete("a2", "{}", {}) is False
+    assert store.complete("a2", "{}", OK) is True
+    assert store.complete("a2", "{}", OK) is False
 
 
 def test_resubmitting_the_same_action_is_idempotent(redis_url: str) -> None:
@@ -106,7 +108,7 @@ def test_completion_drops_the_payload_but_resubmission_stays_idempotent(redis_ur
     store.r.hset(akey("d1"), mapping={"state": "dispatched", "attempt": "1"})
     assert not isinstance(store.claim("d1", 1, "w", time.time()), str)
     assert store.r.ttl(akey("d1")) == -1
-    store.complete("d1", '{"status": "ok"}', {"status": "ok"})
+    store.complete("d1", '{"status": "ok"}', OK)
     assert not store.r.hexists(akey("d1"), "payload")
     store.submit([("d1", "{}", '{"p": 1}')], max_queued=0)  # no error: same digest
     from tangram_celery.errors import ActionRejected

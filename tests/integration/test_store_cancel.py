@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.client import cancelled_result
+from tangram_celery.admission import cancelled_result
 from tangram_celery.store import EVENTS, INTAKE, Store, akey, nkey
+from tangram_celery.wire import ActionMeta, AllocationWire, Completion, DispatchRecord, EventStatus
 
 pytestmark = pytest.mark.integration
 
@@ -20,8 +21,11 @@ def _submit(store: Store, action_id: str) -> None:
     store.submit([(action_id, meta, '{"p": 1}')], max_queued=0)
 
 
-def _record(action_id: str) -> tuple[str, dict[str, object]]:
-    return action_id, {"alloc": {}, "meta": {"id": action_id}, "attempt": 1}
+def _record(action_id: str) -> DispatchRecord:
+    return DispatchRecord(
+        alloc=AllocationWire(action_id=action_id, kind="api", pool="calc", units=1),
+        meta=ActionMeta(id=action_id, type="api", api="calc", submitted_s=time.time()),
+    )
 
 
 def test_a_queued_action_is_cancelled_and_leaves_the_intake(redis_url: str) -> None:
@@ -72,7 +76,7 @@ def test_dispatch_skips_an_action_cancelled_after_the_policy_chose_it(redis_url:
     assert store.states(["c3", "c4"]) == ["cancelled", "dispatched"]
     assert store.claim("c3", 1, "w", time.time()) == "cancelled"
     assert store.r.xlen(INTAKE) == 0
-    assert store.complete("c3", "{}", {}) is False
+    assert store.complete("c3", "{}", Completion(status=EventStatus.OK)) is False
 
 
 def test_an_action_sent_back_to_the_queue_after_a_dispatch_is_not_cancelled(redis_url: str) -> None:
@@ -121,10 +125,10 @@ def test_the_scheduler_drops_an_action_cancelled_while_it_waits(redis_url: str, 
     hog = client.submit(CodeAction(trajectory_id="t1", code="x", cpus=2))
     waiting = client.submit(CodeAction(trajectory_id="t2", code="y"))
     svc.step(block_ms=100)
-    assert hog.id in svc.running_qa and waiting.id in svc.waiting  # both cores held by the hog
+    assert hog.id in svc.books.running and waiting.id in svc.waiting  # both cores held by the hog
     assert client.cancel(waiting.id, "test") is True
     svc.step(block_ms=100)
-    assert waiting.id not in svc.waiting and svc.active.get("t2", 0) == 0
+    assert waiting.id not in svc.waiting and svc.books.active.get("t2", 0) == 0
     assert svc.metrics.registry.get_sample_value("tangram_cancelled_total") == 1
     assert _celery_messages(store) == 1  # the hog's only
     client.close()
@@ -146,13 +150,13 @@ def test_a_cancel_between_decision_and_dispatch_sends_nothing(redis_url: str, tm
     svc.on_events(events)
     svc.on_intake(intake)  # in the waiting queue; the policy has not run yet
     assert client.cancel(first.id, "deadline") is True  # the event is not read yet
-    assert svc._schedule() == 0
-    assert first.id not in svc.running_qa and first.id not in svc.state.running
+    assert svc.schedule() == 0
+    assert first.id not in svc.books.running and first.id not in svc.state.running
     assert len(svc.state.cpu["n0"].free) == 2 and _celery_messages(store) == 0
     assert store.action_state(first.id) == "cancelled"
     second = client.submit(CodeAction(trajectory_id="t2", code="y", cpus=2))
     svc.step(block_ms=100)  # reads the cancel event (ignored: already dropped) and the new one
-    assert second.id in svc.running_qa and _celery_messages(store) == 1
-    assert svc.active.get("t1", 0) == 0
+    assert second.id in svc.books.running and _celery_messages(store) == 1
+    assert svc.books.active.get("t1", 0) == 0
     client.close()
     store.close()

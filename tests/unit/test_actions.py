@@ -4,10 +4,12 @@ import pytest
 from pydantic import ValidationError
 
 from scheduler.model import ResourceKind
-from scheduler.service.cluster import check_meta, pool_view, to_queued
+from scheduler.service.cluster import to_queued
 from tangram_celery.actions import ApiAction, CodeAction, RewardAction, TestCase
-from tangram_celery.client import action_meta
 from tangram_celery.config import parse_config
+from tangram_celery.wire import ActionMeta, PoolView
+
+action_meta = ActionMeta.of
 
 pytestmark = pytest.mark.unit
 
@@ -75,30 +77,30 @@ def test_test_case_needs_exactly_one_check() -> None:
         TestCase(name="t", expected_stdout="1", assert_code="assert 1")
 
 
-def test_check_meta_rejects_what_can_never_run() -> None:
-    """Unknown model/API and cpus beyond every NUMA group are rejected with a reason."""
-    view = pool_view(CFG)
+def test_the_pool_view_refuses_what_can_never_run() -> None:
+    """Unknown model/API and cpus beyond every NUMA group are refused with a reason."""
+    view = PoolView.of(CFG)
     assert "unknown reward model" in str(
-        check_meta(action_meta(RewardAction(trajectory_id="t", model="zz", inputs={}), 0), view)
+        view.refusal(action_meta(RewardAction(trajectory_id="t", model="zz", inputs={}), 0))
     )
-    assert "unknown API" in str(check_meta(action_meta(ApiAction(trajectory_id="t", api="zz"), 0), view))
-    assert "NUMA" in str(check_meta(action_meta(CodeAction(trajectory_id="t", code="x", cpus=5), 0), view))
-    assert check_meta(action_meta(CodeAction(trajectory_id="t", code="x", cpus="1..64"), 0), view) is None
+    assert "unknown API" in str(view.refusal(action_meta(ApiAction(trajectory_id="t", api="zz"), 0)))
+    assert "NUMA" in str(view.refusal(action_meta(CodeAction(trajectory_id="t", code="x", cpus=5), 0)))
+    assert view.refusal(action_meta(CodeAction(trajectory_id="t", code="x", cpus="1..64"), 0)) is None
 
 
-def test_client_rejects_malformed_reward_inputs_before_enqueue() -> None:
-    """A reward action whose inputs do not fit its model's backend is refused by the client."""
-    from tangram_celery.client import TangramClient
+def test_admission_rejects_malformed_reward_inputs_before_enqueue() -> None:
+    """A reward action whose inputs do not fit its model's backend is refused at admission (the
+    check both clients make); a fitting one is admitted with its metadata."""
+    from tangram_celery.admission import admit
     from tangram_celery.errors import ActionRejected
 
-    client = TangramClient.__new__(TangramClient)  # validation only: no broker needed
-    client.config, client._view = CFG, None
+    view = PoolView.of(CFG)
     bad = RewardAction(trajectory_id="t", model="rm", inputs={"colour": "blue"})
-    meta = action_meta(bad, 0.0)
     with pytest.raises(ActionRejected, match="inputs for 'rm'"):
-        client._check(bad, meta)
+        admit(bad, view, CFG.limits, 0.0)
     good = RewardAction(trajectory_id="t", model="rm", inputs={"prompt": "2+2?", "response": "4"})
-    client._check(good, action_meta(good, 0.0))
+    item = admit(good, view, CFG.limits, 0.0)
+    assert ActionMeta.model_validate_json(item.meta_json) == action_meta(good, 0.0)
 
 
 def _deep(n: int) -> object:
@@ -111,14 +113,11 @@ def _deep(n: int) -> object:
 def test_deeply_nested_requests_are_rejected_at_submit_not_in_serialisation() -> None:
     """An API request or reward inputs nested 300 levels deep is an ActionRejected with a reason
     (not a serialiser's recursion error); 50 levels pass the model and exceed the default cap."""
-    from tangram_celery.admission import payload_errors
-    from tangram_celery.client import TangramClient
+    from tangram_celery.admission import coerce_action, payload_errors
     from tangram_celery.errors import ActionRejected
 
-    client = TangramClient.__new__(TangramClient)
-    client.config, client._view = CFG, None
     with pytest.raises(ActionRejected, match="nested deeper"):
-        client._coerce({"type": "api", "trajectory_id": "t", "api": "calc", "request": {"x": _deep(300)}})
+        coerce_action({"type": "api", "trajectory_id": "t", "api": "calc", "request": {"x": _deep(300)}})
     ok = ApiAction(trajectory_id="t", api="calc", request={"x": _deep(40)})
     assert "request nesting depth: 81 > 64" in payload_errors(ok, CFG.limits)[0]
 

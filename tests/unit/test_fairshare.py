@@ -2,10 +2,12 @@
 
 import pytest
 
-from scheduler.fairshare import FairShare, order_queue
+from scheduler.fairshare import order_queue
 from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.policies import get_policy
+from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
+from scheduler.round import FairShareSpec, Round
 
 pytestmark = pytest.mark.unit
 
@@ -54,9 +56,41 @@ def test_priority_first_and_aging_prevents_starvation() -> None:
     assert ids(order_queue(q, {}, {}, now_s=120.0, aging_s=60.0)) == ["low0", "high0"]
 
 
-def test_wrapper_gives_the_late_job_cores() -> None:
+def test_round_gives_the_late_job_cores() -> None:
     """Given 2 free cores and job a's 4 actions ahead of job b's, one core goes to each job."""
     state = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
-    q = [act(i, "a", i * 0.01) for i in range(4)] + [act(0, "b", 1.0)]
-    allocs = FairShare(get_policy("fcfs-min")).decide(q, state, now_s=1.0)
-    assert sorted(a.action_id for a in allocs) == ["a0", "b0"]
+    q = WaitingQueue([act(i, "a", i * 0.01) for i in range(4)] + [act(0, "b", 1.0)])
+    plan = Round(get_policy("fcfs-min"), fair=FairShareSpec()).plan(q, state, now_s=1.0)
+    assert sorted(a.action_id for a in plan.allocs) == ["a0", "b0"]
+
+
+class _Seen:
+    """A policy that records the queue object it was handed."""
+
+    name = "seen"
+
+    def __init__(self) -> None:
+        self.inner = get_policy("fcfs-min")
+        self.execution = self.inner.execution
+        self.queues: list[object] = []
+
+    def decide(self, queue, state, now_s):  # type: ignore[no-untyped-def]
+        self.queues.append(queue)
+        return self.inner.decide(queue, state, now_s)
+
+
+def test_one_job_hands_the_indexed_queue_through() -> None:
+    """Given actions of one job, the policy gets the WaitingQueue itself (its index intact);
+    once a second job waits, a fair-ordered list; a held job's share counts from its starts."""
+    state = ClusterState(cpu={"n": CpuNode("n", ((0, 1),), 10_000, free={0})})  # core 1 busy elsewhere
+    q = WaitingQueue([act(i, "a", i * 0.01) for i in range(3)])
+    seen = _Seen()
+    rnd = Round(seen, fair=FairShareSpec())
+    plan = rnd.plan(q, state, now_s=1.0)
+    assert seen.queues[-1] is q and [a.action_id for a in plan.allocs] == ["a0"]
+    state.apply(plan.allocs[0], q.pop("a0"), 1.0)
+    q.append(act(0, "b", 2.0))
+    state.cpu["n"].free.add(1)  # core 1 comes back while a0 runs
+    rnd.plan(q, state, now_s=2.0)
+    assert isinstance(seen.queues[-1], list)
+    assert [a.action_id for a in seen.queues[-1]][:1] == ["b0"]  # job a holds a core: b first

@@ -6,8 +6,8 @@ import pytest
 
 from scheduler.service.cluster import to_queued
 from tangram_celery.actions import ActionResult, ActionStatus, ApiAction, CodeAction
-from tangram_celery.client import action_meta
 from tangram_celery.config import TangramConfig
+from tangram_celery.wire import ActionMeta
 
 
 @pytest.mark.unit
@@ -17,8 +17,8 @@ def test_an_action_without_a_trajectory_is_one_shot_with_a_key_of_its_own() -> N
     cfg = TangramConfig.model_validate({"nodes": {"cpu": [{"name": "n", "cores": 2, "memory_mb": 1024}]}})
     for action in (CodeAction(id="c1", code="print(1)"), ApiAction(id="a1", api="calc")):
         assert action.one_shot and action.trajectory_id is None
-        meta = action_meta(action, 1.0)
-        assert (meta["trajectory_id"], meta["ephemeral"]) == ("", True)
+        meta = ActionMeta.of(action, 1.0)
+        assert (meta.trajectory_id, meta.ephemeral) == ("", True)
         if isinstance(action, CodeAction):
             assert to_queued(meta, cfg).trajectory_id == "~c1"
 
@@ -29,11 +29,11 @@ def test_an_ephemeral_action_of_a_trajectory_keeps_its_trajectory_for_the_caller
     names t while the scheduler keys its sandbox apart from t's."""
     cfg = TangramConfig.model_validate({"nodes": {"cpu": [{"name": "n", "cores": 2, "memory_mb": 1024}]}})
     action = CodeAction(id="e1", trajectory_id="t", ephemeral=True, code="print(1)")
-    meta = action_meta(action, 1.0)
-    assert (meta["trajectory_id"], meta["ephemeral"]) == ("t", True)
+    meta = ActionMeta.of(action, 1.0)
+    assert (meta.trajectory_id, meta.ephemeral) == ("t", True)
     assert to_queued(meta, cfg).trajectory_id == "~e1"
-    plain = action_meta(CodeAction(id="p1", trajectory_id="t", code="print(1)"), 1.0)
-    assert "ephemeral" not in plain and to_queued(plain, cfg).trajectory_id == "t"
+    plain = ActionMeta.of(CodeAction(id="p1", trajectory_id="t", code="print(1)"), 1.0)
+    assert not plain.ephemeral and to_queued(plain, cfg).trajectory_id == "t"
 
 
 @pytest.mark.unit

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.service.sandboxes import Report, SandboxBook, caller_trajectory, is_one_shot, one_shot_key
+from tangram_celery.wire import SandboxOrder
 
 
 @pytest.mark.unit
@@ -13,13 +14,13 @@ def test_a_pinning_action_starts_a_generation_and_consumes_a_reset() -> None:
     is told it starts a new generation (that action's id) and that the caller lost its files;
     the next action reuses that generation without a reset."""
     book = SandboxBook()
-    book.pinned("t", "a1", 0.0)
+    book.pinned("t", "a1")
     book.completed("t", "w1", 3)
     book.lost("t", 5.0)
     assert book.reset == {"t": 5.0} and "t" not in book.gen
-    assert book.pinned("t", "a2", 6.0) == {"gen": "a2", "new": True, "reset": True}
-    assert book.reuse("t", "a3") == {"gen": "a2", "new": False, "reset": False}
-    assert book.reuse("t", "a2")["new"]  # the pinning action placed again may find none yet
+    assert book.pinned("t", "a2") == SandboxOrder(gen="a2", new=True, reset=True)
+    assert book.reuse("t", "a3") == SandboxOrder(gen="a2", new=False, reset=False)
+    assert book.reuse("t", "a2").new  # the pinning action placed again may find none yet
     assert book.reset == {}
 
 
@@ -28,10 +29,10 @@ def test_a_close_forgets_everything_and_one_shot_keys_are_never_reset() -> None:
     """Given a closed trajectory and a one-shot key, when they are released, then neither is
     marked reset."""
     book = SandboxBook()
-    book.pinned("t", "a1", 0.0)
+    book.pinned("t", "a1")
     book.closed("t")
     key = one_shot_key("x")
-    book.pinned(key, "x", 0.0)
+    book.pinned(key, "x")
     book.lost(key, 1.0)
     assert book.reset == {} and book.gen == {}
     assert is_one_shot(key) and caller_trajectory(key) == "" and caller_trajectory("t") == "t"
@@ -45,11 +46,11 @@ def test_gone_sandboxes() -> None:
     and a trajectory that never completed an action had no sandbox."""
     book = SandboxBook()
     for tid, worker, seq in [("dead", "w0", 1), ("kept", "w1", 5), ("dropped", "w1", 4), ("newer", "w1", 9)]:
-        book.pinned(tid, f"g-{tid}", 0.0)
+        book.pinned(tid, f"g-{tid}")
         book.completed(tid, worker, seq)
-    book.pinned("stale-gen", "g2", 0.0)
+    book.pinned("stale-gen", "g2")
     book.completed("stale-gen", "w1", 2)
-    book.pinned("never", "g-never", 0.0)
+    book.pinned("never", "g-never")
     reports = {"w1": Report(8, {"kept": "g-kept", "stale-gen": "g1"})}
     lost, never = book.gone(
         ["dead", "kept", "dropped", "newer", "stale-gen", "never"], alive={"w1"}, reports=reports
@@ -63,7 +64,7 @@ def test_pins_round_trip() -> None:
     """Given a pinned trajectory with an owner, when its pin fields are restored into a new
     book, then generation and owner are the same."""
     book = SandboxBook()
-    book.pinned("t", "a1", 0.0)
+    book.pinned("t", "a1")
     book.completed("t", "w1", 7)
     other = SandboxBook()
     other.restore_pin("t", {"node": "n", "memory_mb": 1, **book.pin_fields("t")})

@@ -1,0 +1,115 @@
+"""How a policy's decisions are *executed*: declared by the policy, read by whoever executes them.
+
+A policy decides; an executor (the simulator, or the live workers) carries the decisions out.
+Baseline systems differ from Tangram not only in what they decide but in how their decisions
+run: Kubernetes pods time-share a node's cores, a dedicated GPU deployment never restores a
+model, a serverless one loads it on every call, per-trajectory API clients are rejected by the
+provider instead of being held back. Each policy declares this once, as a frozen
+`ExecutionModel` (its `execution` attribute), instead of a handful of optional attributes that
+each executor looked up by name.
+
+The live service executes one model only, Tangram's own (`ExecutionModel()`): exclusive core
+ids per action, GPU services cached on their chunks and evicted least recently used, API
+limits enforced by the scheduler. `live_gaps` says why another model cannot run live, and the
+config refuses such a policy with that reason (`tangram_celery.config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from scheduler.resources import ClusterState
+
+Slot = tuple[str, tuple[int, ...]]  # (GPU node, chunk)
+# (cluster, services) -> (service, slot) pairs to make resident at start (dedicated groups)
+Preload = Callable[["ClusterState", Sequence[str]], Sequence[tuple[str, Slot]]]
+
+
+class GpuResidency(StrEnum):
+    """What happens to a GPU service's weights between calls."""
+
+    CACHE = "cache"  # evict on execution: resident while memory allows, restored from host memory
+    DEDICATED = "dedicated"  # fixed groups, preloaded at start, never restored
+    NONE = "none"  # loaded from storage before every call, freed after it
+    KEEPALIVE = "keepalive"  # loaded on demand, kept `keep_alive_s` after the last call
+
+
+@dataclass(frozen=True, slots=True)
+class PodStart:
+    """What creating a pod costs (`static-pod`): binding rate and start-up time.
+
+    `bind_qps` None: binding is not rate limited. `start_p50_s` 0: pods start at once (the
+    simulator then charges its generic sandbox start instead).
+    """
+
+    bind_qps: float | None = 50.0
+    bind_burst: int = 100
+    start_p50_s: float = 1.5
+    start_p99_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRetries:
+    """How a caller retries an API call the provider rejected: at most `max_retries` times, with
+    exponential back-off from `backoff_s`, giving up `timeout_s` after the first submit."""
+
+    max_retries: int = 3
+    timeout_s: float = 600.0
+    backoff_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionModel:
+    """How the decisions of one policy run (the defaults are Tangram's own model).
+
+    cpu_sharing: actions of a node time-share its cores (pods; allocations carry no core ids),
+        each using at most `cap_cores`; `pod_start` is what creating a trajectory's pod costs
+        (None: a generic sandbox start).
+    gpu_residency: see `GpuResidency`; `keep_alive_s` for KEEPALIVE; `load_from` the tier a
+        load reads ("storage", or "memory": host DRAM at restore speed); `preload` the
+        service groups resident from the start (DEDICATED).
+    gpu_sharing: concurrent calls of one GPU group run together (continuous batching).
+    api_control: the scheduler enforces API limits (False: calls go out as they come and the
+        provider rejects those over its limits; callers retry per `retries`).
+    """
+
+    cpu_sharing: bool = False
+    cap_cores: float = 4.0
+    pod_start: PodStart | None = None
+    gpu_residency: GpuResidency = GpuResidency.CACHE
+    keep_alive_s: float = 0.0
+    load_from: Literal["storage", "memory"] = "storage"
+    preload: Preload | None = field(default=None, compare=False)
+    gpu_sharing: bool = False
+    api_control: bool = True
+    retries: ClientRetries = ClientRetries()
+
+    def live_gaps(self) -> list[str]:
+        """Why the live service cannot execute this model ([] when it can)."""
+        gaps = []
+        if self.cpu_sharing:
+            gaps.append("it time-shares cores between pods, and its allocations name no cores")
+        if self.gpu_residency is not GpuResidency.CACHE:
+            gaps.append(f"its GPU services are {self.gpu_residency.value!r}, the GPU workers only cache")
+        if self.gpu_sharing:
+            gaps.append("it runs concurrent calls of a dedicated GPU group together")
+        if not self.api_control:
+            gaps.append("it leaves API limits to the provider, the scheduler always enforces them")
+        return gaps
+
+
+TANGRAM = ExecutionModel()  # what the live service executes
+
+
+def execution_of(policy: object) -> ExecutionModel:
+    """The execution model `policy` declares (its `execution`), Tangram's own if it declares none.
+
+    A TypeError names a policy whose `execution` is not an `ExecutionModel`."""
+    model = getattr(policy, "execution", TANGRAM)
+    if not isinstance(model, ExecutionModel):
+        raise TypeError(f"policy {getattr(policy, 'name', policy)!r}: execution must be an ExecutionModel")
+    return model

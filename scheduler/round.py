@@ -1,0 +1,197 @@
+"""One scheduling round, the same for the simulator and the live service.
+
+    fair ordering -> policy.decide -> GPU batch riders -> eviction plan
+
+A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
+policy: the rules every policy runs under are applied in one place, so that the simulator
+(`scheduler.sim.engine`) and the live loop (`scheduler.service.loop`) cannot drift apart.
+Both call `Round.plan(queue, state, now_s)` and carry the returned `RoundPlan` out in its
+order: `ClusterState.apply` per allocation, `ClusterState.share` per rider, the GPU loads on
+the state's residency (`ClusterState.load_gpu`), and whatever their executor does besides
+(starting simulated work, or persisting and sending Celery messages).
+
+- **Fair ordering** (`scheduler.fairshare.order_queue`) across the jobs sharing the pools. With
+  one job (the usual case, and every simulated scenario) the queue is handed to the policy as
+  it is: the indexed `WaitingQueue`, on which the elastic policies' round is benchmarked.
+- **Riders**: a GPU allocation takes along up to `max_batch(service) - 1` waiting actions of
+  the same service that accept its DoP, on its chunk (FCFS among them); they need no units of
+  their own, the worker scores them in one batch with the leader.
+- **Eviction plan**: CPU memory is a cache (`scheduler.eviction`): the idle trajectories the
+  allocations evict, per node. GPU services are evicted on execution (`scheduler.gpu_cache`):
+  for each GPU allocation, a hit or a restore with its victims, planned in order on copies of
+  the state's GPU caches with the one LRU rule (`gpu_cache.lru_victims`).
+
+Extending the round: a new kind of decision (resizing a running malleable action, say) is a
+step here that adds to the `RoundPlan`, which both executors then carry out; what an executor
+must be able to do for it is a field of the policy's `ExecutionModel` (`scheduler.execution`),
+and `ExecutionModel.live_gaps` says when the live service cannot. The parity test
+(tests/unit/test_round_parity.py) keeps the two executors honest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from scheduler.execution import GpuResidency, execution_of
+from scheduler.fairshare import order_queue
+from scheduler.gpu_cache import GpuCache, GpuLoad
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies.base import Policy
+from scheduler.queue import WaitingQueue
+from scheduler.resources import ClusterState
+
+MaxBatch = Callable[[str], int]  # GPU service -> largest batch one call scores
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareSpec:
+    """Fair share across jobs: `weights` per job id (default 1), one priority level gained per
+    `aging_s` waited (see `scheduler.fairshare`)."""
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+    aging_s: float = 60.0
+
+
+@dataclass(slots=True)
+class RoundPlan:
+    """What one round decided, in the order to carry it out.
+
+    `allocs`: the policy's allocations (apply each with `ClusterState.apply`); `riders`: GPU
+    actions joining an allocation's chunk (`ClusterState.share`, after the allocations);
+    `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
+    the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
+    `decision_s`: seconds the fair ordering and the policy took.
+    """
+
+    allocs: list[Allocation] = field(default_factory=list)
+    riders: list[Allocation] = field(default_factory=list)
+    evicted: dict[str, str] = field(default_factory=dict)
+    gpu_loads: dict[str, GpuLoad] = field(default_factory=dict)
+    decision_s: float = 0.0
+
+    @property
+    def started(self) -> list[Allocation]:
+        """Every allocation of the round, riders last."""
+        return self.allocs + self.riders
+
+
+class Round:
+    """The scheduling round around `policy` (see the module doc).
+
+    `fair`: fair share across jobs (None: the queue's FCFS order as it is); `max_batch`: the
+    largest batch per GPU service (None: no riders).
+    """
+
+    def __init__(
+        self, policy: Policy, *, fair: FairShareSpec | None = None, max_batch: MaxBatch | None = None
+    ) -> None:
+        self.policy = policy
+        self.execution = execution_of(policy)
+        self.fair = fair
+        self.max_batch = max_batch
+        self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def track(self, action: QueuedAction) -> None:
+        """Count a running action that no round of this object started (recovered after a
+        restart) towards its job's share."""
+        if self.fair is not None:
+            self._job_of[action.action_id] = action.job_id
+
+    def plan(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
+        """Decide one round over `queue` (FCFS) on `state`; neither is changed."""
+        t0 = time.perf_counter()
+        ordered = self.order(queue, state, now_s)
+        allocs = self.policy.decide(ordered, state, now_s)
+        out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
+        if not allocs:
+            return out
+        if self.max_batch is not None:
+            out.riders = riders(allocs, queue, self.max_batch)
+        if self.fair is not None:
+            for a in out.started:
+                self._job_of[a.action_id] = queue.action(a.action_id).job_id
+        for a in allocs:
+            for tid in a.evict:
+                out.evicted[tid] = a.pool
+        if state.gpu_cache and self.execution.gpu_residency is not GpuResidency.NONE:
+            out.gpu_loads = gpu_loads(allocs, queue, state, now_s, self.execution.gpu_residency)
+        return out
+
+    def order(
+        self, queue: WaitingQueue, state: ClusterState, now_s: float
+    ) -> WaitingQueue | list[QueuedAction]:
+        """The queue in fair order: the queue itself while at most one job waits."""
+        if self.fair is None or len(queue.jobs()) <= 1:
+            return queue
+        job_of = self._job_of
+        held: dict[str, int] = {}
+        for aid, alloc in state.running.items():
+            job = job_of.get(aid, "default")
+            held[job] = held.get(job, 0) + alloc.units
+        if len(job_of) > 4 * len(state.running) + 1024:
+            self._job_of = {k: v for k, v in job_of.items() if k in state.running}
+        return order_queue(queue, held, self.fair.weights, now_s, self.fair.aging_s)
+
+
+def riders(allocs: list[Allocation], queue: WaitingQueue, max_batch: MaxBatch) -> list[Allocation]:
+    """Batch reward actions: each GPU allocation takes along up to `max_batch - 1` waiting
+    actions of the same service that run at the same DoP, on the same chunk (FCFS among them).
+
+    They need no units of their own: the worker scores them in one batch with the action the
+    chunk was allocated to, which is what a GPU does best. Other waiting actions lose nothing,
+    since no units are taken from them."""
+    leaders = [a for a in allocs if a.kind is ResourceKind.GPU]
+    if not leaders:
+        return []
+    started = {a.action_id for a in allocs}
+    room: dict[str, list[Allocation]] = {}
+    for a in leaders:
+        service = queue.action(a.action_id).target
+        n = max_batch(service)
+        if n > 1:
+            room.setdefault(service, []).extend([a] * (n - 1))
+    if not room:
+        return []
+    out: list[Allocation] = []
+    gpu = ResourceKind.GPU
+    for qa in queue:
+        seats = room.get(qa.target) if qa.cost.key is gpu else None
+        if not seats or qa.action_id in started:
+            continue
+        for k, lead in enumerate(seats):
+            if lead.units in qa.cost.units.units:
+                del seats[k]
+                out.append(Allocation(qa.action_id, gpu, lead.pool, lead.units, lead.unit_ids))
+                break
+    return out
+
+
+def gpu_loads(
+    allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float, residency: GpuResidency
+) -> dict[str, GpuLoad]:
+    """Each GPU allocation's load, planned in order on copies of the state's caches (a restore
+    may evict what an earlier one of the round loaded). Under KEEPALIVE an instance in use is
+    never evicted, as its executor marks it."""
+    scratch: dict[str, GpuCache] = {}
+    out: dict[str, GpuLoad] = {}
+    for a in allocs:
+        if a.kind is not ResourceKind.GPU or a.pool not in state.gpu_cache:
+            continue
+        cache = scratch.get(a.pool)
+        if cache is None:
+            cache = scratch[a.pool] = state.gpu_cache[a.pool].copy()
+        try:
+            load = cache.plan(a.pool, a.unit_ids, queue.action(a.action_id).target)
+        except ValueError:
+            continue  # it never fits there: left to its executor (which says so)
+        cache.apply(load, now_s)
+        if residency is GpuResidency.KEEPALIVE:
+            cache.touch(a.unit_ids, load.service, float("inf"))
+        out[a.action_id] = load
+    return out

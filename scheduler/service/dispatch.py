@@ -1,0 +1,114 @@
+"""Carrying out a round's plan: apply it to the state, persist it, send the Celery messages.
+
+Crash safety: an intake entry is acknowledged only in the same script that persists its
+dispatch record (`Store.mark_dispatched`), and messages are sent after that. A scheduler that
+dies in between re-sends every action still `dispatched` when it restarts; workers claim
+actions with a compare-and-set, so a re-sent message never runs an action twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.round import Round
+from scheduler.service import trajectories
+from scheduler.service.cluster import alloc_to_wire
+from scheduler.service.context import Context
+from scheduler.service.sandboxes import is_one_shot
+from tangram_celery.wire import DispatchRecord, SandboxOrder
+
+log = logging.getLogger("tangram.scheduler")
+
+
+def schedule(ctx: Context, rnd: Round) -> int:
+    """One round over the waiting queue; returns how many actions were dispatched."""
+    if not ctx.waiting:
+        return 0
+    now = ctx.clock()
+    plan = rnd.plan(ctx.waiting, ctx.state, now)
+    ctx.metrics.decision.observe(plan.decision_s)
+    if not plan.allocs:
+        return 0
+    state, books = ctx.state, ctx.books
+    by_id = {a.action_id: ctx.waiting.action(a.action_id) for a in plan.started}
+    pins: dict[str, dict[str, Any]] = {}
+    records: list[DispatchRecord] = []
+    to_close: list[tuple[str, str, str]] = []  # (node, trajectory, generation) evicted
+    resets_done: list[str] = []
+    for alloc in plan.allocs:
+        qa = by_id[alloc.action_id]
+        tid = qa.trajectory_id
+        fresh = tid not in state.trajectory_node
+        sandboxed = alloc.kind is ResourceKind.CPU and qa.cost.sandbox
+        held = 0 if fresh or not sandboxed else state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0)
+        state.apply(alloc, qa, now)
+        load = plan.gpu_loads.get(alloc.action_id)
+        if load is not None:
+            state.load_gpu(load, now)  # predicted until the node reports what it holds
+        if alloc.evict:
+            gens = trajectories.evicted(ctx, alloc, now)
+            to_close += [(alloc.pool, t, g) for t, g in gens.items()]
+        sandbox: SandboxOrder | None = None
+        if sandboxed and not is_one_shot(tid):
+            if fresh:
+                sandbox = books.sandboxes.pinned(tid, alloc.action_id)
+                if sandbox.reset:
+                    resets_done.append(tid)
+            else:
+                sandbox = books.sandboxes.reuse(tid, alloc.action_id)
+            if fresh or state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0) != held:
+                pins[tid] = trajectories.pin_record(ctx, tid)  # new, or a larger reservation
+        records.append(_record(ctx, alloc, qa, sandbox))
+    for alloc in plan.riders:
+        qa = by_id[alloc.action_id]
+        state.share(alloc, qa, now)
+        records.append(_record(ctx, alloc, qa, None))
+    started = plan.started
+    entries = [e for e in (books.entry_of.pop(a.action_id, None) for a in started) if e is not None]
+    evicted = [t for _, t, _ in to_close]
+    resets = {t: books.sandboxes.reset[t] for t in evicted if t in books.sandboxes.reset}
+    skipped = set(
+        ctx.store.mark_dispatched(
+            records, pins, entries, now, forget_pins=evicted, resets=resets, resets_done=resets_done
+        )
+    )
+    for node, tid, gen in to_close:  # evicted whether or not their evicter was cancelled
+        ctx.sender.close(node, tid, gen)
+    for a in started:
+        ctx.waiting.pop(a.action_id)
+    if skipped:  # cancelled after the policy chose them: undo, send nothing
+        for action_id in skipped:
+            undo(ctx, action_id)
+        started = [a for a in started if a.action_id not in skipped]
+    ctx.sender.send(started, books)
+    ctx.recorder.dispatched(started)
+    ctx.dispatched_total += len(started)
+    ctx.progress_s = time.monotonic()
+    return len(started)
+
+
+def _record(
+    ctx: Context, alloc: Allocation, qa: QueuedAction, sandbox: SandboxOrder | None
+) -> DispatchRecord:
+    """Note `qa` as dispatched (its next attempt) and make its dispatch record."""
+    attempt = ctx.books.dispatched(qa, sandbox)
+    meta = ctx.books.meta[qa.action_id]
+    return DispatchRecord(alloc=alloc_to_wire(alloc), meta=meta, attempt=attempt, sandbox=sandbox)
+
+
+def undo(ctx: Context, action_id: str) -> None:
+    """The store refused to dispatch `action_id` (cancelled meanwhile): give its units back,
+    and the pin it made, if it pinned its trajectory and nothing else of it runs."""
+    ctx.state.release(action_id)
+    info = ctx.books.sandbox_of.get(action_id)
+    qa = ctx.books.forget(action_id)
+    if qa is not None:
+        tid = qa.trajectory_id
+        if info is not None and info.new and not ctx.state.trajectory_running.get(tid):
+            trajectories.unpin_undone(ctx, tid, reset=info.reset)
+        trajectories.done(ctx, tid)
+    ctx.metrics.cancelled.inc()
+    log.info("action %s was cancelled before dispatch; not sent", action_id)

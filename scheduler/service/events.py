@@ -1,0 +1,74 @@
+"""What workers report on the events stream: completions (units released, durations learned,
+trajectories done), actions handed back or cancelled, and what GPU nodes hold."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from scheduler.model import ResourceKind
+from scheduler.service import faults, trajectories
+from scheduler.service.context import Context
+from tangram_celery.store import EVENTS, IntakeEntry
+from tangram_celery.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
+
+log = logging.getLogger("tangram.scheduler")
+
+
+def read_event(entry: IntakeEntry) -> Completion | ResidencyReport | None:
+    """The entry's event; a malformed one is logged and, when it names an action, taken as an
+    `error` completion (its units must come back all the same)."""
+    try:
+        return parse_event(entry.fields.get("event", "{}"))
+    except ValueError as e:
+        log.warning("malformed event %s: %s: %.200s", entry.stream_id, e, entry.fields.get("event"))
+        return Completion(status=EventStatus.ERROR) if entry.fields.get("id") else None
+
+
+def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
+    if not events:
+        return
+    state, books = ctx.state, ctx.books
+    done: list[str] = []
+    owners: dict[str, dict[str, Any]] = {}  # pin records whose sandbox owner changed
+    for e in events:
+        action_id = e.fields.get("id", "")
+        ev = read_event(e)
+        if isinstance(ev, ResidencyReport):
+            state.learn_residency(ev.pool, resident_map(ev.resident), ctx.clock())
+            continue
+        if ev is None:
+            continue
+        if ev.status is EventStatus.RETRY:
+            faults.retry_elsewhere(ctx, action_id, ev.error)
+            continue
+        if ev.status is EventStatus.CANCELLED:
+            faults.drop_cancelled(ctx, action_id)
+            continue
+        alloc = state.release(action_id, ctx.clock())  # a use of its trajectory (eviction order)
+        if alloc is None:
+            continue  # not running here: refused or replayed
+        if alloc.kind is ResourceKind.GPU and ev.resident is not None:
+            state.learn_residency(alloc.pool, resident_map(ev.resident), ctx.clock())
+        done.append(action_id)
+        qa = books.forget(action_id)
+        ctx.recorder.completed(qa, alloc, ev)
+        if qa is not None and ev.status.ran and ev.exec_s:
+            ctx.estimator.observe(qa.kind, alloc.units, ev.exec_s)
+        # the scheduler's own key (a one-shot action's is not in the event)
+        tid = qa.trajectory_id if qa is not None else ev.trajectory_id
+        if not tid:
+            continue
+        if (
+            alloc.kind is ResourceKind.CPU
+            and state.trajectory_node.get(tid) == alloc.pool
+            and books.sandboxes.completed(tid, ev.worker, ev.seq)
+        ):
+            owners[tid] = trajectories.pin_record(ctx, tid)
+        trajectories.done(ctx, tid)
+    ctx.store.forget_running(done)
+    ctx.store.update_pins({t: r for t, r in owners.items() if t in state.trajectory_node})
+    ctx.store.ack(EVENTS, [e.stream_id for e in events])
+    ctx.progress_s = time.monotonic()
+    trajectories.close_ready(ctx)

@@ -1,0 +1,59 @@
+"""Saving and rebuilding a `ClusterState`'s bookkeeping (`ClusterState.to_dict` / `restore`).
+
+The live service rebuilds its state after a restart from what Redis holds (its dispatch
+records and pin records, `scheduler.service.recovery`) in this shape, and restores it onto a
+freshly built cluster.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scheduler.model import Allocation, ResourceKind
+
+if TYPE_CHECKING:
+    from scheduler.resources import ClusterState
+
+
+def snapshot(state: ClusterState) -> dict[str, Any]:
+    """What `restore` takes: pins, reservations, running allocations and their expected ends,
+    and when each pinned trajectory was last used."""
+    return {
+        "trajectory_node": dict(state.trajectory_node),
+        "trajectory_memory_mb": {n.name: dict(n.trajectory_memory_mb) for n in state.cpu.values()},
+        "running": [a.to_dict() for a in state.running.values()],
+        "expected_end_s": dict(state.expected_end_s),
+        "running_trajectory": dict(state.running_trajectory),
+        "trajectory_used_s": dict(state.trajectory_used_s),
+    }
+
+
+def restore(state: ClusterState, d: dict[str, Any]) -> None:
+    """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape:
+    pins first, then each running allocation (a GPU chunk already held is a rider's)."""
+    state.trajectory_node = dict(d.get("trajectory_node", {}))
+    state.pin_epoch += 1
+    for name, mem in d.get("trajectory_memory_mb", {}).items():
+        if name in state.cpu:
+            state.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}
+    for raw in d.get("running", []):
+        alloc = Allocation.from_dict(raw)
+        if alloc.kind is ResourceKind.CPU and alloc.pool in state.cpu:
+            state.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
+        elif alloc.kind is ResourceKind.GPU and alloc.pool in state.gpu:
+            gnode = state.gpu[alloc.pool]
+            if not gnode.free.issuperset(alloc.unit_ids):  # a rider on a held chunk
+                gnode.riders[alloc.unit_ids] = gnode.riders.get(alloc.unit_ids, 0) + 1
+                state.shared.add(alloc.action_id)
+            gnode.free.difference_update(alloc.unit_ids)
+        elif alloc.kind is ResourceKind.API and alloc.pool in state.api:
+            state.api[alloc.pool].in_flight += 1
+        state.running[alloc.action_id] = alloc
+        state._track(alloc)
+    state.expected_end_s = {k: float(v) for k, v in d.get("expected_end_s", {}).items() if k in state.running}
+    for aid, tid in d.get("running_trajectory", {}).items():
+        if aid in state.running:
+            state._busy(aid, tid)
+    state.trajectory_used_s = {
+        t: float(v) for t, v in d.get("trajectory_used_s", {}).items() if t in state.trajectory_node
+    }

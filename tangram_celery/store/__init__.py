@@ -1,0 +1,101 @@
+"""Tangram's state in Redis: one interface for everything the client, scheduler and workers share.
+
+Keys (all under `tangram:`):
+  intake            stream of submitted action metadata and control messages (group `sched`);
+                    its length is the number of actions not yet dispatched (entries are deleted
+                    on dispatch), which bounds the intake
+  events            stream of completion events from workers (group `sched`)
+  a:<id>            hash per action: meta, payload, state, timings, result
+  n:<id>            list the client blocks on; one element pushed when the result is written
+  running           hash action id -> allocation + metadata of every dispatched, unfinished action
+  traj              hash trajectory id -> pinned CPU node, reserved memory, sandbox generation
+                    and owner (scheduler/service/sandboxes.py)
+  reset             hash trajectory id -> time its sandbox was lost (evicted, expired, worker gone)
+  sandboxes         hash CPU worker -> the sandboxes it holds and its completion counter
+  dead              dead-letter stream: malformed intake entries and why (bounded)
+  config            the scheduler's published view of pools and models (for client validation)
+  nq:<client>       list of the results of one asyncio client process (`notify` field of the
+                    action's hash): one connection waits on it for all that process's results
+                    instead of one BLPOP per action
+  warm              hash GPU node -> its warm-up status (JSON: state, services, loaded, seconds)
+
+Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
+that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts
+(`scripts.py`), so a duplicate Celery message can never run an action twice and a cancelled
+action never runs. The operations of the client, the scheduler and the workers are each in
+their own module (`client_side.py`, `scheduler_side.py`, `worker_side.py`); what they write is
+typed by `tangram_celery.wire`.
+"""
+
+from __future__ import annotations
+
+from tangram_celery.store.client_side import (
+    ClientSide,
+    cancel_args,
+    cancel_keys,
+    check_submitted,
+    memory_refusal,
+)
+from tangram_celery.store.keys import (
+    CONFIG,
+    CONSUMER,
+    DEAD,
+    DEAD_MAXLEN,
+    EVENTS,
+    GROUP,
+    INTAKE,
+    RESETS,
+    RESULT_TTL_S,
+    RUNNING,
+    SANDBOXES,
+    TRAJ,
+    WARM,
+    WORKER_POOLS,
+    WORKERS,
+    ActionState,
+    IntakeEntry,
+    akey,
+    nkey,
+    notify_key,
+    redact,
+)
+from tangram_celery.store.scheduler_side import SchedulerSide
+from tangram_celery.store.scripts import CANCEL, SUBMIT
+from tangram_celery.store.worker_side import WorkerSide
+
+
+class Store(ClientSide, SchedulerSide, WorkerSide):
+    """One interface over one Redis connection pool for everything the client, the scheduler
+    and the workers share; each side's operations are in its own module."""
+
+
+__all__ = [
+    "CANCEL",
+    "CONFIG",
+    "CONSUMER",
+    "DEAD",
+    "DEAD_MAXLEN",
+    "EVENTS",
+    "GROUP",
+    "INTAKE",
+    "RESETS",
+    "RESULT_TTL_S",
+    "RUNNING",
+    "SANDBOXES",
+    "SUBMIT",
+    "TRAJ",
+    "WARM",
+    "WORKERS",
+    "WORKER_POOLS",
+    "ActionState",
+    "IntakeEntry",
+    "Store",
+    "akey",
+    "cancel_args",
+    "cancel_keys",
+    "check_submitted",
+    "memory_refusal",
+    "nkey",
+    "notify_key",
+    "redact",
+]

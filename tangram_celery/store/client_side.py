@@ -1,0 +1,155 @@
+"""The client side of the store: submit, cancel, wait for results, read the published pools.
+
+`memory_refusal`, `check_submitted`, `cancel_keys` and `cancel_args` are shared with the asyncio
+client (`tangram_celery.aclient`), which runs the same scripts on its own connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
+from tangram_celery.store.base import StoreBase
+from tangram_celery.store.keys import CONFIG, EVENTS, GROUP, INTAKE, RESULT_TTL_S, akey, nkey
+from tangram_celery.wire import Completion, EventStatus, PoolView
+
+
+class ClientSide(StoreBase):
+    def submit(
+        self,
+        items: Sequence[tuple[str, str, str]],
+        max_queued: int,
+        *,
+        ttl_s: float = 0.0,
+        admit_memory_fraction: float = 0.8,
+    ) -> None:
+        """Enqueue (id, meta_json, payload_json) items atomically each; raise on the first refusal.
+
+        Items before a refused one stay enqueued (they are valid and were accepted). A payload
+        not run within `ttl_s` expires (0 = never). When Redis has a `maxmemory` and uses more
+        than `admit_memory_fraction` of it, nothing is enqueued (AdmissionError): the rest is
+        headroom for results and scheduling, which must never be refused.
+        """
+        self._admit_memory(admit_memory_fraction, len(items))
+        ttl = str(int(ttl_s)) if ttl_s > 0 else "0"
+
+        def send() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            for action_id, meta, payload in items:
+                self._submit(
+                    keys=[INTAKE, akey(action_id)],
+                    args=[action_id, meta, payload, max_queued, ttl, ""],
+                    client=pipe,
+                )
+            return list(pipe.execute(raise_on_error=False))
+
+        check_submitted(items, self.retrying("submit", send), max_queued)
+
+    def _admit_memory(self, fraction: float, n: int) -> None:
+        """AdmissionError when Redis is above `fraction` of its maxmemory (checked at most every
+        0.25 s per Store: INFO is cheap but not free)."""
+        now = time.monotonic()
+        if now - self._mem_checked_s > 0.25:
+            self._mem = self.memory_use()
+            self._mem_checked_s = now
+        why = memory_refusal(*self._mem, fraction, n)
+        if why is not None:
+            self._mem_checked_s = 0.0  # look again next time: it drains as actions finish
+            raise AdmissionError(why)
+
+    def control(self, fields: dict[str, str]) -> None:
+        self.r.xadd(INTAKE, dict(fields.items()))
+
+    def cancel(self, action_id: str, result_json: str) -> str:
+        """Cancel an action that no scheduler has dispatched yet; 'cancelled' if it was, else
+        its state ('dispatched', 'running', 'done', 'cancelled', or 'missing'), untouched."""
+        return str(self._cancel(keys=cancel_keys(action_id), args=cancel_args(action_id, result_json)))
+
+    def wait_result(self, action_id: str, timeout_s: float | None, poll_s: float = 2.0) -> str | None:
+        """Block until the action's result exists; return its JSON, or None on timeout.
+
+        The completion script stores the result in the action's hash (the truth) and pushes a
+        copy onto `n:<id>` to wake the waiter. The push is consumed by whoever pops it, and a
+        pop whose reply was lost (Redis died mid-reply) consumes it too, so the waiter never
+        relies on it alone: every `poll_s` without a wake-up it reads the hash.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            if left > 0:
+
+                def pop(t: float = left) -> Any:
+                    return self.r.blpop([nkey(action_id)], timeout=max(t, 0.001))
+
+                got = self.retrying("wait for result", pop)
+                if got is not None:
+                    return str(got[1])
+            res = self.retrying("wait for result", lambda: self.r.hget(akey(action_id), "result"))
+            if res is not None:
+                return str(res)
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def action_state(self, action_id: str) -> str | None:
+        s = self.r.hget(akey(action_id), "state")
+        return None if s is None else str(s)
+
+    def pool_view(self) -> PoolView | None:
+        """The pools the scheduler published (None before any scheduler has)."""
+        raw = self.r.get(CONFIG)
+        return None if raw is None else PoolView.model_validate_json(str(raw))
+
+    def queued_count(self) -> int:
+        return int(self.r.xlen(INTAKE))
+
+
+def memory_refusal(used_b: int, max_b: int, fraction: float, n: int) -> str | None:
+    """Why nothing may be enqueued while Redis uses `used_b` of its `max_b` maxmemory (None: fine)."""
+    if max_b > 0 and used_b > fraction * max_b:
+        return (
+            f"broker full: Redis uses {used_b >> 20} MiB of its {max_b >> 20} MiB maxmemory "
+            f"(admission stops at {fraction:.0%}); none of these {n} action(s) were enqueued, "
+            "retry later or raise broker.maxmemory_mb"
+        )
+    return None
+
+
+def check_submitted(items: Sequence[tuple[str, str, str]], replies: Sequence[Any], max_queued: int) -> None:
+    """Raise for the first item the submit script refused (the ones before it were enqueued)."""
+    for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
+        if isinstance(rep, redis.ResponseError):
+            msg = str(rep)
+            if "TANGRAM_FULL" in msg:
+                raise AdmissionError(
+                    f"intake is full ({max_queued} actions waiting): the first {n} of this "
+                    f"batch were enqueued, action {action_id} and the rest were not; retry "
+                    "them later or raise scheduler.max_queued"
+                )
+            if "TANGRAM_DUPLICATE" in msg:
+                raise ActionRejected(f"action id {action_id!r} was already submitted")
+            if msg.startswith("OOM"):
+                raise AdmissionError(
+                    f"broker full (Redis maxmemory reached): the first {n} of this batch were "
+                    f"enqueued, action {action_id} and the rest were not; retry them later"
+                )
+            raise BrokerError(f"submit of {action_id} failed: {msg}")
+        if isinstance(rep, Exception):
+            raise BrokerError(f"submit of {action_id} failed: {rep}")
+
+
+def cancel_keys(action_id: str) -> list[str]:
+    return [akey(action_id), nkey(action_id), EVENTS, INTAKE]
+
+
+def cancel_args(action_id: str, result_json: str) -> list[Any]:
+    return [
+        action_id,
+        result_json,
+        Completion(status=EventStatus.CANCELLED).model_dump_json(),
+        RESULT_TTL_S,
+        GROUP,
+    ]

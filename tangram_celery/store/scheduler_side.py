@@ -1,0 +1,211 @@
+"""The scheduler's side of the store: the intake and events streams, dispatch records, pins,
+workers' heartbeats and sandbox reports, and taking actions back from lost workers."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from tangram_celery.store.base import StoreBase
+from tangram_celery.store.keys import (
+    CONFIG,
+    CONSUMER,
+    DEAD,
+    DEAD_MAXLEN,
+    EVENTS,
+    GROUP,
+    INTAKE,
+    RESETS,
+    RUNNING,
+    SANDBOXES,
+    TRAJ,
+    WORKER_POOLS,
+    WORKERS,
+    IntakeEntry,
+    akey,
+)
+from tangram_celery.wire import Completion, DispatchRecord, EventStatus, PoolView
+
+log = logging.getLogger("tangram.store")
+
+
+class SchedulerSide(StoreBase):
+    def ensure_groups(self) -> None:
+        for stream in (INTAKE, EVENTS):
+            try:
+                self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    def publish_config(self, view: PoolView) -> None:
+        self.r.set(CONFIG, view.model_dump_json())
+
+    def read(self, count: int, block_ms: int | None) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
+        """Read new intake and events (one blocking call over both streams)."""
+        resp: Any = self.r.xreadgroup(
+            GROUP, CONSUMER, {EVENTS: ">", INTAKE: ">"}, count=count, block=block_ms
+        )
+        intake: list[IntakeEntry] = []
+        events: list[IntakeEntry] = []
+        for stream, entries in resp or []:
+            target = intake if stream == INTAKE else events
+            target.extend(IntakeEntry(sid, fields) for sid, fields in entries)
+        return intake, events
+
+    def read_pending(self, stream: str, count: int = 10_000) -> Iterator[list[IntakeEntry]]:
+        """This consumer's delivered but unacknowledged entries of `stream`, in order, in pages."""
+        after = "0"
+        while True:
+            resp: Any = self.r.xreadgroup(GROUP, CONSUMER, {stream: after}, count=count)
+            entries = [IntakeEntry(sid, fields) for _, page in resp or [] for sid, fields in page]
+            if not entries:
+                return
+            yield entries
+            after = entries[-1].stream_id
+
+    def ack(self, stream: str, ids: Iterable[str]) -> None:
+        ids = list(ids)
+        if ids:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
+            pipe.execute()
+
+    def load_running(self) -> dict[str, DispatchRecord]:
+        """Every dispatched, unfinished action's record. A record that does not parse (written
+        by hand, or by an incompatible version) is logged and left out."""
+        out: dict[str, DispatchRecord] = {}
+        for k, v in self.r.hgetall(RUNNING).items():
+            try:
+                out[str(k)] = DispatchRecord.model_validate_json(v)
+            except ValidationError as e:
+                log.error("ignored the unreadable dispatch record of %s: %s", k, e)
+        return out
+
+    def load_pins(self) -> dict[str, dict[str, Any]]:
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(TRAJ).items()}
+
+    def states(self, action_ids: Sequence[str]) -> list[str | None]:
+        pipe = self.r.pipeline(transaction=False)
+        for a in action_ids:
+            pipe.hget(akey(a), "state")
+        return list(pipe.execute())
+
+    def mark_dispatched(
+        self,
+        records: Sequence[DispatchRecord],
+        pins: dict[str, dict[str, Any]],
+        intake_ids: Sequence[str],
+        now_s: float,
+        *,
+        forget_pins: Sequence[str] = (),
+        resets: dict[str, float] | None = None,
+        resets_done: Sequence[str] = (),
+    ) -> list[str]:
+        """Persist dispatch records and take their entries off the intake, in one atomic script.
+
+        `pins` are pin records to write, `forget_pins` pins to delete (evicted trajectories),
+        `resets` and `resets_done` trajectories to mark reset and to unmark (`update_pins`).
+        Returns the ids it skipped because they are no longer queued (cancelled after the
+        policy chose them): their messages must not be sent.
+
+        This happens before the Celery messages are sent; a scheduler that dies in between
+        re-sends every action still in state `dispatched` when it restarts (the worker's claim
+        makes a duplicate message harmless).
+        """
+        args: list[Any] = [GROUP, repr(now_s), len(records)]
+        for rec in records:
+            args += [rec.alloc.action_id, rec.model_dump_json(exclude_none=True), rec.attempt]
+        args.append(len(pins))
+        for tid, pin in pins.items():
+            args += [tid, json.dumps(pin)]
+        args.append(len(forget_pins))
+        args += list(forget_pins)
+        resets = resets or {}
+        args.append(len(resets))
+        for tid, at in resets.items():
+            args += [tid, repr(at)]
+        args.append(len(resets_done))
+        args += list(resets_done)
+        args += list(intake_ids)
+        keys = [RUNNING, TRAJ, INTAKE, RESETS, *(akey(r.alloc.action_id) for r in records)]
+        return [str(a) for a in self._dispatch(keys=keys, args=args)]
+
+    def dead_letter(self, stream_id: str, fields: dict[str, str], why: str) -> None:
+        """Keep a malformed intake entry for inspection (`XRANGE tangram:dead - +`), bounded."""
+        entry: dict[Any, Any] = dict(fields)
+        entry.update(intake_id=stream_id, reason=why)
+        self.r.xadd(DEAD, entry, maxlen=DEAD_MAXLEN, approximate=True)
+
+    def forget_running(self, action_ids: Sequence[str]) -> None:
+        if action_ids:
+            self.r.hdel(RUNNING, *action_ids)
+
+    def forget_pin(self, trajectory_id: str) -> None:
+        self.r.hdel(TRAJ, trajectory_id)
+
+    def update_pins(
+        self,
+        pins: dict[str, dict[str, Any]],
+        forget: Sequence[str] = (),
+        resets: dict[str, float] | None = None,
+        resets_done: Sequence[str] = (),
+    ) -> None:
+        """Write and delete pin records, mark trajectories reset (their sandbox was lost) and
+        unmark them, in one round trip."""
+        if not (pins or forget or resets or resets_done):
+            return
+        pipe = self.r.pipeline(transaction=True)
+        for tid, pin in pins.items():
+            pipe.hset(TRAJ, tid, json.dumps(pin))
+        if forget:
+            pipe.hdel(TRAJ, *forget)
+        if resets:
+            pipe.hset(RESETS, mapping={t: repr(at) for t, at in resets.items()})
+        if resets_done:
+            pipe.hdel(RESETS, *resets_done)
+        pipe.execute()
+
+    def load_resets(self) -> dict[str, float]:
+        return {str(k): float(v) for k, v in self.r.hgetall(RESETS).items()}
+
+    def sandbox_reports(self) -> dict[str, dict[str, Any]]:
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(SANDBOXES).items()}
+
+    def workers(self) -> tuple[float, dict[str, tuple[float, str]]]:
+        """(Redis server time, {worker: (last heartbeat, pool key)})."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
+        pipe.hgetall(WORKERS)
+        pipe.hgetall(WORKER_POOLS)
+        (sec, usec), beats, pools = pipe.execute()
+        now = float(sec) + float(usec) / 1e6
+        return now, {str(w): (float(t), str(pools.get(w, ""))) for w, t in beats.items()}
+
+    def forget_worker(self, worker: str) -> None:
+        self.r.hdel(WORKERS, worker)
+        self.r.hdel(WORKER_POOLS, worker)
+        self.r.hdel(SANDBOXES, worker)
+
+    def owners(self, action_ids: Sequence[str]) -> list[tuple[str | None, str | None, int, float]]:
+        """(state, worker, attempt, dispatched_s) of each action."""
+        pipe = self.r.pipeline(transaction=False)
+        for a in action_ids:
+            pipe.hmget(akey(a), "state", "worker", "attempt", "dispatched_s")
+        return [(s, w, int(n or 0), float(d or 0.0)) for s, w, n, d in pipe.execute()]
+
+    def requeue(self, action_id: str, worker: str, to_state: str, attempt: int, now_s: float) -> bool:
+        """Take an action back from a worker presumed dead (or a pool that is gone)."""
+        return bool(self._requeue(keys=[akey(action_id)], args=[worker, to_state, str(attempt), repr(now_s)]))
+
+    def finish_unrun(self, action_id: str, result_json: str, trajectory_id: str) -> None:
+        """Final result for an action the scheduler refused or gave up on (no worker ran it)."""
+        self._finish(
+            action_id, result_json, Completion(status=EventStatus.UNRUN, trajectory_id=trajectory_id)
+        )

@@ -1,0 +1,65 @@
+"""The workers' side of the store: claim an action exactly once, complete it or hand it back,
+heart-beat, and report the sandboxes and GPU services they hold."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from tangram_celery.store.base import StoreBase
+from tangram_celery.store.keys import EVENTS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
+from tangram_celery.wire import Chunk, Completion, ResidencyReport, residency
+
+
+class WorkerSide(StoreBase):
+    def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> tuple[str, str, float] | str:
+        """dispatched -> running for `attempt`. Returns (meta, payload, dispatched_s) or why not."""
+        rep = self.retrying(
+            "claim", lambda: self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)])
+        )
+        if isinstance(rep, list):
+            return str(rep[0]), str(rep[1]), float(rep[2] or 0.0)
+        return str(rep)
+
+    def complete(self, action_id: str, result_json: str, event: Completion) -> bool:
+        """Store the result, wake the client, emit the release event. False if already done."""
+        return self._finish(action_id, result_json, event)
+
+    def give_back(self, action_id: str, worker: str, attempt: int, event: Completion) -> bool:
+        """Hand a running action back to the scheduler to place again (no result for the client).
+        False if this worker's attempt no longer owns it."""
+        ev = event.model_dump_json(exclude_none=True)
+        return bool(
+            self.retrying(
+                "give_back",
+                lambda: self._give_back(
+                    keys=[akey(action_id), EVENTS], args=[worker, str(attempt), action_id, ev]
+                ),
+            )
+        )
+
+    def publish_residency(self, node: str, resident: dict[Chunk, list[str]]) -> None:
+        """Tell the scheduler which services GPU `node` holds on which chunks, outside any
+        action's completion (after a warm-up load). It goes on the events stream, so it is
+        ordered with the completions that carry the same map."""
+        event = ResidencyReport(pool=node, resident=residency(resident)).model_dump_json()
+        self.retrying("residency", lambda: self.r.xadd(EVENTS, {"id": "", "event": event}))
+
+    def set_warm_status(self, node: str, status: dict[str, Any] | None) -> None:
+        """Record GPU `node`'s warm-up status; None forgets it (a new deployment starts)."""
+        if status is None:
+            self.retrying("warm status", lambda: self.r.hdel(WARM, node))
+        else:
+            self.retrying("warm status", lambda: self.r.hset(WARM, node, json.dumps(status)))
+
+    def warm_status(self) -> dict[str, dict[str, Any]]:
+        """GPU node -> its warm-up status ({'state': 'warming' | 'done', ...})."""
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(WARM).items()}
+
+    def heartbeat(self, worker: str, pool_key: str) -> None:
+        self._heartbeat(keys=[WORKERS, WORKER_POOLS], args=[worker, pool_key])
+
+    def report_sandboxes(self, worker: str, seq: int, held: Sequence[tuple[str, str]]) -> None:
+        """A CPU worker's report of the sandboxes it holds, at its completion counter `seq`."""
+        self.r.hset(SANDBOXES, worker, json.dumps({"seq": seq, "held": [list(h) for h in held]}))
