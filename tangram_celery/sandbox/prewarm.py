@@ -5,7 +5,9 @@ A CPU worker hands a sandbox to each new trajectory and each one-shot action. St
 `ReadyPool` keeps `size` of them started ahead, refilled by one background thread as they are
 taken. A taken sandbox is bound to the action's cores and memory when the action runs, like any
 other. When the pool is empty (a burst of new trajectories), the caller starts one itself.
-Ready sandboxes are fresh: none has ever run code, and none is handed out twice.
+Ready sandboxes are fresh or recycled: a recycled one ran another occupant's code and was then
+scrubbed (`WarmPool._recycle`, docs/sandbox.md "Recycling"); up to `size` more of those are kept
+besides the `size` the filler keeps, so that a scrubbed sandbox is rarely thrown away.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class ReadyPool(Generic[H]):
         self._stop = threading.Event()
         self.started = 0  # sandboxes started by the pool (for tests and metrics)
         self.handed_out = 0
+        self.recycled = 0  # scrubbed sandboxes taken back
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -89,6 +92,15 @@ class ReadyPool(Generic[H]):
                 self.handed_out -= 1
                 return
         self._destroy(h)
+
+    def recycle(self, h: H) -> bool:
+        """Keep a scrubbed sandbox for the next taker (False: the pool is full, destroy it)."""
+        with self._lock:
+            if len(self._ready) < 2 * self.size and not self._stop.is_set():
+                self._ready.append(h)
+                self.recycled += 1
+                return True
+        return False
 
     def __len__(self) -> int:
         with self._lock:
