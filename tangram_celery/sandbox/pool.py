@@ -46,7 +46,7 @@ from tangram_celery.sandbox.limits import (
     runner_timeout_s,
     to_result,
 )
-from tangram_celery.sandbox.prewarm import Disposer, ReadyPool
+from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
 from tangram_celery.sandbox.stage import SandboxScope, Stage
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,11 @@ class WarmPool(ABC):
         self._stop = threading.Event()
         # Handed-out sandboxes that are done (one-shot, closed, evicted) are destroyed here, off
         # the action's critical path.
-        self._disposer: Disposer[Handle] = Disposer(self._retire)
+        # A sandbox to recycle is scrubbed at once (a new trajectory may be waiting for it).
+        self._recycling = cfg.recycle and cfg.prewarm > 0
+        self._disposer: Disposer[Handle] = Disposer(
+            self._retire, delay_s=0.0 if self._recycling else BACKGROUND_DELAY_S
+        )
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
         self.ready = ReadyPool(cfg.prewarm, self._start_ready, self._destroy_ready, self._alive)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
@@ -264,7 +268,10 @@ class WarmPool(ABC):
         self._teardown(h)
 
     def _dispose(self, h: Handle) -> None:
-        """Destroy a sandbox no action will use again, in the background."""
+        """Recycle or destroy a sandbox no action of its occupant will use again, in the
+        background."""
+        if self._recycling:
+            self.ready.expect()
         self._disposer.put(h)
 
     def _teardown_locked(self, h: Handle) -> None:
@@ -274,8 +281,15 @@ class WarmPool(ABC):
     def _retire(self, h: Handle) -> None:
         """A sandbox no action of its occupant will use again: scrubbed into the ready pool when
         recycling is on and it is healthy, destroyed otherwise."""
+        try:
+            self._retire_locked(h)
+        finally:
+            if self._recycling:
+                self.ready.settled()
+
+    def _retire_locked(self, h: Handle) -> None:
         with h.lock:  # waits for an action still running in it, if any
-            if self.cfg.recycle and self.ready.size > 0 and not self._stop.is_set() and self._alive(h):
+            if self._recycling and not self._stop.is_set() and self._alive(h):
                 try:
                     fresh = self._recycle(h)
                 except Exception as e:  # any failure: destroy, never reuse

@@ -27,6 +27,7 @@ RETRY_AFTER_S = 1.0  # after a failed start (the backend is broken: do not spin)
 # compete for the cores with that very action: a refill (while a ready sandbox is left), and
 # the removal of a sandbox that is done.
 BACKGROUND_DELAY_S = 0.05
+SCRUB_WAIT_S = 2.0  # a taker waits this long at most for a sandbox being scrubbed
 
 
 class ReadyPool(Generic[H]):
@@ -49,6 +50,8 @@ class ReadyPool(Generic[H]):
         self._alive = alive
         self._ready: collections.deque[H] = collections.deque()
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a sandbox came back or a scrub ended
+        self._pending = 0  # sandboxes being scrubbed for this pool (`expect`)
         self._wanted = threading.Event()
         self._stop = threading.Event()
         self.started = 0  # sandboxes started by the pool (for tests and metrics)
@@ -67,11 +70,16 @@ class ReadyPool(Generic[H]):
             self._thread.start()
 
     def take(self) -> H | None:
-        """A ready sandbox, or None when none is (the caller starts its own)."""
+        """A ready sandbox, or None when none is (the caller starts its own). When a sandbox is
+        being scrubbed for the pool, waits for it (up to `SCRUB_WAIT_S`): a scrub takes a few
+        ms, a start tens to hundreds."""
         if self._thread is None:
             self.start()
         while True:
             with self._lock:
+                deadline = time.monotonic() + SCRUB_WAIT_S
+                while not self._ready and self._pending and time.monotonic() < deadline:
+                    self._changed.wait(deadline - time.monotonic())
                 if not self._ready:
                     self._wanted.set()
                     return None
@@ -93,12 +101,25 @@ class ReadyPool(Generic[H]):
                 return
         self._destroy(h)
 
+    def expect(self) -> None:
+        """A sandbox is on its way back (being scrubbed): takers wait for it, the filler does
+        not start one in its place. Each `expect` is matched by one `settled`."""
+        with self._lock:
+            self._pending += 1
+
+    def settled(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            self._changed.notify_all()
+        self._wanted.set()  # if it did not come back, the filler makes up for it
+
     def recycle(self, h: H) -> bool:
         """Keep a scrubbed sandbox for the next taker (False: the pool is full, destroy it)."""
         with self._lock:
             if len(self._ready) < 2 * self.size and not self._stop.is_set():
                 self._ready.append(h)
                 self.recycled += 1
+                self._changed.notify_all()
                 return True
         return False
 
@@ -134,7 +155,7 @@ class ReadyPool(Generic[H]):
         while not self._stop.is_set():
             self._wanted.wait()
             with self._lock:
-                short = self.size - len(self._ready)
+                short = self.size - len(self._ready) - self._pending
                 if short <= 0:
                     self._wanted.clear()
                     continue

@@ -3,8 +3,13 @@ ran one trajectory's code to another trajectory instead of building a new one.
 
 The previous occupant's code was written by a policy paid for passing and may have tried to
 leave something for the next one. The runner (PID 1, root in the sandbox) therefore:
-1. kills every process of the sandbox but itself with `kill(-1)` (the zygote and the pooled
-   verifiers too: both are started afresh, exec'd, for the next occupant);
+1. kills the pooled verifiers (they judged the previous occupant's tests, talking to its code
+   through proxies) and waits for their exits; then, if any process but itself and the zygote
+   is alive (nothing should be: every action ends with the runner killing what it left), or the
+   zygote is gone, kills every process but itself with `kill(-1)` and exec's a fresh zygote.
+   The zygote is root, never sees a request or user data, and user code cannot signal, trace or
+   message it (another uid, seccomp, a socket only the runner holds): it is kept otherwise, as
+   it is between the actions of one trajectory;
 2. empties every place the sandbox user can write (/work, /tmp, /dev/shm if present) from a
    descriptor of the mount point, removing entries by name with `unlinkat`/`rmtree(dir_fd=)`:
    no link is ever followed, so a planted symlink is removed, not its target;
@@ -21,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from typing import Any
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -66,15 +72,40 @@ def sysv_objects() -> list[str]:
     return found
 
 
-def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any) -> dict[str, Any]:
+VERIFIER_EXIT_TIMEOUT_S = 5.0
+
+
+def _drop_verifiers(zygote: Any) -> bool:
+    """Kill every pooled verifier; True once the zygote reported all their exits."""
+    pool = zygote.verifiers
+    for v in list(pool.live.values()):
+        pool.discard(v)
+    deadline = time.monotonic() + VERIFIER_EXIT_TIMEOUT_S
+    while pool.dying and time.monotonic() < deadline:
+        if not zygote.poll(0.2):
+            return False
+        pool.prune()
+    return not pool.dying
+
+
+def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any, strays: Any) -> dict[str, Any]:
     """Make the sandbox as a fresh one is for its next occupant; the facts for the host."""
-    kill_all()
-    zygote.lost()
+    quiet = zygote.alive() and _drop_verifiers(zygote) and not strays({1, os.getpid(), zygote.pid})
+    if not quiet:
+        kill_all()
+        zygote.lost()
     left: list[str] = []
     for top in (workdir, "/tmp", *EXTRA_TOPS):
         left += wipe(top)
     reset_tops({"uid": uid, "workdir": workdir})
     ipc = sysv_objects()
-    zygote.start()  # exec'd fresh: nothing of the previous occupant's actions is in it
-    zygote.wait_ready()
-    return {"scrubbed": not left and not ipc, "left": left[:20], "ipc": ipc[:20], "pid": os.getpid()}
+    if not quiet:
+        zygote.start()  # exec'd fresh
+        zygote.wait_ready()
+    return {
+        "scrubbed": not left and not ipc,
+        "left": left[:20],
+        "ipc": ipc[:20],
+        "pid": os.getpid(),
+        "zygote_kept": quiet,
+    }
