@@ -140,11 +140,8 @@ class WarmPool(ABC):
         self._stop = threading.Event()
         # Handed-out sandboxes that are done (one-shot, closed, evicted) are destroyed here, off
         # the action's critical path.
-        # A sandbox to recycle is scrubbed at once (a new trajectory may be waiting for it).
         self._recycling = cfg.recycle and cfg.prewarm > 0
-        self._disposer: Disposer[Handle] = Disposer(
-            self._retire, delay_s=0.0 if self._recycling else BACKGROUND_DELAY_S
-        )
+        self._disposer: Disposer[Handle] = Disposer(self._retire)
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
         self.ready = ReadyPool(cfg.prewarm, self._start_ready, self._destroy_ready, self._alive)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
@@ -270,9 +267,13 @@ class WarmPool(ABC):
     def _dispose(self, h: Handle) -> None:
         """Recycle or destroy a sandbox no action of its occupant will use again, in the
         background."""
+        delay_s = None
         if self._recycling:
             self.ready.expect()
-        self._disposer.put(h)
+            # at once when no sandbox is ready (a taker may be waiting for this one); else a
+            # little later, off the cores of the action that caused it
+            delay_s = 0.0 if len(self.ready) == 0 else BACKGROUND_DELAY_S
+        self._disposer.put(h, delay_s)
 
     def _teardown_locked(self, h: Handle) -> None:
         with h.lock:  # waits for an action still running in it, if any

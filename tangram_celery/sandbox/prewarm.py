@@ -189,11 +189,12 @@ class Disposer(Generic[H]):
         self._thread = threading.Thread(target=self._run, name="sandbox-disposer", daemon=True)
         self._thread.start()
 
-    def put(self, h: H) -> None:
+    def put(self, h: H, delay_s: float | None = None) -> None:
+        """Queue `h`, due after `delay_s` (default: the disposer's)."""
         if self._closed:
             self._destroy(h)
             return
-        self._queue.put((time.monotonic() + self.delay_s, h))
+        self._queue.put((time.monotonic() + (self.delay_s if delay_s is None else delay_s), h))
 
     def close(self) -> None:
         """Remove everything still queued (at once), then stop."""
