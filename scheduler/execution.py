@@ -75,6 +75,10 @@ class ExecutionModel:
     gpu_sharing: concurrent calls of one GPU group run together (continuous batching).
     api_control: the scheduler enforces API limits (False: calls go out as they come and the
         provider rejects those over its limits; callers retry per `retries`).
+    lend_cores: spare cores are lent to running malleable actions each round and taken back
+        when an allocation needs them (`scheduler.policies.malleable`; `RoundPlan.lends`). An
+        executor that does not carry lends out runs the same allocations, only less
+        work-conserving, so this is not a live gap.
     """
 
     cpu_sharing: bool = False
@@ -87,6 +91,7 @@ class ExecutionModel:
     gpu_sharing: bool = False
     api_control: bool = True
     retries: ClientRetries = ClientRetries()
+    lend_cores: bool = False
 
     def live_gaps(self) -> list[str]:
         """Why the live service cannot execute this model ([] when it can)."""
@@ -103,6 +108,7 @@ class ExecutionModel:
 
 
 TANGRAM = ExecutionModel()  # what the live service executes
+TANGRAM_LENDING = ExecutionModel(lend_cores=True)  # and spare cores lent to malleable actions
 
 
 def execution_of(policy: object) -> ExecutionModel:

@@ -1,6 +1,6 @@
 """One scheduling round, the same for the simulator and the live service.
 
-    fair ordering -> policy.decide -> GPU batch riders -> eviction plan
+    fair ordering -> policy.decide -> GPU batch riders -> eviction plan -> core loans
 
 A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
 policy: the rules every policy runs under are applied in one place, so that the simulator
@@ -20,6 +20,10 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
   allocations evict, per node. GPU services are evicted on execution (`scheduler.gpu_cache`):
   for each GPU allocation, a hit or a restore with its victims, planned in order on copies of
   the state's GPU caches with the one LRU rule (`gpu_cache.lru_victims`).
+- **Core loans** (policies whose execution model has `lend_cores`): the cores no allocation
+  takes are lent to running malleable actions, and lent cores an allocation takes are taken
+  back (`scheduler.policies.malleable`). A lent core stays free in the `ClusterState`, so no
+  policy decision depends on loans.
 
 Extending the round: a new kind of decision (resizing a running malleable action, say) is a
 step here that adds to the `RoundPlan`, which both executors then carry out; what an executor
@@ -39,6 +43,7 @@ from scheduler.fairshare import order_queue
 from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
+from scheduler.policies.malleable import Borrower, Lent, lend_cores
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
@@ -62,13 +67,16 @@ class RoundPlan:
     actions joining an allocation's chunk (`ClusterState.share`, after the allocations);
     `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
     the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
-    `decision_s`: seconds the fair ordering and the policy took.
+    `lends`: borrower -> (its node, every core lent to it now), for the borrowers whose loan
+    changed this round (an empty set: all taken back); `decision_s`: seconds the fair ordering
+    and the policy took.
     """
 
     allocs: list[Allocation] = field(default_factory=list)
     riders: list[Allocation] = field(default_factory=list)
     evicted: dict[str, str] = field(default_factory=dict)
     gpu_loads: dict[str, GpuLoad] = field(default_factory=dict)
+    lends: Lent = field(default_factory=dict)
     decision_s: float = 0.0
 
     @property
@@ -92,6 +100,8 @@ class Round:
         self.fair = fair
         self.max_batch = max_batch
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
+        self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
+        self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
 
     @property
     def name(self) -> str:
@@ -109,6 +119,8 @@ class Round:
         ordered = self.order(queue, state, now_s)
         allocs = self.policy.decide(ordered, state, now_s)
         out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
+        if self.execution.lend_cores:
+            out.lends = self.lend(allocs, queue, state, now_s)
         if not allocs:
             return out
         if self.max_batch is not None:
@@ -122,6 +134,42 @@ class Round:
         if state.gpu_cache and self.execution.gpu_residency is not GpuResidency.NONE:
             out.gpu_loads = gpu_loads(allocs, queue, state, now_s, self.execution.gpu_residency)
         return out
+
+    def lend(
+        self, allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float
+    ) -> Lent:
+        """Take lent cores back where `allocs` need them, lend the spare ones (see
+        `scheduler.policies.malleable`); updates `lent` and returns the changed loans."""
+        borrowers = self._borrowers
+        for aid in [aid for aid in borrowers if aid not in state.running]:
+            del borrowers[aid]
+            self.lent.pop(aid, None)
+        taken: dict[str, set[int]] = {}
+        for a in allocs:
+            if a.kind is ResourceKind.CPU:
+                taken.setdefault(a.pool, set()).update(a.unit_ids)
+                qa = queue.action(a.action_id)
+                if qa.cost.malleable:
+                    borrowers[a.action_id] = Borrower(qa, a)
+        if not borrowers:
+            return {}
+        changed = lend_cores(borrowers.values(), self.lent, taken, state, now_s)
+        for aid, loan in changed.items():
+            if loan[1]:
+                self.lent[aid] = loan
+            else:
+                self.lent.pop(aid, None)
+        return changed
+
+    def borrowers(self) -> list[Borrower]:
+        """The running malleable actions loans go to (as of the last round)."""
+        return list(self._borrowers.values())
+
+    def track_malleable(self, action: QueuedAction, alloc: Allocation) -> None:
+        """Count a running malleable action that no round of this object started (recovered
+        after a restart) as a borrower."""
+        if action.cost.malleable and alloc.kind is ResourceKind.CPU:
+            self._borrowers[alloc.action_id] = Borrower(action, alloc)
 
     def order(
         self, queue: WaitingQueue, state: ClusterState, now_s: float
