@@ -135,9 +135,7 @@ class Round:
             out.gpu_loads = gpu_loads(allocs, queue, state, now_s, self.execution.gpu_residency)
         return out
 
-    def lend(
-        self, allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float
-    ) -> Lent:
+    def lend(self, allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float) -> Lent:
         """Take lent cores back where `allocs` need them, lend the spare ones (see
         `scheduler.policies.malleable`); updates `lent` and returns the changed loans."""
         borrowers = self._borrowers

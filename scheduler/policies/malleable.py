@@ -55,23 +55,25 @@ def lend_cores(
             by_node.setdefault(b.alloc.pool, []).append(b)
     out: Lent = {}
     kept: dict[str, frozenset[int]] = {}
+    lent_n: dict[str, int] = {}  # node -> cores on loan there after the take-backs
     for aid, (node, ids) in lent.items():
         back = taken.get(node)
-        now_ids = ids - back if back else ids
-        kept[aid] = now_ids
-        if now_ids != ids:
-            out[aid] = (node, now_ids)
+        if back and not back.isdisjoint(ids):
+            ids = ids - back
+            out[aid] = (node, ids)
+        kept[aid] = ids
+        lent_n[node] = lent_n.get(node, 0) + len(ids)
     for node, group in by_node.items():
         cpu = state.cpu.get(node)
         if cpu is None or f"cpu:{node}" in state.offline:
             continue
-        spare = set(cpu.free)
-        spare -= taken.get(node, set())
-        for aid, (n, ids) in lent.items():
+        # lent and taken cores are free in `state` and disjoint: count before building sets
+        if len(cpu.free) - len(taken.get(node, ())) - lent_n.get(node, 0) <= 0:
+            continue
+        spare = cpu.free - taken.get(node, set())
+        for aid, (n, _) in lent.items():
             if n == node:
                 spare -= kept[aid]
-        if not spare:
-            continue
         units = {b.alloc.action_id: b.alloc.units + len(kept.get(b.alloc.action_id, ())) for b in group}
         heap: list[tuple[float, int, str]] = []
         weight: dict[str, float] = {}
@@ -86,8 +88,8 @@ def lend_cores(
             grant.setdefault(aid, []).append(free.pop())
             units[aid] += 1
             _push(heap, group[k], units[aid], weight[aid], k)
-        for aid, ids in grant.items():
-            out[aid] = (node, kept.get(aid, frozenset()) | frozenset(ids))
+        for aid, more in grant.items():
+            out[aid] = (node, kept.get(aid, frozenset()) | frozenset(more))
     return out
 
 
@@ -129,7 +131,11 @@ def idle_while_malleable(
             continue
         idle = cpu.free - lent_on.get(a.pool, set())
         units = a.units + len(lent.get(a.action_id, ("", frozenset()))[1])
-        could = units < b.action.cost.units.max and b.action.duration_s(units + 1) < b.action.duration_s(units)
+        could = units < b.action.cost.units.max and b.action.duration_s(units + 1) < b.action.duration_s(
+            units
+        )
         if idle and could:
-            out.append(f"{len(idle)} idle core(s) on {a.pool} while {a.action_id} runs on {units} and could use them")
+            out.append(
+                f"{len(idle)} idle core(s) on {a.pool} while {a.action_id} runs on {units} and could use them"
+            )
     return out
