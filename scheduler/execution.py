@@ -79,6 +79,9 @@ class ExecutionModel:
         when an allocation needs them (`scheduler.policies.malleable`; `RoundPlan.lends`). An
         executor that does not carry lends out runs the same allocations, only less
         work-conserving, so this is not a live gap.
+    warm_gpu: services are restored onto free GPU memory ahead of their calls while no GPU call
+        waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`). Optional for an executor in
+        the same way.
     """
 
     cpu_sharing: bool = False
@@ -92,6 +95,7 @@ class ExecutionModel:
     api_control: bool = True
     retries: ClientRetries = ClientRetries()
     lend_cores: bool = False
+    warm_gpu: bool = False
 
     def live_gaps(self) -> list[str]:
         """Why the live service cannot execute this model ([] when it can)."""
@@ -108,7 +112,8 @@ class ExecutionModel:
 
 
 TANGRAM = ExecutionModel()  # what the live service executes
-TANGRAM_LENDING = ExecutionModel(lend_cores=True)  # and spare cores lent to malleable actions
+# tangram-fast's: spare cores lent to malleable actions, GPU services placed ahead of demand
+TANGRAM_FAST = ExecutionModel(lend_cores=True, warm_gpu=True)
 
 
 def execution_of(policy: object) -> ExecutionModel:

@@ -1,6 +1,7 @@
 """One scheduling round, the same for the simulator and the live service.
 
     fair ordering -> policy.decide -> GPU batch riders -> eviction plan -> core loans
+        -> warm GPU placements
 
 A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
 policy: the rules every policy runs under are applied in one place, so that the simulator
@@ -24,6 +25,9 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
   takes are lent to running malleable actions, and lent cores an allocation takes are taken
   back (`scheduler.policies.malleable`). A lent core stays free in the `ClusterState`, so no
   policy decision depends on loans.
+- **Warm GPU placements** (`warm_gpu`): while no GPU call waits, services with expected demand
+  (learned from the calls started, seeded from the services configured) are restored onto free
+  chunks with free memory (`scheduler.policies.warm_gpu`); a warm restore holds its chunk.
 
 Extending the round: a new kind of decision (resizing a running malleable action, say) is a
 step here that adds to the `RoundPlan`, which both executors then carry out; what an executor
@@ -44,6 +48,7 @@ from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
+from scheduler.policies.warm_gpu import GpuDemand, warm_placements
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
@@ -77,6 +82,7 @@ class RoundPlan:
     evicted: dict[str, str] = field(default_factory=dict)
     gpu_loads: dict[str, GpuLoad] = field(default_factory=dict)
     lends: Lent = field(default_factory=dict)
+    warm: list[GpuLoad] = field(default_factory=list)
     decision_s: float = 0.0
 
     @property
@@ -89,11 +95,17 @@ class Round:
     """The scheduling round around `policy` (see the module doc).
 
     `fair`: fair share across jobs (None: the queue's FCFS order as it is); `max_batch`: the
-    largest batch per GPU service (None: no riders).
+    largest batch per GPU service (None: no riders); `gpu_services`: the GPU services configured,
+    with their allowed chunk sizes (seeds the demand of warm placement).
     """
 
     def __init__(
-        self, policy: Policy, *, fair: FairShareSpec | None = None, max_batch: MaxBatch | None = None
+        self,
+        policy: Policy,
+        *,
+        fair: FairShareSpec | None = None,
+        max_batch: MaxBatch | None = None,
+        gpu_services: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.policy = policy
         self.execution = execution_of(policy)
@@ -102,6 +114,7 @@ class Round:
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
         self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
+        self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
 
     @property
     def name(self) -> str:
@@ -121,10 +134,12 @@ class Round:
         out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
         if self.execution.lend_cores:
             out.lends = self.lend(allocs, queue, state, now_s)
+        if allocs and self.max_batch is not None:
+            out.riders = riders(allocs, queue, self.max_batch)
+        if self.execution.warm_gpu and state.gpu:
+            out.warm = self.warm(out.started, queue, state, now_s)
         if not allocs:
             return out
-        if self.max_batch is not None:
-            out.riders = riders(allocs, queue, self.max_batch)
         if self.fair is not None:
             for a in out.started:
                 self._job_of[a.action_id] = queue.action(a.action_id).job_id
@@ -158,6 +173,30 @@ class Round:
             else:
                 self.lent.pop(aid, None)
         return changed
+
+    def warm(
+        self, started: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float
+    ) -> list[GpuLoad]:
+        """Learn the GPU demand of the round's calls, and decide the warm placements."""
+        gpu = ResourceKind.GPU
+        ids = set()
+        for a in started:
+            if a.kind is gpu:
+                qa = queue.action(a.action_id)
+                self.demand.observe(qa.target, qa.cost.units.units, now_s)
+                ids.add(a.action_id)
+        waiting = any(qa.cost.key is gpu and qa.action_id not in ids for qa in queue)
+        return warm_placements(state, self.demand, started, waiting, now_s)
+
+    def idle(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
+        """The round's steps that need no waiting action (loans, warm placements), for an
+        executor to run when units come back and nothing waits."""
+        out = RoundPlan()
+        if self.execution.lend_cores:
+            out.lends = self.lend([], queue, state, now_s)
+        if self.execution.warm_gpu and state.gpu:
+            out.warm = self.warm([], queue, state, now_s)
+        return out
 
     def borrowers(self) -> list[Borrower]:
         """The running malleable actions loans go to (as of the last round)."""

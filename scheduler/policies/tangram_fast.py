@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Sequence
 
 from scheduler.eviction import Evictions
-from scheduler.execution import TANGRAM, TANGRAM_LENDING
+from scheduler.execution import ExecutionModel
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.common import PoolKey, waiting
@@ -286,16 +286,19 @@ def _push(
 class TangramFast:
     """Our policy: `tangram-dp`'s decisions by greedy marginal gain. `depth` as in Algorithm 2.
 
-    `lend`: spare cores are lent to running malleable actions (`scheduler.policies.malleable`).
+    `lend`: spare cores are lent to running malleable actions (`scheduler.policies.malleable`);
+    `warm`: GPU services are restored onto free GPU memory ahead of demand
+    (`scheduler.policies.warm_gpu`).
     """
 
     name = "tangram-fast"
 
-    def __init__(self, depth: int = 2, defer: bool = True, lend: bool = True) -> None:
+    def __init__(self, depth: int = 2, defer: bool = True, lend: bool = True, warm: bool = True) -> None:
         self.depth = depth
         self.defer = defer
         self.lend = lend
-        self.execution = TANGRAM_LENDING if lend else TANGRAM
+        self.warm = warm
+        self.execution = ExecutionModel(lend_cores=lend, warm_gpu=warm)
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands, known = fast_candidates(queue, state, now_s)

@@ -115,11 +115,19 @@ class Simulator:
         self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
         batch = self.params.max_batch
-        self.round = Round(self.policy, fair=self.fair, max_batch=(lambda _s: batch) if batch > 1 else None)
+        chunks = {s: (1, 2, 4, 8) for s in sc.model_mb}  # every scenario's calls take buddy chunks
+        self.round = Round(
+            self.policy,
+            fair=self.fair,
+            max_batch=(lambda _s: batch) if batch > 1 else None,
+            gpu_services=chunks,
+        )
         self._riding: dict[str, list[Allocation]] = {}  # GPU allocation -> its riders this round
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
         self._lending = ex.lend_cores and not ex.cpu_sharing
+        self._ready_at: dict[tuple[str, tuple[int, ...], str], float] = {}  # warm restores' ends
+        self._warming = ex.warm_gpu and self.residency is GpuResidency.CACHE and bool(self.state.gpu)
 
     # ---- public ------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -127,6 +135,8 @@ class Simulator:
         for i, traj in enumerate(self.scenario.trajectories):
             if traj.steps:
                 self._push(traj.start_s + traj.steps[0].think_s, _SUBMIT, (i, 0, None))
+        if self._warming:
+            self._wake(0.0)  # place the services before the first call comes
         dirty = False
         now = 0.0
         while self._events:
@@ -134,7 +144,7 @@ class Simulator:
             while self._events and self._events[0][0] == now:
                 _, kind, _, data = heapq.heappop(self._events)
                 dirty |= self._handle(now, kind, data)
-            if dirty and (self.queue or self._lending):
+            if dirty and (self.queue or self._lending or self._warming):
                 dirty = self._maybe_round(now)
         self.result.makespan_s = now
         self.result.wall_s = time.perf_counter() - wall0
@@ -199,9 +209,12 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
-        if not self.queue:  # nothing to place: only lend the cores that came back
-            for aid, (_, ids) in self.round.lend([], self.queue, self.state, now).items():
+        if not self.queue:  # nothing to place: lend the cores that came back, warm GPUs
+            idle = self.round.idle(self.queue, self.state, now)
+            for aid, (_, ids) in idle.lends.items():
                 self._resize(now, aid, len(ids))
+            for load in idle.warm:
+                self._warm(now, load)
             self._check(now)
             return False
         if self.residency is GpuResidency.KEEPALIVE:
@@ -218,6 +231,8 @@ class Simulator:
             self._start(now, self.queue.pop(alloc.action_id), alloc, plan.gpu_loads.get(alloc.action_id))
         for aid, (_, ids) in plan.lends.items():
             self._resize(now, aid, len(ids))
+        for load in plan.warm:
+            self._warm(now, load)
         self._check(now)
         # Quota refills are not events: wake up when the head of each API pool's line fits.
         seen: set[str] = set()
@@ -314,6 +329,18 @@ class Simulator:
             self.result.limit_violations += 1
         self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
 
+    def _warm(self, now: float, load: GpuLoad) -> None:
+        """A warm restore: the weights are copied onto the chunk in the background (the GPUs
+        stay free for other services' calls); a call of the service that lands there before the
+        copy is done waits for the rest of it."""
+        model_mb = self.scenario.model_mb.get(load.service, DEFAULT_MODEL_MB)
+        self._ready_at[(load.pool, load.chunk, load.service)] = now + self.params.restore_s(
+            model_mb, len(load.chunk)
+        )
+        self.caches[load.pool].apply(load, now)
+        self.result.restores += 1
+        self.result.warm_restores += 1
+
     def _resize(self, now: float, aid: str, lent: int) -> None:
         """A running CPU action now has `lent` cores on loan besides its own: the work it has
         left runs from now at the new count (by its true duration curve)."""
@@ -377,8 +404,12 @@ class Simulator:
                 return 0.0
             self.result.cold_loads += 1
             return load_s(model_mb, alloc.units)
-        if hit:
-            return 0.0
+        if hit:  # a warm restore may still be copying
+            ready_s = (
+                self._ready_at.pop((alloc.pool, alloc.unit_ids, service), now) if self._ready_at else now
+            )
+            return max(0.0, ready_s - now)
+        self._ready_at.pop((alloc.pool, alloc.unit_ids, service), None)
         self.result.restores += 1
         return self.params.restore_s(model_mb, alloc.units)
 

@@ -50,6 +50,7 @@ class SimResult:
     rejected_calls: int = 0
     limit_violations: int = 0
     restores: int = 0
+    warm_restores: int = 0  # of which ahead of demand (warm GPU placement)
     cold_loads: int = 0  # loads from storage (cold-start)
     unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
     evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
@@ -85,6 +86,7 @@ class SimResult:
             "rejected_calls": self.rejected_calls,
             "limit_violations": self.limit_violations,
             "restores": self.restores,
+            "warm_restores": self.warm_restores,
             "cold_loads": self.cold_loads,
             "evictions": self.evictions,
             "sandbox_resets": self.sandbox_resets,
