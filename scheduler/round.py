@@ -48,7 +48,7 @@ from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
-from scheduler.policies.warm_gpu import GpuDemand, warm_placements
+from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
@@ -74,7 +74,7 @@ class RoundPlan:
     the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
     `lends`: borrower -> (its node, every core lent to it now), for the borrowers whose loan
     changed this round (an empty set: all taken back); `decision_s`: seconds the fair ordering
-    and the policy took.
+    and the policy took (with the loans and warm placements, when it made any).
     """
 
     allocs: list[Allocation] = field(default_factory=list)
@@ -115,6 +115,7 @@ class Round:
         self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
+        self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
 
     @property
     def name(self) -> str:
@@ -138,6 +139,8 @@ class Round:
             out.riders = riders(allocs, queue, self.max_batch)
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)
+        if out.lends or out.warm:
+            out.decision_s = time.perf_counter() - t0  # loans and placements are decisions too
         if not allocs:
             return out
         if self.fair is not None:
@@ -179,14 +182,32 @@ class Round:
     ) -> list[GpuLoad]:
         """Learn the GPU demand of the round's calls, and decide the warm placements."""
         gpu = ResourceKind.GPU
-        ids = set()
+        calls = self._gpu_calls
+        for aid in [aid for aid in calls if aid not in state.running]:
+            del calls[aid]
         for a in started:
             if a.kind is gpu:
                 qa = queue.action(a.action_id)
                 self.demand.observe(qa.target, qa.cost.units.units, now_s)
-                ids.add(a.action_id)
-        waiting = any(qa.cost.key is gpu and qa.action_id not in ids for qa in queue)
+                calls[a.action_id] = qa.target
+        now_calls: dict[str, int] = {}
+        for service in calls.values():
+            now_calls[service] = now_calls.get(service, 0) + 1
+        waiting = False
+        for qa in queue:
+            if qa.cost.key is gpu and qa.action_id not in calls:
+                waiting = True
+                now_calls[qa.target] = now_calls.get(qa.target, 0) + 1
+        self.demand.concurrent(now_s, now_calls)
         return warm_placements(state, self.demand, started, waiting, now_s)
+
+    def retire(self, state: ClusterState, now_s: float) -> list[Instance]:
+        """Resident instances the load has outgrown, on free chunks: the executor unloads them
+        before the round (`scheduler.policies.warm_gpu.oversized`)."""
+        if not self.execution.warm_gpu or not state.gpu_cache:
+            return []
+        resident = [(n, c, s) for n, g in state.gpu.items() for c, ss in g.resident.items() for s in ss]
+        return oversized(state, self.demand, resident, now_s)
 
     def idle(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
         """The round's steps that need no waiting action (loans, warm placements), for an

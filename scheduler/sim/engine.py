@@ -209,6 +209,9 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
+        for node, chunk, service in self.round.retire(self.state, now):
+            self.caches[node].unload(chunk, service)
+            self.result.warm_unloads += 1
         if not self.queue:  # nothing to place: lend the cores that came back, warm GPUs
             idle = self.round.idle(self.queue, self.state, now)
             for aid, (_, ids) in idle.lends.items():
