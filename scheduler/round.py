@@ -157,9 +157,10 @@ class Round:
         """Take lent cores back where `allocs` need them, lend the spare ones (see
         `scheduler.policies.malleable`); updates `lent` and returns the changed loans."""
         borrowers = self._borrowers
+        lent = self.lent
         for aid in [aid for aid in borrowers if aid not in state.running]:
             del borrowers[aid]
-            self.lent.pop(aid, None)
+            lent.pop(aid, None)
         taken: dict[str, set[int]] = {}
         for a in allocs:
             if a.kind is ResourceKind.CPU:
@@ -169,12 +170,32 @@ class Round:
                     borrowers[a.action_id] = Borrower(qa, a)
         if not borrowers:
             return {}
-        changed = lend_cores(borrowers.values(), self.lent, taken, state, now_s)
+        # Only nodes where something can change: an allocation took cores, or cores are spare
+        # (free beyond those on loan). Lent cores are free in `state` and disjoint.
+        on_loan: dict[str, int] = {}
+        for node, ids in lent.values():
+            on_loan[node] = on_loan.get(node, 0) + len(ids)
+        active = set(taken)
+        for b in borrowers.values():
+            node = b.alloc.pool
+            if node not in active:
+                cpu = state.cpu.get(node)
+                if cpu is not None and len(cpu.free) > on_loan.get(node, 0):
+                    active.add(node)
+        if not active:
+            return {}
+        changed = lend_cores(
+            [b for b in borrowers.values() if b.alloc.pool in active],
+            {aid: loan for aid, loan in lent.items() if loan[0] in active},
+            taken,
+            state,
+            now_s,
+        )
         for aid, loan in changed.items():
             if loan[1]:
-                self.lent[aid] = loan
+                lent[aid] = loan
             else:
-                self.lent.pop(aid, None)
+                lent.pop(aid, None)
         return changed
 
     def warm(
