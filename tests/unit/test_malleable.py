@@ -115,3 +115,27 @@ def test_coding_simulation_conserves_work_and_completes() -> None:
     sc = build("coding", {"batch": 48}, cluster=ClusterSpec(cpu_nodes=1, cores_per_node=64))
     res = Simulator(sc, get_policy("tangram-fast"), check_invariants=True).run()
     assert res.unfinished == 0 and len(res.records) == sc.num_actions
+
+
+@pytest.mark.unit
+def test_a_suite_of_test_cases_is_malleable_and_a_script_is_not() -> None:
+    """Given code actions with cpus '1..8', when queued, then the one carrying test cases is
+    malleable (its runner can take workers mid-run) and a plain script (`pytest -n K`) is not."""
+    from scheduler.service.cluster import to_queued
+    from tangram_celery.actions import CodeAction, TestCase
+    from tangram_celery.config import TangramConfig
+    from tangram_celery.wire import ActionMeta
+
+    cfg = TangramConfig.model_validate({"nodes": {"cpu": [{"name": "n", "cores": 16, "memory_mb": 8192}]}})
+    suite = CodeAction(
+        id="s",
+        trajectory_id="t",
+        code="x = 1",
+        cpus="1..8",
+        test_cases=[TestCase(name="a", stdin="", expected_stdout="")],
+    )
+    script = CodeAction(id="p", trajectory_id="t", code="x = 1", cpus="1..8")
+    one = CodeAction(id="o", trajectory_id="t", code="x = 1", cpus=1, test_cases=suite.test_cases)
+    assert to_queued(ActionMeta.of(suite, 0.0), cfg).cost.malleable
+    assert not to_queued(ActionMeta.of(script, 0.0), cfg).cost.malleable
+    assert not to_queued(ActionMeta.of(one, 0.0), cfg).cost.malleable

@@ -7,7 +7,7 @@ import pytest
 from scheduler.gpu_cache import GpuCache
 from scheduler.model import Allocation, ResourceKind
 from scheduler.policies import get_policy
-from scheduler.policies.warm_gpu import GpuDemand, warm_placements
+from scheduler.policies.warm_gpu import GpuDemand, oversized, warm_placements
 from scheduler.pools import GpuNode
 from scheduler.resources import ClusterState
 from scheduler.sim import build
@@ -75,3 +75,27 @@ def test_low_load_mopd_calls_find_their_service_warm() -> None:
     assert warm.unfinished == 0 and len(warm.records) == sc.num_actions
     assert warm.restores - warm.warm_restores < cold.restores / 2
     assert warm.avg_act_s() < cold.avg_act_s()
+
+
+@pytest.mark.unit
+def test_an_instance_the_load_outgrew_is_retired_while_free() -> None:
+    """Given a service resident on all 8 GPUs of a node while 6 of its calls run or wait at once
+    on average, then that instance is named for unloading; on a busy chunk it is left alone."""
+    state = _state(nodes=1)
+    state.gpu_cache["g0"].preload(tuple(range(8)), "a")
+    demand = GpuDemand({"a": (1, 2, 4, 8)})
+    demand.concurrent(0.0, {"a": 6})
+    inst = [("g0", tuple(range(8)), "a")]
+    assert oversized(state, demand, inst, 0.0) == inst
+    state.gpu["g0"].free.discard(3)
+    assert oversized(state, demand, inst, 0.0) == []
+
+
+@pytest.mark.unit
+def test_the_paper_policy_neither_lends_nor_warms() -> None:
+    """tangram-dp and fcfs-min stay the paper's algorithm: no loans, no warm placements."""
+    for name in ("tangram-dp", "fcfs-min"):
+        ex = get_policy(name).execution
+        assert not ex.lend_cores and not ex.warm_gpu
+    ex = get_policy("tangram-fast").execution
+    assert ex.lend_cores and ex.warm_gpu and not ex.live_gaps()
