@@ -129,11 +129,12 @@ class Action:
         python: str | None = None,
         code_fd: int | None = None,
         extra_fd: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> Launch:
         """A user process: `argv` is exec'd, or the code in `code_fd` runs as `python` (the
         script name, e.g. main.py); with `extra_fd` (its descriptor 3) and `python`, it serves its
-        objects to a verifier afterwards."""
-        ln = Launch(tag, {**self.limits(), "env": self.env}, user=True)
+        objects to a verifier afterwards. `env` adds to the action's environment."""
+        ln = Launch(tag, {**self.limits(), "env": {**self.env, **(env or {})}}, user=True)
         ln.memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
         ln.pipe("out")
         ln.pipe("err")
