@@ -14,7 +14,8 @@ Per-language choices, and why:
 - go: GOPATH mode (no module downloads: the sandbox has no network), cgo off (no C toolchain
   run from user source), the build cache inside the build directory (a cache shared across
   actions could be poisoned by user code to make a later build produce another program).
-- rust: the linker named by its real path (rustc's default `cc` is an /etc/alternatives link).
+- rust: the linker named by its real path (rustc's default `cc` is an /etc/alternatives link),
+  std's debug info stripped (it would fill most of a small /tmp quota per build).
 - nodejs: no compile phase; the V8 heap is capped below the action's memory so that running out
   of heap is an error V8 reports rather than an OOM kill.
 """
@@ -72,7 +73,19 @@ def compile_argv(lang: str, tools: dict[str, str], src: str, build: str, memory_
     if lang == "go":
         return [tools["go"], "build", "-o", out, src]
     if lang == "rust":
-        return [tools["rustc"], "--edition", "2021", "-O", "-C", f"linker={tools['gcc']}", "-o", out, src]
+        strip = ["-C", "strip=debuginfo"]  # std's debug info: 11 MiB of a 0.4 MiB program
+        return [
+            tools["rustc"],
+            "--edition",
+            "2021",
+            "-O",
+            *strip,
+            "-C",
+            f"linker={tools['gcc']}",
+            "-o",
+            out,
+            src,
+        ]
     if lang == "java":
         jflags = ["-J" + f for f in _jvm_flags(memory_mb)] + ["-J-XX:TieredStopAtLevel=1"]
         return [tools["javac"], *jflags, "-proc:none", "-encoding", "UTF-8", "-d", build, src]
