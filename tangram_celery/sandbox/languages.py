@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from tangram_celery.actions import COMPILED_LANGUAGES, LANGUAGES
@@ -67,7 +68,7 @@ def detect() -> dict[str, dict[str, str]]:
     return out
 
 
-def available(configured: list[str] | None = None) -> list[str]:
+def available(configured: Sequence[str] | None = None) -> list[str]:
     """The languages sandboxes here run: detected, narrowed to `configured` when given."""
     found = detect()
     return [lang for lang in LANGUAGES if lang in found and (configured is None or lang in configured)]
