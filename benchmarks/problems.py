@@ -239,7 +239,12 @@ def main() -> int:
         "load_avg_start": list(os.getloadavg()),
         "labels": LABELS,
         "languages": {
-            k: {"problems": len(v), "tests": sum(len(p.tests) for p in v)} for k, v in by_lang.items()
+            k: {
+                "problems": len(v),  # measured, copies included
+                "distinct": sum(p.language == k for p in problems),
+                "tests": sum(len(p.tests) for p in v),
+            }
+            for k, v in by_lang.items()
         },
         "variants": {},
     }
