@@ -23,7 +23,6 @@ Per-language choices, and why:
 from __future__ import annotations
 
 import re
-from typing import Any
 
 # language -> the file its code is written to (java: the public class's name, see `unit`)
 UNITS = {
@@ -129,9 +128,3 @@ def run_argv(
 
 def java_class_of(src: str) -> str:
     return src.rsplit("/", 1)[-1].removesuffix(".java")
-
-
-def describe(req: dict[str, Any]) -> str:
-    """One line naming the language and toolchain, for error messages."""
-    lang = req["language"]
-    return f"{lang} ({', '.join(sorted(req.get('tools', {})))})"
