@@ -166,3 +166,13 @@ def test_user_code_cannot_replace_a_cached_binary(box: Any) -> None:
     res = run(box, "cpp", code, traj, test_cases=cases("", "7"))
     assert res.status is ActionStatus.OK
     box.close_trajectory(traj)
+
+
+def test_a_flood_of_compiler_diagnostics_is_a_failed_compile(box: Any) -> None:
+    """Given code whose compile errors exceed the output cap, then FAILED with them truncated,
+    not an output limit."""
+    code = "int main(){\n" + "".join(f"undeclared_{i}();\n" for i in range(3000)) + "}\n"
+    res = run(box, "cpp", code)
+    assert res.status is ActionStatus.FAILED
+    assert res.compile is not None and res.compile.exit_code not in (0, None)
+    assert 0 < len(res.compile.stderr.encode()) <= SMALL_LIMITS["max_output_bytes"]  # type: ignore[operator]

@@ -156,6 +156,8 @@ def _compile(req: dict, act: Action, src: str) -> tuple[dict[str, Any], str | No
     where = build.new_dir(int(req["uid"]))
     argv = langs.compile_argv(lang, tools, src, where, mem)
     cc = act.spawn("compile", None, argv=argv, env=langs.compile_env(lang, where))
+    if cc is not None:
+        cc.truncate_only = True
     finished = _wait_for(act, cc)
     ok = cc is not None and finished and cc.returncode == 0
     if ok:

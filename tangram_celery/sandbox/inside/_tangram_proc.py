@@ -42,6 +42,9 @@ class Proc:
         self.verifier: Verifier | None = None
         self.job_id = 0
         self.pending: int | None = None  # a job's end, seen and not yet taken
+        # a compiler: its output is truncated at the cap without ending the action (a long
+        # list of diagnostics is a failed compile, not an output limit)
+        self.truncate_only = False
 
     @property
     def stdout(self) -> bytes:
@@ -301,7 +304,7 @@ class Action:
         cap = self.cap_b if proc.user else VERIFIER_STREAM_CAP_B
         room = cap - len(buf)
         buf += chunk[: max(room, 0)]
-        if len(chunk) > room and proc.user:
+        if len(chunk) > room and proc.user and not proc.truncate_only:
             self.output_capped = True
         return True
 
