@@ -15,6 +15,8 @@ measured on its own, every variant side by side in one run:
   test runs `python3` from bash; every other language already starts a fresh process per test
   in all variants). Against `plain`: the cost of isolation, same cold start.
 - docker: the Docker backend (the runner in a container).
+Variants are interleaved: per language, each round runs every variant in turn, so that all see
+the same load (the machine is shared; the load average is recorded at start and end).
 A compiled program is built once per problem everywhere (each round uses fresh sandboxes and
 runners, started before the clock, so the build cache never carries over between rounds and no
 start-up is timed). Every result must pass.
@@ -26,6 +28,7 @@ Writes benchmarks/results/problems.json and problems.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import subprocess
@@ -215,6 +218,48 @@ def plot(res: dict[str, Any], out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+def measure_interleaved(
+    res: dict[str, Any],
+    by_lang: dict[str, list[Problem]],
+    variants: dict[str, tuple[Solve, Prepare | None, set[str] | None]],
+    rounds: int,
+) -> None:
+    """Per language, `rounds` rounds, each running every variant in turn (so that all of them see
+    the same load on a shared machine); the best round of each counts."""
+    seconds: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
+    rnd = 0
+    for lang, ps in by_lang.items():
+        for _ in range(rounds):
+            for name, (solve, prepare, only) in variants.items():
+                if only is not None and lang not in only:
+                    continue
+                rnd += 1  # every (language, round, variant) gets fresh sandboxes / runners
+                dt, passed = timed(solve, ps, rnd, prepare)
+                if passed != len(ps):
+                    raise SystemExit(f"ERROR: {name}/{lang}: {len(ps) - passed} reference solutions failed")
+                seconds[name].setdefault(lang, []).append(dt)
+        for name in variants:
+            if lang in seconds[name]:
+                best, n_tests = min(seconds[name][lang]), res["languages"][lang]["tests"]
+                print(f"{name:16s} {lang:7s} {len(ps) / best:8.1f} problems/s {n_tests / best:8.1f} tests/s")
+    for name in variants:
+        by: dict[str, Any] = {}
+        for lang, runs in seconds[name].items():
+            best = min(runs)
+            by[lang] = {
+                "seconds": best,
+                "problems_per_s": len(by_lang[lang]) / best,
+                "tests_per_s": res["languages"][lang]["tests"] / best,
+                "rounds_s": runs,
+            }
+        counted = sum(len(by_lang[lang]) for lang in by)
+        res["variants"][name] = {
+            "label": LABELS[name],
+            "by_language": by,
+            "problems_per_s": counted / sum(v["seconds"] for v in by.values()),
+        }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="best of this many rounds per variant and language")
@@ -249,51 +294,23 @@ def main() -> int:
         "variants": {},
     }
 
-    rounds = iter(range(1, 1 << 30))  # round ids: every (variant, language, round) its own
-
-    def measure(
-        name: str, solve: Solve, prepare: Prepare | None = None, only: set[str] | None = None
-    ) -> None:
-        out: dict[str, Any] = {"label": LABELS[name], "by_language": {}}
-        for lang, ps in by_lang.items():
-            if only is not None and lang not in only:
-                continue
-            runs = [timed(solve, ps, next(rounds), prepare) for _ in range(args.rounds)]
-            best = min(r[0] for r in runs)
-            passed = min(r[1] for r in runs)
-            if passed != len(ps):
-                raise SystemExit(f"ERROR: {name}/{lang}: {len(ps) - passed} reference solutions failed")
-            n_tests = res["languages"][lang]["tests"]
-            out["by_language"][lang] = {
-                "seconds": best,
-                "problems_per_s": len(ps) / best,
-                "tests_per_s": n_tests / best,
-            }
-            print(f"{name:16s} {lang:7s} {len(ps) / best:8.1f} problems/s {n_tests / best:8.1f} tests/s")
-        total = sum(v["seconds"] for v in out["by_language"].values())
-        counted = sum(res["languages"][k]["problems"] for k in out["by_language"])
-        out["problems_per_s"] = counted / total
-        res["variants"][name] = out
-
-    measure("plain", plain_solver)
-    bare, bare_prepare, bare_close = bare_solver()
-    try:
-        measure("bare", bare, bare_prepare)
-    finally:
-        bare_close()
-    for name, fresh in (("namespace", False), ("namespace_fresh", True)):
-        box = open_sandbox(SandboxConfig(backend="namespace", idle_ttl_s=3600))
-        try:
-            measure(name, *box_solver(box, fresh=fresh), only={"python"} if fresh else None)
-        finally:
-            box.close()
-    if not args.no_docker:
-        with engine(args.docker_host) as url:
+    with contextlib.ExitStack() as stack:
+        variants: dict[str, tuple[Solve, Prepare | None, set[str] | None]] = {
+            "plain": (plain_solver, None, None)
+        }
+        bare, bare_prepare, bare_close = bare_solver()
+        stack.callback(bare_close)
+        variants["bare"] = (bare, bare_prepare, None)
+        for name, fresh in (("namespace", False), ("namespace_fresh", True)):
+            box = open_sandbox(SandboxConfig(backend="namespace", idle_ttl_s=3600))
+            stack.callback(box.close)
+            variants[name] = (*box_solver(box, fresh=fresh), {"python"} if fresh else None)
+        if not args.no_docker:
+            url = stack.enter_context(engine(args.docker_host))
             box = open_sandbox(SandboxConfig(backend="docker", docker_host=url, idle_ttl_s=3600))
-            try:
-                measure("docker", *box_solver(box))
-            finally:
-                box.close()
+            stack.callback(box.close)
+            variants["docker"] = (*box_solver(box), None)
+        measure_interleaved(res, by_lang, variants, args.rounds)
     res["load_avg_end"] = list(os.getloadavg())
     v = res["variants"]
 
