@@ -214,6 +214,7 @@ def main() -> int:
     ap.add_argument("--docker-host", default=None, help="use this engine, not a private one")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    load_avg_start = list(os.getloadavg())  # the machine is shared: recorded with the figures
     with engine(args.docker_host) as url:
         dcfg = SandboxConfig(backend="docker", docker_host=url)
         ncfg = SandboxConfig(backend="namespace")
@@ -224,6 +225,7 @@ def main() -> int:
             **bench_docker_per_action(url, dcfg.image, args.n_cold, args.n_cold),
             "elastic_docker": bench_elastic(dcfg),
         }
+    res["load_avg_start"] = load_avg_start
     res["load_avg_before_fair"] = list(os.getloadavg())
     res.update(bench_fair(args.n))
     warm = res["warm_docker"]["p50_ms"]
