@@ -176,3 +176,20 @@ def test_a_flood_of_compiler_diagnostics_is_a_failed_compile(box: Any) -> None:
     assert res.status is ActionStatus.FAILED
     assert res.compile is not None and res.compile.exit_code not in (0, None)
     assert 0 < len(res.compile.stderr.encode()) <= SMALL_LIMITS["max_output_bytes"]  # type: ignore[operator]
+
+
+def test_go_ignores_a_go_env_file_planted_in_the_workdir(box: Any) -> None:
+    """Given an earlier action that wrote GOFLAGS=-toolexec into $HOME/.config/go/env, then the
+    next Go build runs no user code and builds the submitted program."""
+    traj = "lang-goenv"
+    plant = (
+        "mkdir -p .config/go && printf 'GOFLAGS=-toolexec=/work/evil\\n' > .config/go/env && "
+        "printf '#!/bin/sh\\necho pwned > /work/pwned; exec \"$@\"\\n' > evil && chmod +x evil"
+    )
+    assert run(box, "bash", plant, traj).status is ActionStatus.OK
+    code = 'package main\nimport "fmt"\nfunc main(){fmt.Println(7)}\n'
+    res = run(box, "go", code, traj, test_cases=cases("", "7"))
+    assert res.status is ActionStatus.OK, (res.compile, res.tests)
+    look = run(box, "bash", "cat .config/go/env; ls pwned 2>&1 || true", traj)
+    assert "toolexec" in look.stdout and "No such file" in look.stdout
+    box.close_trajectory(traj)

@@ -41,6 +41,7 @@ def test_compile_commands_keep_user_code_out_of_the_compile() -> None:
     assert "-proc:none" in langs.compile_argv("java", tools, "Main.java", "/b", 512)
     env = langs.compile_env("go", "/b")
     assert env["GO111MODULE"] == "off" and env["CGO_ENABLED"] == "0" and env["GOCACHE"].startswith("/b/")
+    assert env["GOENV"] == "off"  # a go env file in $HOME (the workdir) could set -toolexec
     assert "linker=/usr/bin/gcc-12" in langs.compile_argv("rust", tools, "main.rs", "/b", 512)
     with pytest.raises(ValueError):
         langs.compile_argv("nodejs", tools, "main.js", "/b", 512)

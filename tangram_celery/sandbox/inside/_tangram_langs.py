@@ -12,7 +12,8 @@ Per-language choices, and why:
   the host's cgroup files in the sandbox it would size its heap from the host's RAM), the serial
   collector (one GC thread, not one per core), no hsperfdata files in /tmp.
 - go: GOPATH mode (no module downloads: the sandbox has no network), cgo off (no C toolchain
-  run from user source), the build cache inside the build directory (a cache shared across
+  run from user source), no go env file (`GOENV=off`: it lives under $HOME, the workdir, where
+  user code could set `-toolexec`), the build cache inside the build directory (a cache shared across
   actions could be poisoned by user code to make a later build produce another program).
 - rust: the linker named by its real path (rustc's default `cc` is an /etc/alternatives link),
   std's debug info stripped (it would fill most of a small /tmp quota per build).
@@ -97,6 +98,9 @@ def compile_env(lang: str, build: str) -> dict[str, str]:
             "GOCACHE": f"{build}/.gocache",
             "GOPATH": f"{build}/.gopath",
             "GO111MODULE": "off",
+            # not $HOME/.config/go/env: HOME is the workdir, and a GOFLAGS=-toolexec=... that an
+            # earlier action wrote there would run user code inside the compile
+            "GOENV": "off",
             "CGO_ENABLED": "0",
             "GOFLAGS": "",
             "GOTELEMETRY": "off",
