@@ -256,6 +256,9 @@ class SchedulerConfig(_Model):
         default_factory=dict, description="duration priors per action kind"
     )
     fair_share: FairShareConfig = FairShareConfig()
+    check_invariants: bool = Field(
+        False, description="debug: assert after every round that the round's core loans conserve work"
+    )
 
     @field_validator("policy")
     @classmethod
