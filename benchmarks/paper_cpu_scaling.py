@@ -27,6 +27,7 @@ NODES = [5, 10, 15, 20]
 def main() -> None:
     by_batch: dict[str, list[float]] = {p: [] for p in [*POLICIES, BINPACK]}
     p99_batch: dict[str, list[float]] = {p: [] for p in [*POLICIES, BINPACK]}
+    wait_batch: dict[str, list[float]] = {p: [] for p in [*POLICIES, BINPACK]}
     for b in BATCHES:
         sc = build("coding", {"batch": b})
         for label, name, params in [
@@ -36,8 +37,10 @@ def main() -> None:
             s = run(sc, name, label, **params)[1]
             by_batch[label].append(float(s["avg_act_s"]))
             p99_batch[label].append(float(s["p99_act_s"]))
+            wait_batch[label].append(float(s["max_trajectory_wait_s"]))
     by_nodes: dict[str, list[float]] = {p: [] for p in [*POLICIES, BINPACK]}
     p99_nodes: dict[str, list[float]] = {p: [] for p in [*POLICIES, BINPACK]}
+    wait_nodes: dict[str, list[float]] = {p: [] for p in [*POLICIES, BINPACK]}
     for n in NODES:
         sc = build("coding", {"batch": 1280}, cluster=ClusterSpec(cpu_nodes=n))
         for label, name, params in [
@@ -47,6 +50,7 @@ def main() -> None:
             s = run(sc, name, label, **params)[1]
             by_nodes[label].append(float(s["avg_act_s"]))
             p99_nodes[label].append(float(s["p99_act_s"]))
+            wait_nodes[label].append(float(s["max_trajectory_wait_s"]))
 
     def speedups(acts: dict[str, list[float]], base: str) -> dict[str, list[float]]:
         return {p: [ratio(s, t) for s, t in zip(acts[base], acts[p], strict=True)] for p in TANGRAM}
@@ -75,15 +79,40 @@ def main() -> None:
             "batches": BATCHES,
             "avg_act_by_batch_s": by_batch,
             "p99_act_by_batch_s": p99_batch,
+            "max_trajectory_wait_by_batch_s": wait_batch,
             "speedup_vs_static_pod_by_batch": speedup_batch,
             "speedup_vs_static_pod_binpack_by_batch": speedup_batch_binpack,
             "nodes": NODES,
             "avg_act_by_nodes_s": by_nodes,
             "p99_act_by_nodes_s": p99_nodes,
+            "max_trajectory_wait_by_nodes_s": wait_nodes,
             "speedup_vs_static_pod_by_nodes": speedup_nodes,
             "speedup_vs_static_pod_binpack_by_nodes": speedup_nodes_binpack,
+            "targets": targets(by_batch, p99_batch, by_nodes, p99_nodes),
         },
     )
+
+
+def targets(
+    by_batch: dict[str, list[float]],
+    p99_batch: dict[str, list[float]],
+    by_nodes: dict[str, list[float]],
+    p99_nodes: dict[str, list[float]],
+) -> dict[str, object]:
+    """Issue 18's CPU targets for tangram-fast against static-pod (K8s defaults), per point."""
+    fast, pod = "tangram-fast", "static-pod"
+    avg = [p / f for f, p in zip(by_batch[fast] + by_nodes[fast], by_batch[pod] + by_nodes[pod], strict=True)]
+    p99_ok = all(
+        f <= p
+        for f, p in zip(p99_batch[fast] + p99_nodes[fast], p99_batch[pod] + p99_nodes[pod], strict=True)
+    )
+    at_5 = by_nodes[pod][NODES.index(5)] / by_nodes[fast][NODES.index(5)]
+    return {
+        "min_speedup_vs_static_pod": min(avg),
+        "speedup_5_nodes_batch_1280": at_5,
+        "p99_no_worse_everywhere": p99_ok,
+        "met": min(avg) >= 1.0 and at_5 >= 1.3 and p99_ok,
+    }
 
 
 if __name__ == "__main__":

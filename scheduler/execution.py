@@ -75,6 +75,13 @@ class ExecutionModel:
     gpu_sharing: concurrent calls of one GPU group run together (continuous batching).
     api_control: the scheduler enforces API limits (False: calls go out as they come and the
         provider rejects those over its limits; callers retry per `retries`).
+    lend_cores: spare cores are lent to running malleable actions each round and taken back
+        when an allocation needs them (`scheduler.policies.malleable`; `RoundPlan.lends`). An
+        executor that does not carry lends out runs the same allocations, only less
+        work-conserving, so this is not a live gap.
+    warm_gpu: services are restored onto free GPU memory ahead of their calls while no GPU call
+        waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`). Optional for an executor in
+        the same way.
     """
 
     cpu_sharing: bool = False
@@ -87,6 +94,8 @@ class ExecutionModel:
     gpu_sharing: bool = False
     api_control: bool = True
     retries: ClientRetries = ClientRetries()
+    lend_cores: bool = False
+    warm_gpu: bool = False
 
     def live_gaps(self) -> list[str]:
         """Why the live service cannot execute this model ([] when it can)."""
@@ -103,6 +112,8 @@ class ExecutionModel:
 
 
 TANGRAM = ExecutionModel()  # what the live service executes
+# tangram-fast's: spare cores lent to malleable actions, GPU services placed ahead of demand
+TANGRAM_FAST = ExecutionModel(lend_cores=True, warm_gpu=True)
 
 
 def execution_of(policy: object) -> ExecutionModel:

@@ -188,6 +188,17 @@ class GpuCache:
             self._used_at_s.pop((c, s), None)
         return len(gone)
 
+    def unload(self, chunk: Chunk, service: str) -> bool:
+        """Drop one resident instance (a warm placement retired); False if it was not there."""
+        services = self.resident.get(chunk)
+        if not services or service not in services:
+            return False
+        services.remove(service)
+        if not services:
+            del self.resident[chunk]
+        self._used_at_s.pop((chunk, service), None)
+        return True
+
     def preload(self, chunk: Chunk, service: str) -> None:
         """Make `service` resident on `chunk` at start-up (no eviction, no cost)."""
         if not self.is_resident(chunk, service):

@@ -68,6 +68,9 @@ class CostVector:
     tokens one call consumes. `sandbox` is False for a CPU
     action that needs no trajectory sandbox (a rule-based verifier): it runs on any node, and
     neither pins its trajectory nor reserves memory.
+    `malleable`: the action can take more cores while it runs, and give them back (a test suite
+    given as `test_cases`: the runner's workers pull cases from a shared queue, so workers can
+    join or leave mid-run). A `pytest -n K` run is not: its DoP is fixed once started.
     """
 
     key: ResourceKind
@@ -76,6 +79,7 @@ class CostVector:
     gpu_memory_mb: int = 0
     api_quota: int = 0
     sandbox: bool = True
+    malleable: bool = False
 
 
 @dataclass(slots=True)

@@ -1,6 +1,7 @@
 """One scheduling round, the same for the simulator and the live service.
 
-    fair ordering -> policy.decide -> GPU batch riders -> eviction plan
+    fair ordering -> policy.decide -> GPU batch riders -> eviction plan -> core loans
+        -> warm GPU placements
 
 A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
 policy: the rules every policy runs under are applied in one place, so that the simulator
@@ -20,6 +21,13 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
   allocations evict, per node. GPU services are evicted on execution (`scheduler.gpu_cache`):
   for each GPU allocation, a hit or a restore with its victims, planned in order on copies of
   the state's GPU caches with the one LRU rule (`gpu_cache.lru_victims`).
+- **Core loans** (policies whose execution model has `lend_cores`): the cores no allocation
+  takes are lent to running malleable actions, and lent cores an allocation takes are taken
+  back (`scheduler.policies.malleable`). A lent core stays free in the `ClusterState`, so no
+  policy decision depends on loans.
+- **Warm GPU placements** (`warm_gpu`): while no GPU call waits, services with expected demand
+  (learned from the calls started, seeded from the services configured) are restored onto free
+  chunks with free memory (`scheduler.policies.warm_gpu`); a warm restore holds its chunk.
 
 Extending the round: a new kind of decision (resizing a running malleable action, say) is a
 step here that adds to the `RoundPlan`, which both executors then carry out; what an executor
@@ -39,6 +47,8 @@ from scheduler.fairshare import order_queue
 from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
+from scheduler.policies.malleable import Borrower, Lent, lend_cores
+from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
@@ -62,13 +72,17 @@ class RoundPlan:
     actions joining an allocation's chunk (`ClusterState.share`, after the allocations);
     `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
     the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
-    `decision_s`: seconds the fair ordering and the policy took.
+    `lends`: borrower -> (its node, every core lent to it now), for the borrowers whose loan
+    changed this round (an empty set: all taken back); `decision_s`: seconds the fair ordering
+    and the policy took (with the loans and warm placements, when it made any).
     """
 
     allocs: list[Allocation] = field(default_factory=list)
     riders: list[Allocation] = field(default_factory=list)
     evicted: dict[str, str] = field(default_factory=dict)
     gpu_loads: dict[str, GpuLoad] = field(default_factory=dict)
+    lends: Lent = field(default_factory=dict)
+    warm: list[GpuLoad] = field(default_factory=list)
     decision_s: float = 0.0
 
     @property
@@ -81,17 +95,27 @@ class Round:
     """The scheduling round around `policy` (see the module doc).
 
     `fair`: fair share across jobs (None: the queue's FCFS order as it is); `max_batch`: the
-    largest batch per GPU service (None: no riders).
+    largest batch per GPU service (None: no riders); `gpu_services`: the GPU services configured,
+    with their allowed chunk sizes (seeds the demand of warm placement).
     """
 
     def __init__(
-        self, policy: Policy, *, fair: FairShareSpec | None = None, max_batch: MaxBatch | None = None
+        self,
+        policy: Policy,
+        *,
+        fair: FairShareSpec | None = None,
+        max_batch: MaxBatch | None = None,
+        gpu_services: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.policy = policy
         self.execution = execution_of(policy)
         self.fair = fair
         self.max_batch = max_batch
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
+        self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
+        self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
+        self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
+        self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
 
     @property
     def name(self) -> str:
@@ -109,10 +133,16 @@ class Round:
         ordered = self.order(queue, state, now_s)
         allocs = self.policy.decide(ordered, state, now_s)
         out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
+        if self.execution.lend_cores:
+            out.lends = self.lend(allocs, queue, state, now_s)
+        if allocs and self.max_batch is not None:
+            out.riders = riders(allocs, queue, self.max_batch)
+        if self.execution.warm_gpu and state.gpu:
+            out.warm = self.warm(out.started, queue, state, now_s)
+        if out.lends or out.warm:
+            out.decision_s = time.perf_counter() - t0  # loans and placements are decisions too
         if not allocs:
             return out
-        if self.max_batch is not None:
-            out.riders = riders(allocs, queue, self.max_batch)
         if self.fair is not None:
             for a in out.started:
                 self._job_of[a.action_id] = queue.action(a.action_id).job_id
@@ -122,6 +152,103 @@ class Round:
         if state.gpu_cache and self.execution.gpu_residency is not GpuResidency.NONE:
             out.gpu_loads = gpu_loads(allocs, queue, state, now_s, self.execution.gpu_residency)
         return out
+
+    def lend(self, allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float) -> Lent:
+        """Take lent cores back where `allocs` need them, lend the spare ones (see
+        `scheduler.policies.malleable`); updates `lent` and returns the changed loans."""
+        borrowers = self._borrowers
+        lent = self.lent
+        for aid in [aid for aid in borrowers if aid not in state.running]:
+            del borrowers[aid]
+            lent.pop(aid, None)
+        taken: dict[str, set[int]] = {}
+        for a in allocs:
+            if a.kind is ResourceKind.CPU:
+                taken.setdefault(a.pool, set()).update(a.unit_ids)
+                qa = queue.action(a.action_id)
+                if qa.cost.malleable:
+                    borrowers[a.action_id] = Borrower(qa, a)
+        if not borrowers:
+            return {}
+        # Only nodes where something can change: an allocation took cores, or cores are spare
+        # (free beyond those on loan). Lent cores are free in `state` and disjoint.
+        on_loan: dict[str, int] = {}
+        for node, ids in lent.values():
+            on_loan[node] = on_loan.get(node, 0) + len(ids)
+        active = set(taken)
+        for b in borrowers.values():
+            node = b.alloc.pool
+            if node not in active:
+                cpu = state.cpu.get(node)
+                if cpu is not None and len(cpu.free) > on_loan.get(node, 0):
+                    active.add(node)
+        if not active:
+            return {}
+        changed = lend_cores(
+            [b for b in borrowers.values() if b.alloc.pool in active],
+            {aid: loan for aid, loan in lent.items() if loan[0] in active},
+            taken,
+            state,
+            now_s,
+        )
+        for aid, loan in changed.items():
+            if loan[1]:
+                lent[aid] = loan
+            else:
+                lent.pop(aid, None)
+        return changed
+
+    def warm(
+        self, started: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float
+    ) -> list[GpuLoad]:
+        """Learn the GPU demand of the round's calls, and decide the warm placements."""
+        gpu = ResourceKind.GPU
+        calls = self._gpu_calls
+        for aid in [aid for aid in calls if aid not in state.running]:
+            del calls[aid]
+        for a in started:
+            if a.kind is gpu:
+                qa = queue.action(a.action_id)
+                self.demand.observe(qa.target, qa.cost.units.units, now_s)
+                calls[a.action_id] = qa.target
+        now_calls: dict[str, int] = {}
+        for service in calls.values():
+            now_calls[service] = now_calls.get(service, 0) + 1
+        waiting = False
+        for qa in queue:
+            if qa.cost.key is gpu and qa.action_id not in calls:
+                waiting = True
+                now_calls[qa.target] = now_calls.get(qa.target, 0) + 1
+        self.demand.concurrent(now_s, now_calls)
+        return warm_placements(state, self.demand, started, waiting, now_s)
+
+    def retire(self, state: ClusterState, now_s: float) -> list[Instance]:
+        """Resident instances the load has outgrown, on free chunks: the executor unloads them
+        before the round (`scheduler.policies.warm_gpu.oversized`)."""
+        if not self.execution.warm_gpu or not state.gpu_cache:
+            return []
+        resident = [(n, c, s) for n, g in state.gpu.items() for c, ss in g.resident.items() for s in ss]
+        return oversized(state, self.demand, resident, now_s)
+
+    def idle(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
+        """The round's steps that need no waiting action (loans, warm placements), for an
+        executor to run when units come back and nothing waits."""
+        out = RoundPlan()
+        if self.execution.lend_cores:
+            out.lends = self.lend([], queue, state, now_s)
+        if self.execution.warm_gpu and state.gpu:
+            out.warm = self.warm([], queue, state, now_s)
+        return out
+
+    def borrowers(self) -> list[Borrower]:
+        """The running malleable actions loans go to (as of the last round)."""
+        return list(self._borrowers.values())
+
+    def track_malleable(self, action: QueuedAction, alloc: Allocation) -> None:
+        """Count a running malleable action that no round of this object started (recovered
+        after a restart) as a borrower."""
+        if action.cost.malleable and alloc.kind is ResourceKind.CPU:
+            self._borrowers[alloc.action_id] = Borrower(action, alloc)
 
     def order(
         self, queue: WaitingQueue, state: ClusterState, now_s: float

@@ -3,7 +3,9 @@
 # first; `apt-get update` only when something is missing) and quiet (one line per step).
 #
 #   scripts/setup-system.sh demo   what `make demo` needs: a Python venv and the sandbox
-#   scripts/setup-system.sh test   also what the tests use: Docker, iproute2, Chromium, compilers
+#   scripts/setup-system.sh test   also what the tests use: Docker, iproute2, Chromium, and the
+#                                  toolchains of every sandbox language (g++, nodejs, golang-go,
+#                                  default-jdk-headless, rustc)
 #
 # Used by `make demo`, `make test` and `.ci/run`. Not root, or no apt-get: it prints exactly what
 # to install. Then `demo` stops (exit 1) only if nothing could work at all (no venv support, or
@@ -35,10 +37,11 @@ present() {
   iproute2) have ip ;;
   chromium) have chromium ;;
   g++) have g++ && have gcc ;;
-  nodejs) have node ;;
-  golang) have go ;;
-  default-jdk-headless) have javac ;;
-  rustc) have rustc ;;
+  # toolchains count only where sandboxes see them: under /usr or /bin (not ~/.cargo/bin)
+  nodejs) [ -x /usr/bin/node ] || [ -x /usr/local/bin/node ] ;;
+  golang-go) [ -x /usr/bin/go ] ;;
+  default-jdk-headless) [ -x /usr/bin/javac ] && [ -x /usr/bin/java ] ;;
+  rustc) [ -x /usr/bin/rustc ] ;;
   *) dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" ;;
   esac
 }
@@ -49,10 +52,9 @@ if [ "$profile" = test ]; then
   # tests: a private dockerd (Docker backend), network namespaces (multi-node test), the Flower
   # browser test, and gcc/g++ for C actions inside sandboxes
   packages+=(docker.io iproute2 chromium g++)
-  # --- language toolchains: add here as sandbox languages are added -------------------------
-  # candidates: nodejs golang default-jdk-headless rustc
-  # packages+=(nodejs golang default-jdk-headless rustc)
-  # --------------------------------------------------------------------------------------------
+  # language toolchains of the sandbox languages (tangram_celery/sandbox/languages.py): the
+  # per-language tests need every one; a deployment offers whichever its CPU nodes have
+  packages+=(nodejs golang-go default-jdk-headless rustc)
 fi
 
 missing=()

@@ -27,7 +27,14 @@ import redis
 import redis.asyncio as aredis
 
 from tangram_celery.actions import ActionResult, new_id
-from tangram_celery.admission import AnyAction, admit, cancelled_result, coerce_action, limits_from_view
+from tangram_celery.admission import (
+    LANGUAGES_TTL_S,
+    AnyAction,
+    admit,
+    cancelled_result,
+    coerce_action,
+    limits_from_view,
+)
 from tangram_celery.broker import resolve_url
 from tangram_celery.config import TangramConfig, load_config
 from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError, ResultTimeout, TangramError
@@ -35,11 +42,13 @@ from tangram_celery.store import (
     CANCEL,
     CONFIG,
     INTAKE,
+    LANGS,
     SUBMIT,
     akey,
     cancel_args,
     cancel_keys,
     check_submitted,
+    languages_of,
     memory_refusal,
     notify_key,
     redact,
@@ -113,6 +122,8 @@ class AsyncTangramClient:
         self._cancel = self.r.register_script(CANCEL)
         self._view: PoolView | None = PoolView.of(config) if config else None
         self._view_read = config is not None
+        self._langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
+        self._langs_read_s = float("-inf")
         self._waiters: dict[str, _Waiter] = {}
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
@@ -147,6 +158,14 @@ class AsyncTangramClient:
             self._view, self._view_read = PoolView.model_validate_json(raw), True
         return self._view
 
+    async def languages(self) -> dict[str, list[str]]:
+        """CPU node -> the languages its sandboxes run, as reported (cached LANGUAGES_TTL_S)."""
+        now = time.monotonic()
+        if now - self._langs_read_s > LANGUAGES_TTL_S:
+            raw = await self._retrying("read languages", lambda: self.r.hgetall(LANGS))
+            self._langs, self._langs_read_s = languages_of(raw), now
+        return self._langs
+
     def _ensure_listener(self) -> None:
         if self._closed:
             raise TangramError("this AsyncTangramClient is closed")
@@ -164,6 +183,8 @@ class AsyncTangramClient:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
         view = await self._pool_view()
+        if view is not None:
+            view = view.with_languages(await self.languages())
         limits = self.config.limits if self.config else limits_from_view(view)
         items: list[tuple[str, str, str]] = []
         handles: list[AsyncActionHandle] = []

@@ -9,13 +9,19 @@ from __future__ import annotations
 import re
 import uuid
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_CODE_BYTES = 1 << 20  # default cap; `limits` in the config sets the deployment's own
 MAX_JSON_DEPTH = 200  # hard ceiling for request/inputs nesting (serialisers recurse)
 _BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+# SandboxFusion's names for the same languages (cpp, nodejs, go, java, rust, python, bash); c is
+# Tangram's own. Whether a deployment runs one depends on its CPU nodes' toolchains (see
+# tangram_celery/sandbox/languages.py): clients refuse an action in a language no worker offers.
+Language = Literal["python", "bash", "c", "cpp", "nodejs", "go", "java", "rust"]
+LANGUAGES: tuple[str, ...] = get_args(Language)
+COMPILED_LANGUAGES = frozenset({"c", "cpp", "go", "java", "rust"})  # these have a compile phase
 
 
 def new_id() -> str:
@@ -81,7 +87,7 @@ class CodeAction(_Action):
     """Run code (and optionally tests) in the trajectory's sandbox on CPU cores."""
 
     type: Literal["code"] = "code"
-    language: Literal["python", "bash", "c"] = "python"
+    language: Language = "python"
     code: str | None = None  # size capped in bytes by `limits.max_code_bytes` at submit
     files: dict[str, str] = Field(default_factory=dict)
     binary_files: dict[str, str] = Field(
@@ -100,7 +106,10 @@ class CodeAction(_Action):
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
     compile_timeout_s: float = Field(
-        10.0, gt=0, le=3600, description="limit of the compile phase (C); `timeout_s` starts after it"
+        10.0,
+        gt=0,
+        le=3600,
+        description="limit of the compile phase (compiled languages); `timeout_s` starts after it",
     )
 
     @field_validator("files", "binary_files")
@@ -251,14 +260,17 @@ class TestOutcome(BaseModel):
 
 
 class PhaseOutcome(BaseModel):
-    """One phase of a code action before its run (today: compiling C), reported beside the run.
-    `exit_code` is None when the phase did not end on its own (time limit, output cap)."""
+    """One phase of a code action before its run (compiling), reported beside the run.
+    `exit_code` is None when the phase did not end on its own (time limit, output cap).
+    `cached`: the trajectory's sandbox had built the same program from the same files before,
+    and that build was used."""
 
     exit_code: int | None = None
     stdout: str = ""
     stderr: str = ""
     exec_s: float = 0.0
     timed_out: bool = False
+    cached: bool = False
 
 
 class ActionResult(BaseModel):
@@ -277,7 +289,7 @@ class ActionResult(BaseModel):
     stderr: str = ""
     exit_code: int | None = None
     tests: list[TestOutcome] = Field(default_factory=list)
-    compile: PhaseOutcome | None = None  # the compile phase of a C action; stdout etc. are the run's
+    compile: PhaseOutcome | None = None  # the compile phase, if any; stdout etc. are the run's
     output: Any = None  # reward scores / API response
     error: str = ""  # infrastructure or rejection reason
     queue_s: float = 0.0

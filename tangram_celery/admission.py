@@ -28,6 +28,9 @@ from tangram_celery.errors import ActionRejected
 from tangram_celery.wire import ActionMeta, PoolView
 
 AnyAction = CodeAction | RewardAction | ApiAction
+# how long a client trusts the languages the CPU workers reported (a worker starting later, or
+# restarted with other toolchains, is seen this much later)
+LANGUAGES_TTL_S = 2.0
 _ACTION: TypeAdapter[AnyAction] = TypeAdapter(Action)
 
 

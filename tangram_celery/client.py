@@ -16,7 +16,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from tangram_celery.actions import ActionResult
-from tangram_celery.admission import AnyAction, admit, cancelled_result, coerce_action, limits_from_view
+from tangram_celery.admission import (
+    LANGUAGES_TTL_S,
+    AnyAction,
+    admit,
+    cancelled_result,
+    coerce_action,
+    limits_from_view,
+)
 from tangram_celery.broker import resolve_url
 from tangram_celery.config import LimitsConfig, TangramConfig, load_config
 from tangram_celery.errors import ActionRejected, ResultTimeout
@@ -62,6 +69,8 @@ class TangramClient:
         self.store = store or Store(broker_url, socket_timeout_s=None)
         self.config = config
         self._view: PoolView | None = PoolView.of(config) if config else None
+        self._langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
+        self._langs_read_s = float("-inf")
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str]) -> TangramClient:
@@ -76,6 +85,15 @@ class TangramClient:
             self._view = self.store.pool_view()
         return self._view
 
+    def _with_languages(self, view: PoolView | None) -> PoolView | None:
+        """`view` with the languages the CPU workers reported (re-read every LANGUAGES_TTL_S)."""
+        if view is None:
+            return None
+        now = time.monotonic()
+        if now - self._langs_read_s > LANGUAGES_TTL_S:
+            self._langs, self._langs_read_s = self.store.languages(), now
+        return view.with_languages(self._langs)
+
     def _limits(self) -> LimitsConfig:
         return self.config.limits if self.config else limits_from_view(self._view)
 
@@ -87,7 +105,7 @@ class TangramClient:
     def submit_many(self, actions: Iterable[AnyAction | dict[str, Any]]) -> list[ActionHandle]:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
-        view = self._pool_view()
+        view = self._with_languages(self._pool_view())
         limits = self._limits()
         items: list[tuple[str, str, str]] = []
         handles: list[ActionHandle] = []

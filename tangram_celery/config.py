@@ -168,6 +168,11 @@ class SandboxConfig(_Model):
     )
     pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
     nofile_limit: int = Field(1024, ge=64, le=1 << 20, description="open descriptors per user process")
+    languages: list[Literal["python", "bash", "c", "cpp", "nodejs", "go", "java", "rust"]] | None = Field(
+        None,
+        description="languages this deployment's sandboxes offer (default: every one whose toolchain "
+        "the CPU node has); actions in others are refused at submit",
+    )
     max_output_bytes: int = Field(65536, ge=1024, description="cap on stdout and on stderr, bytes")
     disk_quota_mb: int = Field(64, ge=1, description="workdir size limit, MiB")
     inodes_limit: int = Field(
@@ -256,6 +261,9 @@ class SchedulerConfig(_Model):
         default_factory=dict, description="duration priors per action kind"
     )
     fair_share: FairShareConfig = FairShareConfig()
+    check_invariants: bool = Field(
+        False, description="debug: assert after every round that the round's core loans conserve work"
+    )
 
     @field_validator("policy")
     @classmethod

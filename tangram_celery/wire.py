@@ -57,6 +57,7 @@ class ActionMeta(_Wire):
     cpus: tuple[int, int] | None = None
     memory_mb: int | None = Field(None, ge=1)
     has_tests: bool = False
+    language: str | None = Field(None, max_length=32)  # code actions (absent in older records)
     model: str | None = Field(None, pattern=_NAME)
     api: str | None = Field(None, pattern=_NAME)
 
@@ -66,7 +67,8 @@ class ActionMeta(_Wire):
         for name in need:
             if getattr(self, name) is None:
                 raise ValueError(f"a {self.type} action's metadata needs {name}")
-        for name in {"cpus", "memory_mb", "model", "api"} - set(need):
+        optional = {"language"} if self.type == "code" else set()
+        for name in {"cpus", "memory_mb", "model", "api", "language"} - set(need) - optional:
             if getattr(self, name) is not None:
                 raise ValueError(f"a {self.type} action's metadata has no {name}")
         if self.cpus is not None and not 1 <= self.cpus[0] <= self.cpus[1]:
@@ -88,7 +90,13 @@ class ActionMeta(_Wire):
         }
         if isinstance(action, CodeAction):
             has_tests = bool(action.test_cases or action.test_command)
-            return cls(**common, cpus=action.cpu_range, memory_mb=action.memory_mb, has_tests=has_tests)
+            return cls(
+                **common,
+                cpus=action.cpu_range,
+                memory_mb=action.memory_mb,
+                has_tests=has_tests,
+                language=action.language,
+            )
         if isinstance(action, RewardAction):
             return cls(**common, model=action.model)
         return cls(**common, api=action.api)
@@ -113,6 +121,16 @@ class PoolView(_Wire):
     max_queued: int = Field(0, ge=0, description="intake bound (0: none)")
     limits: LimitsConfig = LimitsConfig()
     admit_memory_fraction: float = Field(0.8, gt=0, le=1)
+    # what the CPU workers reported their sandboxes run (`tangram:languages`), overlaid by the
+    # clients at submit; None: no worker has reported yet, so languages are not checked here
+    languages: list[str] | None = None
+
+    def with_languages(self, by_node: dict[str, list[str]]) -> PoolView:
+        """This view with the languages any CPU node reported (unchanged when none has)."""
+        if not by_node:
+            return self
+        offered = sorted({lang for langs in by_node.values() for lang in langs})
+        return self.model_copy(update={"languages": offered})
 
     @classmethod
     def of(cls, cfg: TangramConfig) -> PoolView:
@@ -136,6 +154,15 @@ class PoolView(_Wire):
                 return f"cpus min {meta.cpus[0]} exceeds the largest NUMA group ({self.max_cpus} cores)"
             if meta.memory_mb > self.max_memory_mb:
                 return f"memory_mb {meta.memory_mb} exceeds every CPU node's memory"
+            if (
+                self.languages is not None
+                and meta.language is not None
+                and meta.language not in self.languages
+            ):
+                return (
+                    f"language {meta.language!r} is not available: no CPU node's sandbox has its "
+                    f"toolchain (available: {', '.join(self.languages) or 'none'})"
+                )
             return None
         if meta.type == "reward":
             if meta.model not in self.models:

@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Sequence
 
 from scheduler.eviction import Evictions
-from scheduler.execution import TANGRAM
+from scheduler.execution import ExecutionModel
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.common import PoolKey, waiting
@@ -284,14 +284,21 @@ def _push(
 
 @register("tangram-fast")
 class TangramFast:
-    """Our policy: `tangram-dp`'s decisions by greedy marginal gain. `depth` as in Algorithm 2."""
+    """Our policy: `tangram-dp`'s decisions by greedy marginal gain. `depth` as in Algorithm 2.
+
+    `lend`: spare cores are lent to running malleable actions (`scheduler.policies.malleable`);
+    `warm`: GPU services are restored onto free GPU memory ahead of demand
+    (`scheduler.policies.warm_gpu`).
+    """
 
     name = "tangram-fast"
-    execution = TANGRAM
 
-    def __init__(self, depth: int = 2, defer: bool = True) -> None:
+    def __init__(self, depth: int = 2, defer: bool = True, lend: bool = True, warm: bool = True) -> None:
         self.depth = depth
         self.defer = defer
+        self.lend = lend
+        self.warm = warm
+        self.execution = ExecutionModel(lend_cores=lend, warm_gpu=warm)
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands, known = fast_candidates(queue, state, now_s)

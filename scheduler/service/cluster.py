@@ -43,7 +43,14 @@ def to_queued(meta: ActionMeta, cfg: TangramConfig) -> QueuedAction:
         assert meta.cpus is not None and meta.memory_mb is not None
         lo, hi = meta.cpus
         hi = min(hi, max_group_cores(cfg))
-        cost = CostVector(ResourceKind.CPU, Elastic.range(lo, max(lo, hi)), memory_mb=meta.memory_mb)
+        # A test suite given as test cases is malleable: its runner's workers pull cases from
+        # a shared queue, so workers can join (and leave) while it runs.
+        cost = CostVector(
+            ResourceKind.CPU,
+            Elastic.range(lo, max(lo, hi)),
+            memory_mb=meta.memory_mb,
+            malleable=meta.has_tests and hi > lo,
+        )
         kind, target = ("tests" if meta.has_tests else "code"), ""
     elif meta.type == "reward":
         m = cfg.reward_model(str(meta.model))

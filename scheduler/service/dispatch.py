@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.policies.malleable import idle_while_malleable
 from scheduler.round import Round
 from scheduler.service import trajectories
 from scheduler.service.cluster import alloc_to_wire
@@ -31,6 +32,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
     plan = rnd.plan(ctx.waiting, ctx.state, now)
     ctx.metrics.decision.observe(plan.decision_s)
     if not plan.allocs:
+        _check(ctx, rnd)
         return 0
     state, books = ctx.state, ctx.books
     by_id = {a.action_id: ctx.waiting.action(a.action_id) for a in plan.started}
@@ -79,6 +81,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
         ctx.sender.close(node, tid, gen)
     for a in started:
         ctx.waiting.pop(a.action_id)
+    _check(ctx, rnd)
     if skipped:  # cancelled after the policy chose them: undo, send nothing
         for action_id in skipped:
             undo(ctx, action_id)
@@ -88,6 +91,16 @@ def schedule(ctx: Context, rnd: Round) -> int:
     ctx.dispatched_total += len(started)
     ctx.progress_s = time.monotonic()
     return len(started)
+
+
+def _check(ctx: Context, rnd: Round) -> None:
+    """Debug mode (`scheduler.check_invariants`): the round's core loans conserve work (no core
+    idles on a node while a malleable action running there could use it). The loans are the
+    round's decision; the CPU workers do not carry them out yet."""
+    if ctx.cfg.scheduler.check_invariants and rnd.execution.lend_cores:
+        bad = idle_while_malleable(rnd.borrowers(), rnd.lent, ctx.state)
+        if bad:
+            raise AssertionError(f"work conservation: {bad}")
 
 
 def _record(

@@ -6,7 +6,12 @@ live loop's round: fair ordering, `policy.decide`, GPU batch riders, the evictio
 simulator's own `ClusterState`, and the plan is carried out in order. Policies see only
 estimates (`DurationEstimator`, learned online from completions); the true durations come from
 the workload. Execution follows the policy's declared `ExecutionModel` (`scheduler.execution`):
-exclusive cores, time-shared pods, GPU residency, API control.
+exclusive cores, time-shared pods, GPU residency, API control, and cores lent to running
+malleable actions (`lend_cores`): a loan changes the action's speed from that instant, by the
+same duration curve, applied to the work it has left.
+
+`check_invariants` (a debug mode, used by the tests) asserts after every round that work is
+conserved: no core idles on a node while a malleable action running there could use it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from scheduler.gpu_cache import GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.dedicated_gpu import dedicated_groups
+from scheduler.policies.malleable import idle_while_malleable
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
 from scheduler.round import FairShareSpec, Round
@@ -50,6 +56,13 @@ class _Running:
     started_s: float
     setup_s: float
     rejected: bool = False
+    # exclusive CPU work (lent cores change its speed): its finish time, the share of its work
+    # left at `seg_s`, and the cores it runs on since then (its own + lent)
+    end_s: float | None = None
+    left: float = 1.0
+    seg_s: float = 0.0
+    units_now: int = 0
+    lent_max: int = 0  # most cores it ever had on loan
 
 
 @dataclass
@@ -62,6 +75,7 @@ class Simulator:
     learn: bool = True
     estimator: DurationEstimator | None = None
     fair: FairShareSpec | None = field(default_factory=FairShareSpec)
+    check_invariants: bool = False
     _events: list[tuple[float, int, int, object]] = field(default_factory=list)
     _seq: int = 0
 
@@ -101,10 +115,19 @@ class Simulator:
         self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
         batch = self.params.max_batch
-        self.round = Round(self.policy, fair=self.fair, max_batch=(lambda _s: batch) if batch > 1 else None)
+        chunks = {s: (1, 2, 4, 8) for s in sc.model_mb}  # every scenario's calls take buddy chunks
+        self.round = Round(
+            self.policy,
+            fair=self.fair,
+            max_batch=(lambda _s: batch) if batch > 1 else None,
+            gpu_services=chunks,
+        )
         self._riding: dict[str, list[Allocation]] = {}  # GPU allocation -> its riders this round
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
+        self._lending = ex.lend_cores and not ex.cpu_sharing
+        self._ready_at: dict[tuple[str, tuple[int, ...], str], float] = {}  # warm restores' ends
+        self._warming = ex.warm_gpu and self.residency is GpuResidency.CACHE and bool(self.state.gpu)
 
     # ---- public ------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -112,6 +135,8 @@ class Simulator:
         for i, traj in enumerate(self.scenario.trajectories):
             if traj.steps:
                 self._push(traj.start_s + traj.steps[0].think_s, _SUBMIT, (i, 0, None))
+        if self._warming:
+            self._wake(0.0)  # place the services before the first call comes
         dirty = False
         now = 0.0
         while self._events:
@@ -119,7 +144,7 @@ class Simulator:
             while self._events and self._events[0][0] == now:
                 _, kind, _, data = heapq.heappop(self._events)
                 dirty |= self._handle(now, kind, data)
-            if dirty and self.queue:
+            if dirty and (self.queue or self._lending or self._warming):
                 dirty = self._maybe_round(now)
         self.result.makespan_s = now
         self.result.wall_s = time.perf_counter() - wall0
@@ -138,6 +163,9 @@ class Simulator:
             return True
         if kind == _FINISH:
             assert isinstance(data, str)
+            run = self.running.get(data)
+            if run is None or (run.end_s is not None and now != run.end_s):
+                return False  # superseded: a loan changed its speed
             self._finish(now, data)
             return True
         if kind == _SHARED:
@@ -181,6 +209,17 @@ class Simulator:
             self._wake(self._last_round_s + gap)
             return True
         self._last_round_s = now
+        for node, chunk, service in self.round.retire(self.state, now):
+            self.caches[node].unload(chunk, service)
+            self.result.warm_unloads += 1
+        if not self.queue:  # nothing to place: lend the cores that came back, warm GPUs
+            idle = self.round.idle(self.queue, self.state, now)
+            for aid, (_, ids) in idle.lends.items():
+                self._resize(now, aid, len(ids))
+            for load in idle.warm:
+                self._warm(now, load)
+            self._check(now)
+            return False
         if self.residency is GpuResidency.KEEPALIVE:
             for cache in self.caches.values():  # what the policy sees must be what is loaded
                 self.result.unloads += cache.expire(now - self.model.keep_alive_s)
@@ -193,6 +232,11 @@ class Simulator:
                 self._riding.setdefault(lead[(r.pool, r.unit_ids)], []).append(r)
         for alloc in plan.allocs:
             self._start(now, self.queue.pop(alloc.action_id), alloc, plan.gpu_loads.get(alloc.action_id))
+        for aid, (_, ids) in plan.lends.items():
+            self._resize(now, aid, len(ids))
+        for load in plan.warm:
+            self._warm(now, load)
+        self._check(now)
         # Quota refills are not events: wake up when the head of each API pool's line fits.
         seen: set[str] = set()
         for qa in self.queue.values() if self.state.api else ():
@@ -206,6 +250,12 @@ class Simulator:
                 if len(seen) == len(self.state.api):
                     break
         return False
+
+    def _check(self, now: float) -> None:
+        """Debug mode: assert work conservation after a round (see the module doc)."""
+        if self.check_invariants and self._lending:
+            bad = idle_while_malleable(self.round.borrowers(), self.round.lent, self.state)
+            assert not bad, f"work conservation at t={now:.3f}: {bad}"
 
     def _wake(self, t_s: float) -> None:
         if t_s not in self._wakes:
@@ -248,7 +298,9 @@ class Simulator:
                 else:
                     self._join_shared(now, qa.action_id)
                 return
-            self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
+            run.end_s = now + run.setup_s + sa.true_duration_s(alloc.units)
+            run.seg_s, run.units_now = now + run.setup_s, alloc.units
+            self._push(run.end_s, _FINISH, qa.action_id)
             return
         if alloc.kind is ResourceKind.GPU:
             run.setup_s = self._gpu_setup_s(now, alloc, qa.target, load)
@@ -279,6 +331,36 @@ class Simulator:
         if self.model.api_control:
             self.result.limit_violations += 1
         self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
+
+    def _warm(self, now: float, load: GpuLoad) -> None:
+        """A warm restore: the weights are copied onto the chunk in the background (the GPUs
+        stay free for other services' calls); a call of the service that lands there before the
+        copy is done waits for the rest of it."""
+        model_mb = self.scenario.model_mb.get(load.service, DEFAULT_MODEL_MB)
+        self._ready_at[(load.pool, load.chunk, load.service)] = now + self.params.restore_s(
+            model_mb, len(load.chunk)
+        )
+        self.caches[load.pool].apply(load, now)
+        self.result.restores += 1
+        self.result.warm_restores += 1
+
+    def _resize(self, now: float, aid: str, lent: int) -> None:
+        """A running CPU action now has `lent` cores on loan besides its own: the work it has
+        left runs from now at the new count (by its true duration curve)."""
+        run = self.running.get(aid)
+        if run is None or run.end_s is None:
+            return
+        sa = self._sim_action(aid)
+        units = run.alloc.units + lent
+        if units == run.units_now:
+            return
+        if now > run.seg_s:  # still in its setup: no work done yet
+            run.left = max(0.0, run.left - (now - run.seg_s) / sa.true_duration_s(run.units_now))
+            run.seg_s = now
+        run.units_now = units
+        run.lent_max = max(run.lent_max, lent)
+        run.end_s = run.seg_s + run.left * sa.true_duration_s(units)
+        self._push(run.end_s, _FINISH, aid)
 
     def _join_shared(self, now: float, aid: str) -> None:
         """A pod's action starts using its node's time-shared cores."""
@@ -325,8 +407,12 @@ class Simulator:
                 return 0.0
             self.result.cold_loads += 1
             return load_s(model_mb, alloc.units)
-        if hit:
-            return 0.0
+        if hit:  # a warm restore may still be copying
+            ready_s = (
+                self._ready_at.pop((alloc.pool, alloc.unit_ids, service), now) if self._ready_at else now
+            )
+            return max(0.0, ready_s - now)
+        self._ready_at.pop((alloc.pool, alloc.unit_ids, service), None)
         self.result.restores += 1
         return self.params.restore_s(model_mb, alloc.units)
 
@@ -358,6 +444,8 @@ class Simulator:
                 self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
                 return
         exec_s = now - run.started_s - run.setup_s
+        if run.lent_max:  # learn what it takes on its own cores, as for any other run
+            exec_s = sa.true_duration_s(run.alloc.units)
         if self.learn and not run.rejected and not self.cpu_sharing and not self.gpu_sharing:
             assert self.estimator is not None
             self.estimator.observe(sa.kind, run.alloc.units, exec_s)

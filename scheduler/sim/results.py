@@ -50,6 +50,8 @@ class SimResult:
     rejected_calls: int = 0
     limit_violations: int = 0
     restores: int = 0
+    warm_restores: int = 0  # of which ahead of demand (warm GPU placement)
+    warm_unloads: int = 0  # warm instances retired when the load outgrew them
     cold_loads: int = 0  # loads from storage (cold-start)
     unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
     evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
@@ -80,11 +82,15 @@ class SimResult:
             "p50_act_s": acts[len(acts) // 2] if acts else float("nan"),
             "p99_act_s": acts[int(len(acts) * 0.99)] if acts else float("nan"),
             "avg_queue_s": statistics.fmean(r.queue_s for r in recs) if recs else float("nan"),
+            "max_wait_s": max((r.queue_s for r in recs), default=float("nan")),
+            "max_trajectory_wait_s": self.max_trajectory_wait_s(),
             "avg_act_by_kind_s": {k: self.avg_act_s(kind=k) for k in kinds},
             "failed_actions": sum(r.failed for r in recs),
             "rejected_calls": self.rejected_calls,
             "limit_violations": self.limit_violations,
             "restores": self.restores,
+            "warm_restores": self.warm_restores,
+            "warm_unloads": self.warm_unloads,
             "cold_loads": self.cold_loads,
             "evictions": self.evictions,
             "sandbox_resets": self.sandbox_resets,
@@ -101,6 +107,14 @@ class SimResult:
             "wall_s": self.wall_s,
             "unfinished": self.unfinished,
         }
+
+    def max_trajectory_wait_s(self) -> float:
+        """The longest a trajectory spent waiting in queues, summed over its actions (FCFS's
+        argument: a starved action stalls its whole trajectory)."""
+        per: dict[str, float] = {}
+        for r in self.records:
+            per[r.trajectory_id] = per.get(r.trajectory_id, 0.0) + r.queue_s
+        return max(per.values(), default=float("nan"))
 
     def act_over_time(self, bucket_s: float) -> list[tuple[float, float]]:
         """(bucket end time, average ACT of actions completing in the bucket)."""

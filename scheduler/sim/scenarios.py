@@ -49,6 +49,7 @@ class CodingParams:
     tests_mean_s: float = 300.0
     tests_sigma: float = 0.8
     tests_p: float = 0.97
+    tests_malleable: bool = True  # given as test cases: the runner's workers can join mid-run
     memory_mb: int = 4_096  # sandbox container, held for the trajectory's life
     seed: int = 1
 
@@ -151,6 +152,7 @@ def coding(p: CodingParams | None = None, cluster: ClusterSpec | None = None) ->
                     t1,
                     Amdahl(p.tests_p),
                     memory_mb=p.memory_mb,
+                    malleable=p.tests_malleable,
                 ),
             )
         )

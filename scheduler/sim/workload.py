@@ -27,9 +27,17 @@ class SimAction:
     memory_mb: int = 0
     api_quota: int = 0
     gpu_memory_mb: int = 0  # weights of the GPU service it calls (all shards)
+    malleable: bool = False  # may take (and give back) cores while it runs (`CostVector.malleable`)
 
     def cost(self) -> CostVector:
-        return CostVector(self.key, Elastic(self.units), self.memory_mb, self.gpu_memory_mb, self.api_quota)
+        return CostVector(
+            self.key,
+            Elastic(self.units),
+            self.memory_mb,
+            self.gpu_memory_mb,
+            self.api_quota,
+            malleable=self.malleable,
+        )
 
     def true_duration_s(self, units: float) -> float:
         """True execution time at `units` (fractional units: linear in the speed-up)."""
@@ -77,7 +85,7 @@ def curve_from_dict(d: dict[str, Any]) -> ElasticityCurve:
 
 
 def action_to_dict(a: SimAction) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "kind": a.kind,
         "key": str(a.key),
         "units": list(a.units),
@@ -88,6 +96,9 @@ def action_to_dict(a: SimAction) -> dict[str, Any]:
         "api_quota": a.api_quota,
         "gpu_memory_mb": a.gpu_memory_mb,
     }
+    if a.malleable:  # omitted otherwise: older traces read the same
+        out["malleable"] = True
+    return out
 
 
 def action_from_dict(d: dict[str, Any]) -> SimAction:
@@ -101,6 +112,7 @@ def action_from_dict(d: dict[str, Any]) -> SimAction:
         memory_mb=int(d.get("memory_mb", 0)),
         api_quota=int(d.get("api_quota", 0)),
         gpu_memory_mb=int(d.get("gpu_memory_mb", 0)),
+        malleable=bool(d.get("malleable", False)),
     )
 
 

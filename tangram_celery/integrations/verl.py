@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tangram_celery.actions import LANGUAGES
 from tangram_celery.integrations.code_tests import extract_code, parse_ground_truth, to_test_cases
 
 URL_ENV = "TANGRAM_URL"  # default server URL when no tangram_url is given
@@ -203,8 +204,8 @@ TOOL_SCHEMA: dict[str, Any] = {
                 "code": {"type": "string", "description": "the program"},
                 "language": {
                     "type": "string",
-                    "description": "python, bash or c",
-                    "enum": ["python", "bash", "c"],
+                    "description": "the program's language (those the deployment runs; see /v1/capabilities)",
+                    "enum": list(LANGUAGES),
                 },
                 "stdin": {"type": "string", "description": "standard input"},
             },

@@ -30,7 +30,7 @@ class ExecRequest:
     cores: tuple[int, ...] = (0,)
     env: dict[str, str] = field(default_factory=dict)  # extra env for user code (allowlist)
     max_output_bytes: int | None = None  # cap per stream; None = the sandbox config's
-    compile_timeout_s: float = 10.0  # the compile phase's own limit (C); timeout_s starts after it
+    compile_timeout_s: float = 10.0  # the compile phase's own limit; timeout_s starts after it
     # The scheduler's generation of the trajectory's sandbox ("": no expectation, as for direct
     # use). A sandbox of another generation is stale and replaced; `new_sandbox`: the scheduler
     # pinned the trajectory with this action, so no sandbox is expected (otherwise finding none
@@ -48,7 +48,7 @@ class ExecResult:
     tests: list[TestOutcome] = field(default_factory=list)
     exec_s: float = 0.0  # wall-clock seconds inside the sandbox (what the scheduler learns from)
     detail: str = ""  # why the backend chose the status, when it is not obvious
-    compile: PhaseOutcome | None = None  # compile phase (C); the fields above describe the run
+    compile: PhaseOutcome | None = None  # compile phase, if any; the fields above describe the run
     sandbox_reset: bool = False  # ran in a fresh sandbox although the trajectory had one (files gone)
     files: dict[str, str] = field(default_factory=dict)  # fetch_files: path -> base64
 

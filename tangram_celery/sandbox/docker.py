@@ -28,6 +28,7 @@ from tangram_celery.config import SandboxConfig
 from tangram_celery.errors import SandboxError
 from tangram_celery.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
+from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
     RUNNER_ARGV,
@@ -138,7 +139,9 @@ class DockerSandbox(WarmPool):
     def _start(self, h: Handle) -> None:
         reset_private_dir(h.state_dir)
         quota = f"rw,exec,nosuid,nodev,size={self.limits.disk_quota_mb}m,nr_inodes={self.cfg.inodes_limit}"
-        volumes = {p: {"bind": p, "mode": "ro"} for p in HOST_RO_PATHS if os.path.exists(p)}
+        volumes = {
+            p: {"bind": p, "mode": "ro"} for p in (*HOST_RO_PATHS, *extra_ro_paths()) if os.path.exists(p)
+        }
         volumes[str(self.stage.runner)] = {"bind": RUNNER_DIR, "mode": "ro"}
         volumes[str(h.state_dir)] = {"bind": str(Path(RUNNER_SOCKET).parent), "mode": "rw"}
         if self.tools_dir is not None:

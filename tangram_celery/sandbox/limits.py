@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_celery.actions import ActionStatus, PhaseOutcome, TestOutcome
+from tangram_celery.actions import COMPILED_LANGUAGES, ActionStatus, PhaseOutcome, TestOutcome
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 
@@ -49,8 +49,12 @@ class Limits:
 
 def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> dict[str, Any]:
     """The JSON request the resident runner executes."""
+    from tangram_celery.sandbox.languages import tools_for
+
     payload: dict[str, Any] = {
         "language": req.language,
+        "tools": tools_for(req.language),
+        "memory_mb": req.memory_mb,
         "code": req.code,
         "files": req.files,
         "binary_files": req.binary_files,
@@ -74,7 +78,8 @@ def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> d
 
 def runner_timeout_s(req: ExecRequest) -> float:
     """How long the host waits for the runner's answer: both phases' limits plus a grace."""
-    compile_s = req.compile_timeout_s if req.language == "c" and req.code is not None else 0.0
+    compiled = req.language in COMPILED_LANGUAGES and req.code is not None
+    compile_s = req.compile_timeout_s if compiled else 0.0
     return req.timeout_s + compile_s + RUNNER_GRACE_S
 
 

@@ -37,6 +37,7 @@ from tangram_celery.errors import SandboxError
 from tangram_celery.pretend import pretend_missing
 from tangram_celery.sandbox import cgroups
 from tangram_celery.sandbox.cgroups import CgroupSet
+from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.launcher import PROC_COVER
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
@@ -178,6 +179,7 @@ class NamespaceSandbox(WarmPool):
     def _binds(self, state_dir: Path | None) -> list[tuple[str, str, bool]]:
         """(host source, sandbox path, read-only) after the host paths: all from the stage."""
         out = [(str(self.stage.runner), RUNNER_DIR, True)]
+        out += [(p, p, True) for p in extra_ro_paths()]  # e.g. the JDK's /etc/java-17-openjdk
         if self.tools_dir is not None:
             out.append((str(self.tools_dir), TOOLS_PATH, True))
         if state_dir is not None:
@@ -221,6 +223,8 @@ class NamespaceSandbox(WarmPool):
         for dest in (WORKDIR, "/tmp"):
             argv += ["--size", size_b, "--tmpfs", dest]
         argv += ["--perms", "0755", "--dir", "/opt/tangram", "--perms", "0755", "--dir", "/run"]
+        for parent in sorted({os.path.dirname(p) for p in extra_ro_paths()}):  # bwrap makes them 0700
+            argv += ["--perms", "0755", "--dir", parent]
         for src, dest, readonly in self._binds(state_dir):
             argv += ["--ro-bind" if readonly else "--bind", src, dest]
         argv += ["--ro-bind", str(self.stage.boot), BOOT_DIR, "--remount-ro", "/"]

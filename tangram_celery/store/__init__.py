@@ -18,6 +18,8 @@ Keys (all under `tangram:`):
                     action's hash): one connection waits on it for all that process's results
                     instead of one BLPOP per action
   warm              hash GPU node -> its warm-up status (JSON: state, services, loaded, seconds)
+  languages         hash CPU node -> the languages its sandboxes run (JSON list), set by its
+                    worker at start; clients refuse code actions in any other language
 
 Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
 that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts
@@ -34,6 +36,7 @@ from tangram_celery.store.client_side import (
     cancel_args,
     cancel_keys,
     check_submitted,
+    languages_of,
     memory_refusal,
 )
 from tangram_celery.store.keys import (
@@ -44,6 +47,7 @@ from tangram_celery.store.keys import (
     EVENTS,
     GROUP,
     INTAKE,
+    LANGS,
     RESETS,
     RESULT_TTL_S,
     RUNNING,
@@ -78,6 +82,7 @@ __all__ = [
     "EVENTS",
     "GROUP",
     "INTAKE",
+    "LANGS",
     "RESETS",
     "RESULT_TTL_S",
     "RUNNING",
@@ -94,6 +99,7 @@ __all__ = [
     "cancel_args",
     "cancel_keys",
     "check_submitted",
+    "languages_of",
     "memory_refusal",
     "nkey",
     "notify_key",

@@ -14,7 +14,7 @@ import redis
 
 from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
 from tangram_celery.store.base import StoreBase
-from tangram_celery.store.keys import CONFIG, EVENTS, GROUP, INTAKE, RESULT_TTL_S, akey, nkey
+from tangram_celery.store.keys import CONFIG, EVENTS, GROUP, INTAKE, LANGS, RESULT_TTL_S, akey, nkey
 from tangram_celery.wire import Completion, EventStatus, PoolView
 
 
@@ -103,6 +103,10 @@ class ClientSide(StoreBase):
         raw = self.r.get(CONFIG)
         return None if raw is None else PoolView.model_validate_json(str(raw))
 
+    def languages(self) -> dict[str, list[str]]:
+        """CPU node -> the languages its sandboxes run, as its worker reported them."""
+        return languages_of(self.r.hgetall(LANGS))
+
     def queued_count(self) -> int:
         return int(self.r.xlen(INTAKE))
 
@@ -153,3 +157,18 @@ def cancel_args(action_id: str, result_json: str) -> list[Any]:
         RESULT_TTL_S,
         GROUP,
     ]
+
+
+def languages_of(raw: dict[Any, Any]) -> dict[str, list[str]]:
+    """The `tangram:languages` hash decoded (entries that do not parse are left out)."""
+    import json
+
+    out: dict[str, list[str]] = {}
+    for node, value in raw.items():
+        try:
+            langs = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(langs, list):
+            out[node.decode() if isinstance(node, bytes) else str(node)] = [str(x) for x in langs]
+    return out

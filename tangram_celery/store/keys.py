@@ -18,6 +18,7 @@ WORKER_POOLS = P + "worker_pools"  # worker name -> pool key "cpu:n0" / "api:cal
 SANDBOXES = P + "sandboxes"  # CPU worker name -> JSON {"seq", "held": [[trajectory, generation]]}
 RESETS = P + "reset"  # trajectory -> when its sandbox was lost (its next result says so)
 WARM = P + "warm"  # GPU node -> warm-up status (JSON)
+LANGS = P + "languages"  # CPU node -> JSON list of the languages its sandboxes run
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tangram_celery.store.base import StoreBase
-from tangram_celery.store.keys import EVENTS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
+from tangram_celery.store.keys import EVENTS, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
 from tangram_celery.wire import Chunk, Completion, ResidencyReport, residency
 
 
@@ -52,6 +52,11 @@ class WorkerSide(StoreBase):
             self.retrying("warm status", lambda: self.r.hdel(WARM, node))
         else:
             self.retrying("warm status", lambda: self.r.hset(WARM, node, json.dumps(status)))
+
+    def set_languages(self, node: str, languages: Sequence[str]) -> None:
+        """Record the languages CPU `node`'s sandboxes run (its toolchains), for clients to
+        refuse actions in any other language at submit."""
+        self.retrying("languages", lambda: self.r.hset(LANGS, node, json.dumps(list(languages))))
 
     def warm_status(self) -> dict[str, dict[str, Any]]:
         """GPU node -> its warm-up status ({'state': 'warming' | 'done', ...})."""

@@ -41,6 +41,14 @@ class ServerState:
     default_memory_mb: int
     _caps: Capabilities | None = field(default=None, repr=False)
 
+    async def offered_languages(self) -> list[str] | None:
+        """The languages some CPU worker reported (None: none has reported yet)."""
+        by_node = await self.client.languages()
+        if not by_node:
+            return None
+        offered = {lang for langs in by_node.values() for lang in langs}
+        return [lang for lang in LANGUAGES if lang in offered]
+
     async def capabilities(self) -> Capabilities:
         if self._caps is None:
             from tangram_celery.wire import PoolView
@@ -54,7 +62,17 @@ class ServerState:
                 max_cpus=view.max_cpus,
                 max_memory_mb=view.max_memory_mb,
             )
-        return self._caps
+        by_node = await self.client.languages()
+        offered = await self.offered_languages()
+        languages = offered if offered is not None else list(LANGUAGES)
+        return self._caps.model_copy(
+            update={
+                "languages": languages,
+                "compiled_languages": [lang for lang in languages if lang in COMPILED],
+                "languages_reported": offered is not None,
+                "languages_by_node": {node: list(langs) for node, langs in sorted(by_node.items())},
+            }
+        )
 
 
 def create_app(

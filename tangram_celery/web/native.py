@@ -8,18 +8,26 @@ Without `trajectory_id` an action is a one-shot action (see `Gate.run_one_shot`)
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tangram_celery.aclient import UnknownAction
-from tangram_celery.actions import MAX_CODE_BYTES, ActionResult, ApiAction, CodeAction, RewardAction, TestCase
+from tangram_celery.actions import (
+    COMPILED_LANGUAGES,
+    MAX_CODE_BYTES,
+    ActionResult,
+    ApiAction,
+    CodeAction,
+    Language,
+    RewardAction,
+    TestCase,
+)
 from tangram_celery.client import AnyAction
 from tangram_celery.errors import ActionRejected, AdmissionError, ResultTimeout
 from tangram_celery.web.gate import Gate, Late, Outcome, Overloaded
-from tangram_celery.web.phases import LANGUAGES
 from tangram_celery.web.sandbox_models import ID_PATTERN, Capabilities
 
 router = APIRouter(prefix="/tangram/v1", tags=["tangram"])
@@ -65,13 +73,14 @@ class Case(_Body):
 
 class RunTestsRequest(_Body):
     code: str = Field(max_length=MAX_CODE_BYTES)
-    language: Literal["python", "bash", "c"] = "python"
+    language: Language = "python"
     cases: list[Case] = Field(min_length=1, max_length=10_000)
     cpus: int | str = Field(
         "1..4", description="elastic core range: cases run in parallel on the cores granted"
     )
-    timeout_s: float = Field(
-        10.0, gt=0, le=3600, description="limit for the whole action (compile + every case)"
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="limit for running every case")
+    compile_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="limit of the compile phase (compiled languages), before timeout_s"
     )
     memory_mb: int | None = Field(None, ge=16, le=1 << 20, description="default: the sandbox default")
     trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
@@ -145,6 +154,8 @@ def outcome_response(outcome: Outcome, gate: Gate) -> ActionResult | JSONRespons
 
 async def _run(gate: Gate, body: CodeBody | RewardBody | ApiBody, t0: float) -> Outcome:
     budget = body.timeout_s
+    if isinstance(body, CodeBody) and body.language in COMPILED_LANGUAGES and body.code is not None:
+        budget += body.compile_timeout_s  # the compile phase has its own limit, before the run's
     if body.trajectory_id is None:
         return await gate.run_one_shot(lambda tid: to_action(body, tid), t0=t0, budget_s=budget)
     return await gate.run(to_action(body, body.trajectory_id), t0=t0, budget_s=budget)
@@ -254,8 +265,11 @@ async def run_tests(req: RunTestsRequest, request: Request) -> RunTestsResponse 
     t0 = time.monotonic()
     state = request.app.state.tangram
     gate: Gate = state.gate
-    if req.language not in LANGUAGES:  # pragma: no cover - the Literal already refuses
-        return problem(400, f"language {req.language!r} is not supported")
+    from tangram_celery.web.sandbox_fusion import language_refusal
+
+    why = await language_refusal(state, req.language)
+    if why is not None:
+        return problem(400, why)
     if not gate.admit():
         return problem(gate.cfg.overload_status, f"more than {gate.cfg.max_in_flight} requests in flight")
     try:
@@ -276,6 +290,7 @@ async def run_tests(req: RunTestsRequest, request: Request) -> RunTestsResponse 
                 test_cases=cases,
                 cpus=req.cpus,
                 timeout_s=req.timeout_s,
+                compile_timeout_s=req.compile_timeout_s,
                 memory_mb=req.memory_mb or state.default_memory_mb,
                 job_id=req.job_id,
                 priority=req.priority,

@@ -1,36 +1,26 @@
 """Compile and run phases: a SandboxFusion call's time limits into a CodeAction, and a Tangram
 result back into SandboxFusion's compile_result / run_result and overall status.
 
-Two seams, each one function, to switch when the runner reports phases itself (the runner
-redesign adds `CodeAction.compile_timeout_s` and `ActionResult.compile`):
-  * `phase_limits` - today one wall-clock limit covers compile + run of a C program;
-  * `split_phases` - today a C compile failure is recognised from what the result shows.
+The runner times the phases apart: `compile_timeout` becomes the compile phase's own limit
+(`CodeAction.compile_timeout_s`) and `run_timeout` the run's; the compile phase's outcome comes
+back as `ActionResult.compile`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.actions import COMPILED_LANGUAGES, LANGUAGES, ActionResult, ActionStatus, PhaseOutcome
 from tangram_celery.web.sandbox_models import CommandRunResult, CommandRunStatus, RunStatus
 
-LANGUAGES = ("python", "bash", "c")
-COMPILED = frozenset({"c"})
+COMPILED = COMPILED_LANGUAGES
 SIGKILL_RC = -9  # how SandboxFusion reports a process killed by a signal (OOM, limits)
-
-# gcc / ld diagnostics about the unit the runner compiles (main.c): what a failed compile of
-# today's runner leaves in stderr, with the compiler's exit code 1.
-_COMPILE_DIAG = re.compile(
-    r"^(main\.c:\d+(:\d+)?: (fatal )?error:|collect2: error:|.*undefined reference to)", re.M
-)
 
 
 def phase_limits(language: str, compile_timeout_s: float, run_timeout_s: float) -> dict[str, Any]:
-    """CodeAction fields for a call's compile and run time limits. Until the runner times the
-    phases apart, a compiled program gets one limit for both (their sum)."""
+    """CodeAction fields for a call's compile and run time limits (each phase its own)."""
     if language in COMPILED:
-        return {"timeout_s": min(compile_timeout_s + run_timeout_s, 3600.0)}
+        return {"timeout_s": run_timeout_s, "compile_timeout_s": compile_timeout_s}
     return {"timeout_s": run_timeout_s}
 
 
@@ -39,13 +29,19 @@ def action_budget_s(language: str, compile_timeout_s: float, run_timeout_s: floa
     return compile_timeout_s + run_timeout_s if language in COMPILED else run_timeout_s
 
 
-def _compile_failed(result: ActionResult) -> bool:
-    return (
-        result.status is ActionStatus.FAILED
-        and result.exit_code == 1
-        and not result.stdout
-        and bool(_COMPILE_DIAG.search(result.stderr))
+def _compile_result(phase: PhaseOutcome) -> tuple[CommandRunResult, bool]:
+    """SandboxFusion's compile_result of a compile phase, and whether the compile failed."""
+    if phase.timed_out:
+        status, rc = CommandRunStatus.TimeLimitExceeded, None
+    else:  # no exit code: the phase was ended (output cap, OOM kill)
+        status, rc = (
+            CommandRunStatus.Finished,
+            (phase.exit_code if phase.exit_code is not None else SIGKILL_RC),
+        )
+    out = CommandRunResult(
+        status=status, execution_time=phase.exec_s, return_code=rc, stdout=phase.stdout, stderr=phase.stderr
     )
+    return out, phase.timed_out or rc != 0
 
 
 def split_phases(
@@ -59,22 +55,22 @@ def split_phases(
     refusals have no phase (overall SandboxError)."""
     if result.status in (ActionStatus.ERROR, ActionStatus.REJECTED, ActionStatus.CANCELLED):
         return None, None
-    compiled = language in COMPILED
-    if compiled and _compile_failed(result):
-        failed = CommandRunResult(
-            status=CommandRunStatus.Finished,
-            execution_time=result.exec_s,
-            return_code=result.exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
+    compile_result: CommandRunResult | None = None
+    run_s = result.exec_s
+    if result.compile is not None:
+        compile_result, failed = _compile_result(result.compile)
+        if failed:
+            return compile_result, None
+        run_s = max(0.0, result.exec_s - result.compile.exec_s)
+    elif language in COMPILED:  # a result from before phases were reported
+        compile_result = CommandRunResult(
+            status=CommandRunStatus.Finished, return_code=0, stdout="", stderr=""
         )
-        return failed, None
-    compile_ok = CommandRunResult(status=CommandRunStatus.Finished, return_code=0, stdout="", stderr="")
     rc = result.exit_code
     if result.status is ActionStatus.TIMEOUT:
         run = CommandRunResult(
             status=CommandRunStatus.TimeLimitExceeded,
-            execution_time=result.exec_s,
+            execution_time=run_s,
             return_code=rc,
             stdout=result.stdout,
             stderr=result.stderr,
@@ -84,12 +80,12 @@ def split_phases(
             rc = SIGKILL_RC  # a limit killed it (or it exited 0 after the limit was hit)
         run = CommandRunResult(
             status=CommandRunStatus.Finished,
-            execution_time=result.exec_s,
+            execution_time=run_s,
             return_code=rc if rc is not None else 0,
             stdout=result.stdout,
             stderr=result.stderr,
         )
-    return (compile_ok if compiled else None), run
+    return compile_result, run
 
 
 def overall_status(compile_result: CommandRunResult | None, run_result: CommandRunResult | None) -> RunStatus:
@@ -103,3 +99,6 @@ def overall_status(compile_result: CommandRunResult | None, run_result: CommandR
     if any(p.return_code not in (0, None) for p in phases):
         return RunStatus.Failed
     return RunStatus.Success
+
+
+__all__ = ["COMPILED", "LANGUAGES", "action_budget_s", "overall_status", "phase_limits", "split_phases"]

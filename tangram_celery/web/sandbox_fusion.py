@@ -117,7 +117,8 @@ async def ping() -> str:
 
 @router.get("/v1/capabilities", response_model=Capabilities, tags=["sandbox-fusion"])
 async def capabilities(request: Request) -> Capabilities:
-    """Languages (and pools) this deployment runs."""
+    """Languages (and pools) this deployment runs: the languages are those the CPU workers
+    reported their sandboxes have toolchains for."""
     return await request.app.state.tangram.capabilities()
 
 
@@ -136,11 +137,9 @@ async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | 
     t0 = time.monotonic()
     state = request.app.state.tangram
     gate: Gate = state.gate
-    if req.language not in LANGUAGES:
-        return refusal(
-            f"language {req.language!r} is not supported by this Tangram deployment "
-            f"(supported: {', '.join(LANGUAGES)}; GET /v1/capabilities)"
-        )
+    why = await language_refusal(state, req.language)
+    if why is not None:  # refused before anything is queued; HTTP 400, SandboxFusion-shaped
+        return JSONResponse(refusal(why).model_dump(mode="json"), status_code=400)
     if not gate.admit():
         return to_response(
             Overloaded(f"more than {gate.cfg.max_in_flight} requests in flight"),
@@ -170,6 +169,23 @@ async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | 
         gate.leave()
 
 
+async def language_refusal(state: Any, language: str) -> str | None:
+    """Why this deployment cannot run `language` (unknown to Tangram, or no CPU node's sandbox
+    has its toolchain), or None. Until a CPU worker has reported, only the name is checked."""
+    if language not in LANGUAGES:
+        return (
+            f"language {language!r} is not supported by Tangram (supported: {', '.join(LANGUAGES)}; "
+            "GET /v1/capabilities lists what this deployment runs)"
+        )
+    offered = await state.offered_languages()
+    if offered is not None and language not in offered:
+        return (
+            f"language {language!r} is not available on this deployment: no CPU node's sandbox has "
+            f"its toolchain (available: {', '.join(offered) or 'none'}; GET /v1/capabilities)"
+        )
+    return None
+
+
 def _short(e: Exception) -> str:
     if isinstance(e, ValidationError):
         return "; ".join(
@@ -178,4 +194,4 @@ def _short(e: Exception) -> str:
     return str(e)
 
 
-__all__ = ["COMPILED", "router"]
+__all__ = ["COMPILED", "language_refusal", "router"]

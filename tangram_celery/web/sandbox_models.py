@@ -46,7 +46,9 @@ class RunCodeRequest(BaseModel):
 
     code: str = Field(max_length=MAX_CODE_BYTES, description="the code to run")
     language: str = Field(
-        max_length=64, description="python, bash or c here (GET /v1/capabilities lists them)"
+        max_length=64,
+        description="python, cpp, nodejs, go, java, rust, bash or c (GET /v1/capabilities lists what "
+        "this deployment runs)",
     )
     compile_timeout: float = Field(
         10, gt=0, le=3600, description="compile time limit, s (compiled languages)"
@@ -108,8 +110,17 @@ class RunCodeResponse(BaseModel):
 class Capabilities(BaseModel):
     """What this deployment runs (GET /v1/capabilities and /tangram/v1/capabilities)."""
 
-    languages: list[str]
-    compiled_languages: list[str]
+    languages: list[str] = Field(
+        description="languages this deployment runs: those whose toolchain a CPU node's sandbox has "
+        "(every language Tangram knows while no CPU worker has reported yet)"
+    )
+    compiled_languages: list[str] = Field(description="the languages above that have a compile phase")
+    languages_reported: bool = Field(
+        False, description="True once a CPU worker has reported its toolchains (languages are checked)"
+    )
+    languages_by_node: dict[str, list[str]] = Field(
+        default_factory=dict, description="CPU node -> the languages its sandboxes run"
+    )
     reward_models: list[str]
     apis: list[str]
     max_cpus: int

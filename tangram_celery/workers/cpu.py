@@ -19,11 +19,22 @@ class CpuHandler:
         self.sandbox = sandbox
         self.cfg = cfg
         self.rules = dict(rules or {})  # rule reward model name -> rule
+        from tangram_celery.sandbox.languages import available
+
+        # the toolchains this node's sandboxes have, narrowed by sandbox.languages
+        self.languages = available(cfg.languages)
 
     def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
         if payload.get("type") == "reward":
             return self._verify(action_id, RewardAction.model_validate(payload))
         action = CodeAction.model_validate(payload)
+        if action.language not in self.languages:  # a client that did not know (no report yet)
+            return ActionResult(
+                action_id=action_id,
+                trajectory_id=action.trajectory_id or "",
+                status=ActionStatus.REJECTED,
+                error=language_refusal(action.language, self.languages),
+            )
         if not order.unit_ids:  # the live service executes only models that name cores
             raise ValueError(f"action {action_id}: its allocation names no cores")
         cores = order.unit_ids
@@ -83,3 +94,13 @@ class CpuHandler:
     def held(self) -> list[tuple[str, str]]:
         """The trajectory sandboxes this worker holds, for its report to the scheduler."""
         return self.sandbox.held()
+
+
+def language_refusal(language: str, available: list[str]) -> str:
+    """Why an action in `language` cannot run on a node whose sandboxes run `available`."""
+    from tangram_celery.sandbox.languages import missing_hint
+
+    return (
+        f"language {language!r} is not available on this CPU node (available: "
+        f"{', '.join(available) or 'none'}; {missing_hint(language)}, or allow it in sandbox.languages)"
+    )

@@ -45,6 +45,8 @@ def run_worker(
         sandbox = open_sandbox(cfg.sandbox, SandboxScope.of_node(cfg.state_dir, name))
         closing.append(sandbox.close)
         handler = CpuHandler(sandbox, cfg.sandbox, rules)
+        # what this node's sandboxes run: clients refuse actions in anything else at submit
+        runtime.store.set_languages(name, handler.languages)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
         runtime.held = handler.held  # reported next to the heartbeats
         slots = concurrency or node.cores

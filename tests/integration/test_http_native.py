@@ -65,7 +65,8 @@ def test_native_endpoints(http_deployment: Any) -> None:
     ping = requests.get(http_deployment.http_url + "/v1/ping")
     assert ping.json() == "pong" and ping.headers["content-type"] == "application/json"  # as SandboxFusion
     caps = requests.get(http_deployment.http_url + "/v1/capabilities").json()
-    assert caps["languages"] == ["python", "bash", "c"] and caps["reward_models"] == ["exact"]
+    assert {"python", "bash", "c"} <= set(caps["languages"]) and caps["reward_models"] == ["exact"]
+    assert caps["languages_reported"] and caps["languages_by_node"]["n0"] == caps["languages"]
     assert "/run_code" in requests.get(http_deployment.http_url + "/openapi.json").json()["paths"]
 
 

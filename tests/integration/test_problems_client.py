@@ -10,7 +10,7 @@ from tests.problems import all_problems
 pytestmark = pytest.mark.integration
 
 
-def test_problem_suite_through_the_client(client, gcc: str) -> None:
+def test_problem_suite_through_the_client(client, toolchains: list[str]) -> None:
     """Given every problem, when its reference and its broken solution are submitted through
     TangramClient, then every reference is ok and every broken one is not."""
     problems = all_problems()
@@ -23,8 +23,9 @@ def test_problem_suite_through_the_client(client, gcc: str) -> None:
                     language=p.language,
                     code=code,
                     test_cases=p.tests,
-                    memory_mb=128,
+                    memory_mb=128,  # enough for rustc and javac too (rustc fails at 64)
                     timeout_s=10,
+                    compile_timeout_s=30,  # javac / rustc on a loaded 2-core machine
                 )
             )
     # 20 trajectories' worth of memory at a time: submit in waves and close what finished.

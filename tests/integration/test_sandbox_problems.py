@@ -1,4 +1,4 @@
-"""The correctness suite (HumanEval + C/bash problems) through each sandbox backend."""
+"""The correctness suite (HumanEval + problems in every other language) through each sandbox backend."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus
+from tangram_celery.actions import LANGUAGES, ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.problems import Problem, all_problems
 
 pytestmark = pytest.mark.integration
 TIMEOUT_S = 10.0
+COMPILE_TIMEOUT_S = 30.0  # javac / rustc start slowly on a loaded 2-core machine (1-2 s idle)
 
 
 def solve(box: Any, problems: list[Problem], core: int, broken: bool) -> list[tuple[str, Any]]:
@@ -25,6 +26,7 @@ def solve(box: Any, problems: list[Problem], core: int, broken: bool) -> list[tu
             code=p.broken if broken else p.reference,
             test_cases=p.tests,
             timeout_s=TIMEOUT_S,
+            compile_timeout_s=COMPILE_TIMEOUT_S,
             cores=(core,),
         )
         out.append((p.name, box.run(traj, req)))
@@ -40,22 +42,22 @@ def run_suite(box: Any, broken: bool) -> list[tuple[str, Any]]:
     return parts[0] + parts[1]
 
 
-def test_suite_has_at_least_100_problems_in_three_languages() -> None:
-    """Given the problem data, when loaded, then >= 100 problems in python, c and bash."""
+def test_suite_has_at_least_100_problems_in_every_language() -> None:
+    """Given the problem data, when loaded, then >= 100 problems covering every language."""
     problems = all_problems()
     assert len(problems) >= 100
-    assert {p.language for p in problems} == {"python", "c", "bash"}
+    assert {p.language for p in problems} == set(LANGUAGES)
     assert all(p.tests and p.reference != p.broken for p in problems)
 
 
-def test_every_reference_solution_passes(sandbox_backend: Any, gcc: str) -> None:
+def test_every_reference_solution_passes(sandbox_backend: Any, toolchains: list[str]) -> None:
     """Given every problem's reference, when run sandboxed on 2 cores, then all are OK."""
     results = run_suite(sandbox_backend, broken=False)
     bad = [(n, r.status, r.tests[:1], r.stderr[-300:]) for n, r in results if r.status is not ActionStatus.OK]
     assert not bad
 
 
-def test_every_broken_solution_fails(sandbox_backend: Any, gcc: str) -> None:
+def test_every_broken_solution_fails(sandbox_backend: Any, toolchains: list[str]) -> None:
     """Given every problem's broken solution, when run sandboxed, then none is OK."""
     results = run_suite(sandbox_backend, broken=True)
     passed = [n for n, r in results if r.status is ActionStatus.OK]

@@ -101,7 +101,8 @@ def humaneval_problems() -> list[Problem]:
 
 
 def all_problems() -> list[Problem]:
-    """Every problem of the suite (Python, C and bash)."""
+    """Every problem of the suite (Python, C, bash, C++, Node.js, Go, Java, Rust)."""
+    from tests.problems.languages import language_problems
     from tests.problems.native import native_problems
 
-    return humaneval_problems() + native_problems()
+    return humaneval_problems() + native_problems() + language_problems()

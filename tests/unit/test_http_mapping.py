@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.actions import ActionResult, ActionStatus, PhaseOutcome
 from tangram_celery.config import HttpConfig, parse_config
 from tangram_celery.errors import ConfigError
 from tangram_celery.integrations.code_tests import extract_code, parse_ground_truth, to_test_cases
@@ -70,24 +70,45 @@ def test_statuses_map_onto_sandbox_fusion_without_new_values() -> None:
         assert overall_status(None, None) is RunStatus.SandboxError
 
 
-def test_a_c_compile_failure_has_a_compile_result_and_no_run() -> None:
-    """gcc's diagnostics with exit 1 become compile_result (non-zero) and no run_result."""
-    res = _res(
-        ActionStatus.FAILED, exit_code=1, stderr="main.c:1:1: error: expected declaration or statement\n"
-    )
-    compile_result, run = split_phases(res, "c")
-    assert run is None and compile_result is not None and compile_result.return_code == 1
-    assert overall_status(compile_result, run) is RunStatus.Failed
-    ok_compile, ok_run = split_phases(_res(ActionStatus.OK, exit_code=0, stdout="hi\n"), "c")
-    assert ok_compile is not None and ok_compile.return_code == 0 and ok_run is not None
-    # a C program that itself fails at run time keeps its run_result
-    _, run = split_phases(_res(ActionStatus.FAILED, exit_code=1, stdout="", stderr="boom\n"), "c")
+def test_a_failed_compile_phase_has_a_compile_result_and_no_run() -> None:
+    """The result's compile phase, not its stderr, decides: a failed compile is compile_result
+    (non-zero) and no run_result, whatever the language."""
+    diag = "main.cpp:1:1: error: expected unqualified-id\n"
+    for lang in ("c", "cpp", "go", "java", "rust"):
+        res = _res(
+            ActionStatus.FAILED, exit_code=1, stderr=diag, compile=PhaseOutcome(exit_code=1, stderr=diag)
+        )
+        compile_result, run = split_phases(res, lang)
+        assert run is None and compile_result is not None and compile_result.return_code == 1
+        assert compile_result.stderr == diag and overall_status(compile_result, run) is RunStatus.Failed
+    # a program that fails at run time with compiler-like stderr keeps its run_result
+    res = _res(ActionStatus.FAILED, exit_code=1, stderr=diag, compile=PhaseOutcome(exit_code=0), exec_s=2.0)
+    compile_result, run = split_phases(res, "cpp")
+    assert compile_result is not None and compile_result.return_code == 0
     assert run is not None and run.return_code == 1
 
 
-def test_compiled_languages_get_compile_plus_run_as_their_limit() -> None:
-    """Until the runner times phases apart, C gets compile + run seconds, Python run seconds."""
-    assert phase_limits("c", 5, 7) == {"timeout_s": 12}
+def test_a_compile_time_limit_is_a_compile_phase_time_limit() -> None:
+    """A compile phase that hit its own limit is compile_result TimeLimitExceeded, no run."""
+    res = _res(ActionStatus.TIMEOUT, compile=PhaseOutcome(exit_code=None, timed_out=True, exec_s=3.0))
+    compile_result, run = split_phases(res, "java")
+    assert run is None and compile_result is not None
+    assert compile_result.status is CommandRunStatus.TimeLimitExceeded
+    assert overall_status(compile_result, run) is RunStatus.Failed
+
+
+def test_the_run_phase_time_excludes_the_compile() -> None:
+    """run_result.execution_time is the action's time minus its compile phase's."""
+    res = _res(ActionStatus.OK, exit_code=0, exec_s=5.0, compile=PhaseOutcome(exit_code=0, exec_s=4.0))
+    compile_result, run = split_phases(res, "rust")
+    assert compile_result is not None and compile_result.execution_time == 4.0
+    assert run is not None and run.execution_time == pytest.approx(1.0)
+
+
+def test_each_phase_gets_its_own_time_limit() -> None:
+    """compile_timeout becomes the compile phase's limit and run_timeout the run's."""
+    assert phase_limits("cpp", 5, 7) == {"timeout_s": 7, "compile_timeout_s": 5}
+    assert phase_limits("nodejs", 5, 7) == {"timeout_s": 7}
     assert phase_limits("python", 5, 7) == {"timeout_s": 7}
 
 

@@ -126,6 +126,7 @@ def run_live(policy: str, trajs: list[SimTrajectory], tmp: str) -> list[Round]:
             "scheduler": {
                 "policy": policy,
                 "priors": {k: {"t1_s": p.t1_s, "parallel_fraction": p.p} for k, p in PRIORS.items()},
+                "check_invariants": True,  # the live round's core loans conserve work
             },
         }
     )

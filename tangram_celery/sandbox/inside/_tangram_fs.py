@@ -23,7 +23,11 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-UNITS = {"python": "main.py", "bash": "main.sh", "c": "main.c"}
+try:
+    from tangram_celery.sandbox.inside._tangram_langs import unit
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_langs import unit  # type: ignore[no-redef]
+
 DISK_SLACK_B = 256 * 1024  # a workdir with less free space than this counts as full
 INODE_SLACK = 16  # ... and one with fewer free inodes than this
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -56,7 +60,7 @@ def write_files(req: dict) -> str | None:
     for rel, b64 in (req.get("binary_files") or {}).items():
         files[rel] = base64.b64decode(b64)
     if req.get("code") is not None:
-        files[UNITS[req["language"]]] = req["code"].encode("utf-8", "surrogatepass")
+        files[unit(req["language"], req["code"])] = req["code"].encode("utf-8", "surrogatepass")
     uid = int(req["uid"])
     for rel, content in files.items():
         try:

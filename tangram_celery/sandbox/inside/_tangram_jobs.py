@@ -9,22 +9,32 @@ import time
 from typing import Any
 
 try:
+    from tangram_celery.sandbox.inside import _tangram_build as build
     from tangram_celery.sandbox.inside import _tangram_fs as fs
+    from tangram_celery.sandbox.inside import _tangram_langs as langs
     from tangram_celery.sandbox.inside import _tangram_suite as suite
     from tangram_celery.sandbox.inside._tangram_proc import Action, Proc, Zygote, memfd
-    from tangram_celery.sandbox.inside._tangram_tests import (
-        UNITS,
-        run_argv,
-        run_tests,
-    )
+    from tangram_celery.sandbox.inside._tangram_tests import run_tests
 except ImportError:  # inside the sandbox this directory is sys.path[0]
+    import _tangram_build as build  # type: ignore[no-redef]
     import _tangram_fs as fs  # type: ignore[no-redef]
+    import _tangram_langs as langs  # type: ignore[no-redef]
     import _tangram_suite as suite  # type: ignore[no-redef]
     from _tangram_proc import Action, Proc, Zygote, memfd  # type: ignore[no-redef]
-    from _tangram_tests import UNITS, run_argv, run_tests  # type: ignore[no-redef]
+    from _tangram_tests import run_tests  # type: ignore[no-redef]
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
-_MEMERR = ("MemoryError", "Cannot allocate memory", "std::bad_alloc")
+# what a program says when its allocator or runtime ran out (before the cgroup's OOM killer):
+# C, C++, Python, Java, Node.js (V8's heap cap), Go, Rust
+_MEMERR = (
+    "MemoryError",
+    "Cannot allocate memory",
+    "std::bad_alloc",
+    "java.lang.OutOfMemoryError",
+    "JavaScript heap out of memory",
+    "fatal error: runtime: out of memory",
+    "memory allocation of",
+)
 _FORKERR = ("Resource temporarily unavailable", "BlockingIOError: [Errno 11]")
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -63,6 +73,7 @@ def handle(req: dict, zygote: Zygote) -> dict:
     finally:
         act.end()
         act.close()
+        build.end_action()  # failed or uncached builds (their compilers are gone now)
         for h in held:
             h.close() if isinstance(h, suite.Channel) else os.close(h)
         if fs.disk_full(req):
@@ -82,15 +93,22 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
     if lang == "python":  # without code, tests still run an (empty) main module
         code_fd = memfd((code or "").encode("utf-8", "surrogatepass"), "main.py")
         held.append(code_fd)
-    compile_out = None
-    if lang == "c" and code is not None:
-        compile_out = _compile(req, act)
-        if compile_out["exit_code"] != 0 or compile_out["timed_out"]:
+    src = langs.unit(lang, code)
+    compile_out, built = None, None
+    if lang in langs.COMPILED and code is not None:
+        compile_out, built = _compile(req, act, src)
+        if built is None:
             tests = [
                 {"name": c["name"], "passed": False, "detail": "compile failed"}
                 for c in req.get("test_cases", [])
             ]
             return _facts(req, act, t0, tests=tests, compile_out=compile_out, compile_failed=True)
+    elif lang in langs.COMPILED and req.get("test_cases"):
+        why = f"{lang} test cases need code to compile"
+        tests = [{"name": c["name"], "passed": False, "detail": why} for c in req["test_cases"]]
+        return _facts(req, act, t0, tests=tests, setup_error=why)
+    mem = int(req.get("memory_mb") or 512)
+    argv = langs.run_argv(lang, req.get("tools", {}), built, src, mem) if code is not None else None
     act.set_deadline(float(req["timeout_s"]))  # the run phase's own limit starts now
     dop = max(1, len(req["cores"]))
     if req.get("test_command"):
@@ -107,30 +125,51 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
             verdict = suite.verdict(channel, main.returncode if main else None)
         return _facts(req, act, t0, main=main, suite_verdict=verdict)
     if req.get("test_cases"):
-        tests, first = run_tests(req, act, dop, code_fd, trusted_path(req))
+        tests, first = run_tests(req, act, dop, code_fd, trusted_path(req), argv)
         return _facts(req, act, t0, first=first, tests=tests, compile_out=compile_out)
     if code is not None:
-        py = UNITS["python"] if lang == "python" else None
-        main = act.spawn("main", req.get("stdin"), argv=run_argv(lang), python=py, code_fd=code_fd)
+        py = langs.UNITS["python"] if lang == "python" else None
+        main = act.spawn("main", req.get("stdin"), argv=argv, python=py, code_fd=code_fd)
         _wait_for(act, main)
         return _facts(req, act, t0, main=main, compile_out=compile_out)
     return _facts(req, act, t0, compile_out=compile_out)
 
 
-def _compile(req: dict, act: Action) -> dict[str, Any]:
-    """The compile phase under its own time limit: the compiler's outcome."""
+def _compile(req: dict, act: Action, src: str) -> tuple[dict[str, Any], str | None]:
+    """The compile phase under its own time limit: the compiler's outcome, and the sealed build
+    directory (None when the compile failed). A build of the same program from the same files
+    earlier in the trajectory is reused (`_tangram_build`)."""
     t0 = time.monotonic()
+    lang, tools = req["language"], req.get("tools", {})
+    mem = int(req.get("memory_mb") or 512)
     act.set_deadline(float(req.get("compile_timeout_s") or DEFAULT_COMPILE_TIMEOUT_S))
-    argv = ["/usr/bin/gcc", "-O2", "-pipe", "-o", ".tangram-main", UNITS["c"], "-lm"]
-    cc = act.spawn("compile", None, argv=argv)
+    try:
+        argv = langs.compile_argv(lang, tools, src, "@BUILD", mem)
+    except KeyError as e:  # the host sends the tools of every language it accepts
+        out = {"exit_code": None, "stdout": "", "stderr": f"tangram: no {e} in this sandbox", "exec_s": 0.0}
+        return {**out, "timed_out": False}, None
+    key = build.key(lang, argv, langs.compile_env(lang, "@BUILD"), (req["workdir"], "/tmp"))
+    hit = build.lookup(key)
+    if hit is not None:
+        out = {"exit_code": 0, "stdout": "", "stderr": "", "exec_s": time.monotonic() - t0}
+        return {**out, "timed_out": False, "cached": True}, hit
+    where = build.new_dir(int(req["uid"]))
+    argv = langs.compile_argv(lang, tools, src, where, mem)
+    cc = act.spawn("compile", None, argv=argv, env=langs.compile_env(lang, where))
+    if cc is not None:
+        cc.truncate_only = True
     finished = _wait_for(act, cc)
+    ok = cc is not None and finished and cc.returncode == 0
+    if ok:
+        build.seal(where, langs.scratch(lang))
+        build.store(key, where)
     return {
         "exit_code": cc.returncode if cc is not None and finished else None,
         "stdout": _text(cc.stdout) if cc else "",
         "stderr": _text(cc.stderr) if cc else act.spawn_error,
         "exec_s": time.monotonic() - t0,
         "timed_out": act.timed_out,
-    }
+    }, (where if ok else None)
 
 
 def _facts(

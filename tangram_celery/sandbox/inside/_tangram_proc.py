@@ -42,6 +42,9 @@ class Proc:
         self.verifier: Verifier | None = None
         self.job_id = 0
         self.pending: int | None = None  # a job's end, seen and not yet taken
+        # a compiler: its output is truncated at the cap without ending the action (a long
+        # list of diagnostics is a failed compile, not an output limit)
+        self.truncate_only = False
 
     @property
     def stdout(self) -> bytes:
@@ -129,11 +132,12 @@ class Action:
         python: str | None = None,
         code_fd: int | None = None,
         extra_fd: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> Launch:
         """A user process: `argv` is exec'd, or the code in `code_fd` runs as `python` (the
         script name, e.g. main.py); with `extra_fd` (its descriptor 3) and `python`, it serves its
-        objects to a verifier afterwards."""
-        ln = Launch(tag, {**self.limits(), "env": self.env}, user=True)
+        objects to a verifier afterwards. `env` adds to the action's environment."""
+        ln = Launch(tag, {**self.limits(), "env": {**self.env, **(env or {})}}, user=True)
         ln.memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
         ln.pipe("out")
         ln.pipe("err")
@@ -300,7 +304,7 @@ class Action:
         cap = self.cap_b if proc.user else VERIFIER_STREAM_CAP_B
         room = cap - len(buf)
         buf += chunk[: max(room, 0)]
-        if len(chunk) > room and proc.user:
+        if len(chunk) > room and proc.user and not proc.truncate_only:
             self.output_capped = True
         return True
 

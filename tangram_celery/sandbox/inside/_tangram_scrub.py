@@ -13,6 +13,7 @@ leave something for the next one. The runner (PID 1, root in the sandbox) theref
 2. empties every place the sandbox user can write (/work, /tmp, /dev/shm if present) from a
    descriptor of the mount point, removing entries by name with `unlinkat`/`rmtree(dir_fd=)`:
    no link is ever followed, so a planted symlink is removed, not its target;
+   The runner's cache of compiled builds (directories in /tmp) is forgotten first;
 3. puts both mount points back to their owner and mode;
 4. checks that no SysV IPC object exists in the sandbox's IPC namespace (user code cannot create
    one: the seccomp filter refuses shmget/semget/msgget and mq_open; one found means tampering).
@@ -28,6 +29,11 @@ import shutil
 import stat
 import time
 from typing import Any
+
+try:
+    from tangram_celery.sandbox.inside import _tangram_build as build
+except ImportError:  # inside the sandbox this directory is sys.path[0]
+    import _tangram_build as build  # type: ignore[no-redef]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 EXTRA_TOPS = ("/dev/shm",)  # writable places besides the workdir and /tmp, where they exist
@@ -94,6 +100,7 @@ def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any, s
     if not quiet:
         kill_all()
         zygote.lost()
+    build._cache.clear()  # the previous occupant's builds (in /tmp, wiped next) are no one's now
     left: list[str] = []
     for top in (workdir, "/tmp", *EXTRA_TOPS):
         left += wipe(top)

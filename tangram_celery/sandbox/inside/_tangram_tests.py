@@ -18,7 +18,7 @@ try:
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     from _tangram_proc import Action, Proc  # type: ignore[no-redef]
 
-UNITS = {"python": "main.py", "bash": "main.sh", "c": "main.c"}
+PYTHON_UNIT = "main.py"
 
 
 def norm(text: str) -> str:
@@ -27,14 +27,6 @@ def norm(text: str) -> str:
 
 def text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
-
-
-def run_argv(lang: str) -> list[str] | None:
-    if lang == "bash":
-        return ["/bin/bash", UNITS["bash"]]
-    if lang == "c":
-        return ["./.tangram-main"]
-    return None
 
 
 class _Slot:
@@ -49,10 +41,10 @@ class _Slot:
 
 
 def run_tests(
-    req: dict, act: Action, dop: int, code_fd: int | None, trusted_path: list[str]
+    req: dict, act: Action, dop: int, code_fd: int | None, trusted_path: list[str], argv: list[str] | None
 ) -> tuple[list[dict[str, Any]], Proc | None]:
     """(one outcome per test case, the user process of the first test, whose output the action
-    shows)."""
+    shows). `argv` runs the program (None: python, from `code_fd`)."""
     cases = req["test_cases"]
     lang = req["language"]
     results: list[dict[str, Any] | None] = [None] * len(cases)
@@ -70,8 +62,8 @@ def run_tests(
                     continue
                 slot = _start_assert(req, act, idx, case, code_fd, trusted_path)
             else:
-                py = UNITS["python"] if lang == "python" else None
-                user = act.spawn(idx, case.get("stdin"), argv=run_argv(lang), python=py, code_fd=code_fd)
+                py = PYTHON_UNIT if lang == "python" else None
+                user = act.spawn(idx, case.get("stdin"), argv=argv, python=py, code_fd=code_fd)
                 slot = _Slot(idx, user)
             if slot.user is None:
                 results[idx] = _fail(case, f"could not start: {act.spawn_error}")
@@ -110,7 +102,7 @@ def _start_assert(
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         user = act.spawn(
-            idx, case.get("stdin"), python=UNITS["python"], code_fd=code_fd, extra_fd=theirs.fileno()
+            idx, case.get("stdin"), python=PYTHON_UNIT, code_fd=code_fd, extra_fd=theirs.fileno()
         )
     finally:
         theirs.close()
