@@ -190,6 +190,11 @@ class SandboxConfig(_Model):
         le=64,
         description="ready sandboxes each CPU worker keeps for new trajectories and one-shot actions (0: none)",
     )
+    recycle: bool = Field(
+        True,
+        description="scrub the sandbox of a closed/evicted trajectory or one-shot action and reuse it "
+        "(docs/sandbox.md, Recycling); false: destroy it and start new ones",
+    )
 
 
 class RewardModelConfig(_Model):

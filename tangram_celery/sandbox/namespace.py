@@ -289,6 +289,29 @@ class NamespaceSandbox(WarmPool):
     def _alive(self, h: Handle) -> bool:
         return h.ref is not None and h.ref.poll() is None
 
+    def _tampered(self, h: Handle) -> str:
+        """After a scrub only the launcher (host pid namespace) and the runner, zygote and idle
+        verifiers (one pid namespace: the sandbox's) may be in the sandbox's cgroup, and none
+        may run as the sandbox uid: anything else escaped the runner's `kill(-1)`."""
+        if h.cgroups is None:
+            return "no cgroup to check"  # rlimit fallback: cannot see its processes from here
+        host_ns = os.readlink("/proc/self/ns/pid")
+        inside: set[str] = set()
+        for pid in h.cgroups.procs():
+            try:
+                ns = os.readlink(f"/proc/{pid}/ns/pid")
+                with open(f"/proc/{pid}/status") as f:
+                    uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+            except (OSError, StopIteration):
+                continue  # exited meanwhile
+            if str(SANDBOX_UID) in uids:
+                return f"pid {pid} runs as the sandbox uid"
+            if ns != host_ns:
+                inside.add(ns)
+        if len(inside) != 1:
+            return f"{len(inside)} pid namespaces in the cgroup"
+        return ""
+
     def _logs(self, h: Handle) -> str:
         try:
             return self.stage.log_path(h.state_dir.name).read_text(errors="replace")[-2000:]

@@ -7,7 +7,9 @@ started then if none is ready, with a resident runner as PID 1; it lives until
 actions. Before each exec the action's cores and memory are bound (cpuset + CFS quota, memory
 limit), which is also how a ready sandbox is handed out; after it the runner has killed every
 process of the action, so the cores are free again. A one-shot action (`run_once`) takes a
-ready sandbox and discards it afterwards. Backends only say how to start, bind and destroy a
+ready sandbox and gives it up afterwards. A sandbox given up (one-shot done, trajectory closed or
+evicted) is scrubbed and returned to the ready pool (`_recycle`; docs/sandbox.md "Recycling"),
+or destroyed when it cannot be scrubbed or looks tampered with. Backends only say how to start, bind and destroy a
 sandbox; the exec path, the limits and the statuses live here.
 
 The scheduler names each trajectory sandbox's generation (`ExecRequest.sandbox_gen`): a
@@ -44,11 +46,12 @@ from tangram_celery.sandbox.limits import (
     runner_timeout_s,
     to_result,
 )
-from tangram_celery.sandbox.prewarm import Disposer, ReadyPool
+from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
 from tangram_celery.sandbox.stage import SandboxScope, Stage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
+SCRUB_TIMEOUT_S = 20.0
 
 
 class RunnerGone(Exception):
@@ -137,7 +140,8 @@ class WarmPool(ABC):
         self._stop = threading.Event()
         # Handed-out sandboxes that are done (one-shot, closed, evicted) are destroyed here, off
         # the action's critical path.
-        self._disposer: Disposer[Handle] = Disposer(self._teardown_locked)
+        self._recycling = cfg.recycle and cfg.prewarm > 0
+        self._disposer: Disposer[Handle] = Disposer(self._retire)
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
         self.ready = ReadyPool(cfg.prewarm, self._start_ready, self._destroy_ready, self._alive)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
@@ -261,12 +265,68 @@ class WarmPool(ABC):
         self._teardown(h)
 
     def _dispose(self, h: Handle) -> None:
-        """Destroy a sandbox no action will use again, in the background."""
-        self._disposer.put(h)
+        """Recycle or destroy a sandbox no action of its occupant will use again, in the
+        background."""
+        delay_s = None
+        if self._recycling:
+            self.ready.expect()
+            # at once when no sandbox is ready (a taker may be waiting for this one); else a
+            # little later, off the cores of the action that caused it
+            delay_s = 0.0 if len(self.ready) == 0 else BACKGROUND_DELAY_S
+        self._disposer.put(h, delay_s)
 
     def _teardown_locked(self, h: Handle) -> None:
         with h.lock:  # waits for an action still running in it, if any
             self._teardown(h)
+
+    def _retire(self, h: Handle) -> None:
+        """A sandbox no action of its occupant will use again: scrubbed into the ready pool when
+        recycling is on and it is healthy, destroyed otherwise."""
+        try:
+            self._retire_locked(h)
+        finally:
+            if self._recycling:
+                self.ready.settled()
+
+    def _retire_locked(self, h: Handle) -> None:
+        with h.lock:  # waits for an action still running in it, if any
+            if self._recycling and not self._stop.is_set() and self._alive(h):
+                try:
+                    fresh = self._recycle(h)
+                except Exception as e:  # any failure: destroy, never reuse
+                    log.warning("sandbox %s not recycled: %s", h.trajectory_id, e)
+                    fresh = None
+                if fresh is not None and self.ready.recycle(fresh):
+                    h.ref, h.cgroups = None, None  # now owned by `fresh`
+                    return
+                if fresh is not None:
+                    h.ref, h.cgroups = fresh.ref, fresh.cgroups
+            self._teardown(h)
+
+    def _recycle(self, h: Handle) -> Handle | None:
+        """Scrub the sandbox for another occupant; a new handle for it, or None when the scrub
+        failed or anything looks tampered with (the caller destroys it then)."""
+        t0 = time.monotonic()
+        facts = call_runner(h.socket_path, {"op": "scrub"}, SCRUB_TIMEOUT_S)
+        if not facts.get("scrubbed") or facts.get("pid") != 1:
+            log.warning("sandbox %s: scrub incomplete (%s); destroyed", h.trajectory_id, facts)
+            return None
+        problem = self._tampered(h)
+        if problem:
+            log.warning("sandbox %s looks tampered with (%s); destroyed", h.trajectory_id, problem)
+            return None
+        cores, memory_mb = self._prewarm_cores, self.cfg.default_memory_mb
+        if h.cgroups is not None:  # limits back to a ready sandbox's
+            h.cgroups.set_pids(self.limits.pids_limit)
+        self._bind(h, cores, memory_mb)
+        fresh = Handle(f"ready-{h.state_dir.name}", h.state_dir, memory_mb, cores, h.ref, h.cgroups)
+        log.debug("sandbox %s scrubbed in %.3f s", h.trajectory_id, time.monotonic() - t0)
+        return fresh
+
+    def _tampered(self, h: Handle) -> str:
+        """What, seen from outside, rules out reusing a scrubbed sandbox ("" when nothing): the
+        backend's check (namespace: its cgroup's processes)."""
+        return ""
 
     def _acquire(self, tid: str, req: ExecRequest) -> tuple[Handle, bool]:
         """The trajectory's handle, locked, with a live sandbox (a ready one handed out, or one

@@ -5,7 +5,9 @@ A CPU worker hands a sandbox to each new trajectory and each one-shot action. St
 `ReadyPool` keeps `size` of them started ahead, refilled by one background thread as they are
 taken. A taken sandbox is bound to the action's cores and memory when the action runs, like any
 other. When the pool is empty (a burst of new trajectories), the caller starts one itself.
-Ready sandboxes are fresh: none has ever run code, and none is handed out twice.
+Ready sandboxes are fresh or recycled: a recycled one ran another occupant's code and was then
+scrubbed (`WarmPool._recycle`, docs/sandbox.md "Recycling"); up to `size` more of those are kept
+besides the `size` the filler keeps, so that a scrubbed sandbox is rarely thrown away.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ RETRY_AFTER_S = 1.0  # after a failed start (the backend is broken: do not spin)
 # compete for the cores with that very action: a refill (while a ready sandbox is left), and
 # the removal of a sandbox that is done.
 BACKGROUND_DELAY_S = 0.05
+SCRUB_WAIT_S = 2.0  # a taker waits this long at most for a sandbox being scrubbed
 
 
 class ReadyPool(Generic[H]):
@@ -47,10 +50,13 @@ class ReadyPool(Generic[H]):
         self._alive = alive
         self._ready: collections.deque[H] = collections.deque()
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a sandbox came back or a scrub ended
+        self._pending = 0  # sandboxes being scrubbed for this pool (`expect`)
         self._wanted = threading.Event()
         self._stop = threading.Event()
         self.started = 0  # sandboxes started by the pool (for tests and metrics)
         self.handed_out = 0
+        self.recycled = 0  # scrubbed sandboxes taken back
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -64,11 +70,16 @@ class ReadyPool(Generic[H]):
             self._thread.start()
 
     def take(self) -> H | None:
-        """A ready sandbox, or None when none is (the caller starts its own)."""
+        """A ready sandbox, or None when none is (the caller starts its own). When a sandbox is
+        being scrubbed for the pool, waits for it (up to `SCRUB_WAIT_S`): a scrub takes a few
+        ms, a start tens to hundreds."""
         if self._thread is None:
             self.start()
         while True:
             with self._lock:
+                deadline = time.monotonic() + SCRUB_WAIT_S
+                while not self._ready and self._pending and time.monotonic() < deadline:
+                    self._changed.wait(deadline - time.monotonic())
                 if not self._ready:
                     self._wanted.set()
                     return None
@@ -89,6 +100,28 @@ class ReadyPool(Generic[H]):
                 self.handed_out -= 1
                 return
         self._destroy(h)
+
+    def expect(self) -> None:
+        """A sandbox is on its way back (being scrubbed): takers wait for it, the filler does
+        not start one in its place. Each `expect` is matched by one `settled`."""
+        with self._lock:
+            self._pending += 1
+
+    def settled(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            self._changed.notify_all()
+        self._wanted.set()  # if it did not come back, the filler makes up for it
+
+    def recycle(self, h: H) -> bool:
+        """Keep a scrubbed sandbox for the next taker (False: the pool is full, destroy it)."""
+        with self._lock:
+            if len(self._ready) < 2 * self.size and not self._stop.is_set():
+                self._ready.append(h)
+                self.recycled += 1
+                self._changed.notify_all()
+                return True
+        return False
 
     def __len__(self) -> int:
         with self._lock:
@@ -122,7 +155,7 @@ class ReadyPool(Generic[H]):
         while not self._stop.is_set():
             self._wanted.wait()
             with self._lock:
-                short = self.size - len(self._ready)
+                short = self.size - len(self._ready) - self._pending
                 if short <= 0:
                     self._wanted.clear()
                     continue
@@ -156,11 +189,12 @@ class Disposer(Generic[H]):
         self._thread = threading.Thread(target=self._run, name="sandbox-disposer", daemon=True)
         self._thread.start()
 
-    def put(self, h: H) -> None:
+    def put(self, h: H, delay_s: float | None = None) -> None:
+        """Queue `h`, due after `delay_s` (default: the disposer's)."""
         if self._closed:
             self._destroy(h)
             return
-        self._queue.put((time.monotonic() + self.delay_s, h))
+        self._queue.put((time.monotonic() + (self.delay_s if delay_s is None else delay_s), h))
 
     def close(self) -> None:
         """Remove everything still queued (at once), then stop."""

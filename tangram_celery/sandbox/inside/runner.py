@@ -23,11 +23,15 @@ import sys
 import traceback
 
 try:
+    from tangram_celery.sandbox.inside._tangram_fs import reset_tops
     from tangram_celery.sandbox.inside._tangram_jobs import handle
-    from tangram_celery.sandbox.inside._tangram_proc import Zygote
+    from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all
+    from tangram_celery.sandbox.inside._tangram_scrub import scrub
 except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_fs import reset_tops  # type: ignore[no-redef]
     from _tangram_jobs import handle  # type: ignore[no-redef]
-    from _tangram_proc import Zygote  # type: ignore[no-redef]
+    from _tangram_proc import Zygote, _strays, kill_all  # type: ignore[no-redef]
+    from _tangram_scrub import scrub  # type: ignore[no-redef]
 
 _PR_SET_DUMPABLE = 4
 
@@ -71,6 +75,8 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
                 out: dict
                 if req.get("op") == "ping":
                     out = {"pong": True}
+                elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
+                    out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
                 else:
                     out = handle({**req, "uid": uid, "workdir": workdir}, zygote)
             except Exception as e:

@@ -1,0 +1,162 @@
+"""Recycled sandboxes (namespace backend): what one occupant leaves is gone for the next."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tangram_celery.actions import ActionStatus
+from tangram_celery.sandbox import ExecRequest
+from tests.fixtures.common import unavailable
+from tests.fixtures.docker import SMALL_LIMITS
+
+pytestmark = pytest.mark.integration
+
+# The previous occupant: leaves processes, files (hidden, locked, in /tmp and /dev/shm),
+# symlinks to the runner's places, a chmod'ed workdir, and tries SysV/POSIX IPC and the runner.
+HOSTILE = r"""
+import ctypes, os, subprocess
+for d in ('/work', '/tmp'):
+    os.makedirs(d + '/.hidden/deep', exist_ok=True)
+    open(d + '/.hidden/deep/secret', 'w').write('planted')
+    open(d + '/expected_output.txt', 'w').write('PASS')
+    os.chmod(d + '/.hidden', 0)
+for name, target in (('runner', '/opt/tangram/runner'), ('run', '/run/tangram'), ('root', '/')):
+    os.symlink(target, '/work/' + name)
+    os.symlink(target, '/tmp/' + name)
+try:
+    open('/dev/shm/planted', 'w').write('x')
+except OSError:
+    pass
+libc = ctypes.CDLL(None, use_errno=True)
+print('shmget', libc.shmget(0, 4096, 0o1777), ctypes.get_errno())
+print('msgget', libc.msgget(0, 0o1777), ctypes.get_errno())
+for sig in (9, 15):
+    try:
+        os.kill(1, sig)
+    except OSError as e:
+        print('kill 1', e.errno)
+if os.fork() == 0:  # a daemon: double fork, new session
+    os.setsid()
+    if os.fork() == 0:
+        subprocess.Popen(['sleep', '1000'])
+        os.execv('/bin/sleep', ['sleep', '1000'])
+    os._exit(0)
+n = 0
+try:
+    while n < 400:  # fork bomb leftovers (the pids limit stops it)
+        if os.fork() == 0:
+            import time; time.sleep(1000); os._exit(0)
+        n += 1
+except OSError:
+    pass
+os.chmod('/work', 0)
+"""
+
+# The next occupant: what of the previous one can it see?
+INSPECT = r"""
+import os
+def listing(top):
+    try:
+        return sorted(os.listdir(top))
+    except OSError as e:
+        return 'error %s' % e.errno
+me = {os.getpid(), os.getppid()}
+others = []
+for p in os.listdir('/proc'):
+    if p.isdigit() and int(p) not in me:
+        try:
+            uid = open('/proc/%s/status' % p).read().split('Uid:')[1].split()[0]
+            state = open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]
+        except OSError:
+            continue
+        if uid == str(os.getuid()) and state != 'Z':
+            others.append(p)
+ipc = [open('/proc/sysvipc/' + k).read().splitlines()[1:] for k in ('shm', 'msg', 'sem')]
+print(listing('/work'), listing('/tmp'), listing('/dev/shm'), others, ipc, oct(os.stat('/work').st_mode & 0o777))
+"""
+CLEAN = "['main.py'] [] [] [] [[], [], []] 0o755"
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Any]:
+    from tangram_celery.config import SandboxConfig
+    from tangram_celery.errors import SandboxError
+    from tangram_celery.sandbox import open_sandbox
+
+    cfg = SandboxConfig.model_validate({"backend": "namespace", **SMALL_LIMITS, "prewarm": 1})
+    try:
+        b = open_sandbox(cfg)
+    except SandboxError as e:
+        unavailable(f"namespace sandbox backend unavailable: {e}")
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def req(code: str, timeout_s: float = 20) -> ExecRequest:
+    return ExecRequest(language="python", code=code, timeout_s=timeout_s, cores=(0,), memory_mb=128)
+
+
+def test_a_recycled_sandbox_shows_nothing_of_its_previous_occupant(box: Any) -> None:
+    """Given a sandbox whose occupant planted files, links, locked dirs, daemons and fork-bomb
+    children, tried IPC and signalled the runner, when it is scrubbed, then the next occupant
+    sees an empty workdir, /tmp and /dev/shm, no process of its uid, no IPC object, and the
+    runner's files (the link targets) are intact."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    first = box._exec(h, req(HOSTILE))
+    assert "shmget -1 1" in first.stdout and "msgget -1 1" in first.stdout, first  # EPERM
+    fresh = box._recycle(h)
+    assert fresh is not None and fresh.ref is h.ref
+    res = box._exec(fresh, req(INSPECT))
+    assert (res.status, res.stdout.strip()) == (ActionStatus.OK, CLEAN), res
+    again = box._exec(fresh, req("print(open('/opt/tangram/runner/runner.py').read()[:3])"))
+    assert again.stdout.strip() == '"""', again
+    box._teardown(fresh)
+
+
+def test_a_closed_trajectory_sandbox_is_recycled_for_the_next_one(box: Any) -> None:
+    """Given a trajectory that wrote files, when it is closed, then its sandbox returns to the
+    ready pool scrubbed, and a new trajectory runs in it with an empty workdir."""
+    assert box.ready.wait_full(60)
+    before = box.ready.recycled
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    assert box.run(a, req("open('left', 'w').write('1')")).status is ActionStatus.OK
+    box.close_trajectory(a)
+    deadline = time.monotonic() + 30
+    while box.ready.recycled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert box.ready.recycled == before + 1
+    for _ in range(len(box.ready)):  # every ready sandbox, the recycled one among them
+        t = f"{b}-{uuid.uuid4().hex[:4]}"
+        res = box.run(t, req(INSPECT))
+        assert (res.status, res.stdout.strip()) == (ActionStatus.OK, CLEAN), res
+        box.close_trajectory(t)
+
+
+def test_a_sandbox_with_a_surviving_user_process_is_destroyed_not_recycled(box: Any) -> None:
+    """Given a sandbox in whose cgroup a process of the sandbox uid is alive (one that escaped
+    the runner's kill), when the host checks it after the scrub, then it refuses to reuse it."""
+    import os
+    import subprocess
+
+    from tangram_celery.sandbox.limits import SANDBOX_UID
+
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    assert h.cgroups is not None
+    proc = subprocess.Popen(["sleep", "60"], user=SANDBOX_UID)  # stands in for an escapee
+    try:
+        h.cgroups._write("pids", "cgroup.procs", str(proc.pid))
+        assert "sandbox uid" in box._tampered(h)
+        assert box._recycle(h) is None
+    finally:
+        os.kill(proc.pid, 9)
+        proc.wait()
+        box._teardown(h)
