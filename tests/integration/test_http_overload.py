@@ -24,12 +24,11 @@ def test_gate_cancels_what_cannot_start_and_refuses_a_full_intake(redis_url: str
     from tangram_celery.actions import ApiAction
     from tangram_celery.config import HttpConfig
     from tangram_celery.web.gate import Gate, Overloaded
+    from tangram_celery.wire import PoolView
 
     store = Store(redis_url)
     store.ensure_groups()
-    store.publish_config(
-        {"max_cpus": 1, "max_memory_mb": 1024, "models": {}, "apis": ["calc"], "max_queued": 1}
-    )
+    store.publish_config(PoolView(max_cpus=1, max_memory_mb=1024, apis=["calc"], max_queued=1))
 
     async def go() -> tuple[Any, Any, float]:
         client = AsyncTangramClient(redis_url)
