@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -313,10 +314,14 @@ def main() -> int:
         ("pod", lambda: run_pods(jobs, args)),
     ):
         print(f"running {name} ...", flush=True)
+        load_before = os.getloadavg()[0]
         runs[name] = fn()
+        runs[name]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         s = summary(runs[name])
         print(f"  {name}: {json.dumps(s)}", flush=True)
-    setups = {name: summary(run) for name, run in runs.items()}
+    setups = {
+        name: summary(run) | {"load_avg_1m_before_after": run["load_avg_1m"]} for name, run in runs.items()
+    }
     tg = setups["tangram"]
     ratios = {
         base: {
