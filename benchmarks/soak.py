@@ -36,14 +36,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, write_json
-from benchmarks.soak_check import Expected, InFlight, Kill, summarize
+from benchmarks.soak_check import VICTIMS, Expected, InFlight, Kill, summarize
 from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient
 from tangram_celery.actions import TestCase
 from tangram_celery.config import parse_config
 from tangram_celery.deploy import Deployment, write_config
 from tangram_celery.errors import TangramError
 
-VICTIMS = ["scheduler", "worker-cpu-n0", "worker-api-rec", "redis"]
 # pairs for the rule verifiers: (rule, response, reference, expected score)
 RULE_CASES = [
     ("exact", "Paris", "paris", 1.0),
@@ -184,7 +183,7 @@ def main() -> int:
     def killer() -> None:
         krng = random.Random(args.seed + 1)
         while not stop.wait(args.kill_every_s * krng.uniform(0.5, 1.5)):
-            v = krng.choice(VICTIMS)
+            v = krng.choice(list(VICTIMS))
             try:
                 flight = snapshot()
             except Exception as e:  # Redis may still be restarting: kill anyway, say so

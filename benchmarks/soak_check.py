@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("code", "reward", "api")
+VICTIMS = ("scheduler", "worker-cpu-n0", "worker-api-rec", "redis")
+FATES = ("retried", "completed", "lost", "wrong")
 # what a kill of each victim hits: actions running on it (a worker), or every action in flight
 # (the scheduler holds the waiting queue and every dispatch record; Redis holds all state)
 LOG_FLUSH_WINDOW_S = 3.0  # a completion this long before a scheduler kill may miss the run log
@@ -157,6 +159,12 @@ def summarize(
                 1 for i in done if logged[i] == 0 and not near_scheduler_kill(results[i])
             ),
             "attempts_histogram": {str(k): v for k, v in sorted(attempts.items())},
+            # the same, in a fixed shape for the docs: 1, 2, 3 or more
+            "attempts": {
+                "1": attempts.get(1, 0),
+                "2": attempts.get(2, 0),
+                "3+": sum(v for a, v in attempts.items() if a >= 3),
+            },
             "attempts_disagree_with_log": sum(
                 1 for i in done if i in log_attempts and log_attempts[i] != int(results[i].get("attempts", 1))
             ),
@@ -201,6 +209,15 @@ def summarize(
                 "actions": rows,
             }
         )
+    by_victim = {
+        v: {
+            "kills": sum(1 for row in table if row["victim"] == v),
+            "hit": sum(row["hit"] for row in table if row["victim"] == v),
+            "hit_running": sum(row["hit_running"] for row in table if row["victim"] == v),
+            **{f: sum(row["fates"].get(f, 0) for row in table if row["victim"] == v) for f in FATES},
+        }
+        for v in VICTIMS
+    }
     totals = {
         key: sum(kinds[k][key] for k in KINDS)
         for key in ("submitted", "completed", "lost", "wrong", "duplicated_completions")
@@ -219,4 +236,10 @@ def summarize(
         for a in row["actions"]
         if a["state"] == "running" and a["fate"] in ("lost", "wrong")
     )
-    return {"totals": totals, "kinds": kinds, "kills": table, "wrong_examples": wrong_examples[:20]}
+    return {
+        "totals": totals,
+        "kinds": kinds,
+        "by_victim": by_victim,
+        "kills": table,
+        "wrong_examples": wrong_examples[:20],
+    }

@@ -60,6 +60,7 @@ def test_losses_duplicates_and_attempts_are_counted_per_kind() -> None:
     assert (code["submitted"], code["completed"], code["lost"], code["lost_ids"]) == (3, 2, 1, ["c3"])
     assert code["duplicated_completions"] == 1 and code["duplicated_ids"] == ["c2"]
     assert code["attempts_histogram"] == {"1": 1, "2": 1}
+    assert code["attempts"] == {"1": 1, "2": 1, "3+": 0}
     assert api["duplicated_executions"] == 1 and api["duplicated_ids"] == ["a2"]
     assert reward["duplicated_completions"] == 1, "two results pushed for one action"
     assert api["duplicated_completions"] == 0, "one leftover push is a result read from the hash"
@@ -89,6 +90,16 @@ def test_kills_name_the_work_they_hit_and_its_fate() -> None:
     assert worker["fates"] == {"retried": 1, "lost": 1}
     assert sched["hit"] == 4 and sched["fates"] == {"retried": 1, "completed": 1, "lost": 1, "wrong": 1}
     assert out["totals"]["kills_that_hit_running_work"] == 2
+    assert out["by_victim"]["worker-cpu-n0"] == {
+        "kills": 1,
+        "hit": 2,
+        "hit_running": 2,
+        "retried": 1,
+        "completed": 0,
+        "lost": 1,
+        "wrong": 0,
+    }
+    assert out["by_victim"]["redis"]["kills"] == 0
     # w completed 0.5 s before no scheduler kill (the kill came 10.5 s later): its missing log
     # record is not explained by a lost log buffer
     assert out["kinds"]["code"]["missing_from_run_log_unexplained"] == 3
