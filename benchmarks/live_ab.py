@@ -137,7 +137,7 @@ def drive(
     return samples, time.monotonic() - t0
 
 
-def code_action(tid: str, turn: Turn, cores: int) -> CodeAction:
+def code_action(tid: str, turn: Turn, cores: int, memory_mb: int) -> CodeAction:
     cases = [TestCase(name=n, assert_code=a) for n, a in turn.tests]
     return CodeAction(
         trajectory_id=tid,
@@ -145,7 +145,7 @@ def code_action(tid: str, turn: Turn, cores: int) -> CodeAction:
         files=turn.files,
         test_cases=cases,
         cpus=f"1..{cores}" if cases else 1,
-        memory_mb=256,
+        memory_mb=memory_mb,
         timeout_s=120,
     )
 
@@ -176,7 +176,9 @@ def run_tangram(policy: str, jobs: list[list[Turn]], args: argparse.Namespace, t
 
         def execute(k: int, t: int, turn: Turn) -> tuple[bool, float, dict[str, float]]:
             submitted = time.time()
-            res = client.submit(code_action(f"{tag}-{k}", turn, args.cores)).result(timeout=600)
+            res = client.submit(
+                code_action(f"{tag}-{k}", turn, args.cores, args.memory_per_trajectory_mb)
+            ).result(timeout=600)
             received = time.time()
             raw = client.store.r.hmget(akey(res.action_id), *fields)
             parts = {"submitted": submitted, "received": received, "queue_s": res.queue_s}
@@ -221,20 +223,20 @@ def run_pods(jobs: list[list[Turn]], args: argparse.Namespace) -> dict[str, Any]
 
     box = open_sandbox(SandboxConfig(backend="namespace", prewarm=0))
     cores = tuple(range(args.pod_cap_cores))  # cpuset + CFS quota of the pod's limit
-    capacity = pod_capacity(
-        args.cores, args.memory_mb, args.pod_request_cores, args.pod_memory_mb, args.max_pods
-    )
+    mem = args.memory_per_trajectory_mb
+    capacity = pod_capacity(args.cores, args.memory_mb, args.pod_request_cores, mem, args.max_pods)
     ready = {k: threading.Event() for k in range(len(jobs))}
     starts: dict[int, float] = {}
+    failed: dict[int, str] = {}
 
     def start_pod(k: int) -> None:
         def go() -> None:
             t = time.monotonic()
-            box.run(
-                f"pod-{k}",
-                ExecRequest(language="python", code="pass", cores=cores, memory_mb=args.pod_memory_mb),
-            )
-            starts[k] = time.monotonic() - t
+            try:
+                box.run(f"pod-{k}", ExecRequest(language="python", code="pass", cores=cores, memory_mb=mem))
+                starts[k] = time.monotonic() - t
+            except Exception as e:  # the trajectory's actions then fail and are counted wrong
+                failed[k] = f"{type(e).__name__}: {e}"
             ready[k].set()
 
         threading.Thread(target=go, daemon=True).start()
@@ -243,6 +245,8 @@ def run_pods(jobs: list[list[Turn]], args: argparse.Namespace) -> dict[str, Any]
 
     def execute(k: int, t: int, turn: Turn) -> tuple[bool, float, dict[str, float]]:
         ready[k].wait()
+        if k in failed:
+            return False, 0.0, {}
         cases = [TestCase(name=n, assert_code=a) for n, a in turn.tests]
         req = ExecRequest(
             language="python",
@@ -250,7 +254,7 @@ def run_pods(jobs: list[list[Turn]], args: argparse.Namespace) -> dict[str, Any]
             files=dict(turn.files),
             test_cases=cases,
             timeout_s=120,
-            memory_mb=args.pod_memory_mb,
+            memory_mb=mem,
             cores=cores,
         )
         res = box.run(f"pod-{k}", req)
@@ -270,6 +274,7 @@ def run_pods(jobs: list[list[Turn]], args: argparse.Namespace) -> dict[str, Any]
         "wall_s": wall,
         "capacity": capacity,
         "pod_start_s_p50": start_s[len(start_s) // 2] if start_s else None,
+        "pod_start_failures": sorted(failed.values())[:5],
     }
 
 
@@ -299,7 +304,9 @@ def main() -> int:
         "--pod-cap-cores", type=int, default=None, help="pod CPU limit (default: min(4, --cores))"
     )
     ap.add_argument("--pod-request-cores", type=float, default=0.5)
-    ap.add_argument("--pod-memory-mb", type=int, default=512)
+    ap.add_argument(
+        "--memory-per-trajectory-mb", type=int, default=512, help="a pod's memory; Tangram's memory_mb"
+    )
     ap.add_argument("--max-pods", type=int, default=110)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="live_ab")
@@ -349,10 +356,11 @@ def main() -> int:
         "pod": {
             "cap_cores": args.pod_cap_cores,
             "request_cores": args.pod_request_cores,
-            "memory_mb": args.pod_memory_mb,
+            "memory_mb": args.memory_per_trajectory_mb,
             "max_pods": args.max_pods,
             "capacity": runs["pod"]["capacity"],
             "start_s_p50": runs["pod"]["pod_start_s_p50"],
+            "start_failures": runs["pod"]["pod_start_failures"],
         },
         "setups": setups,
         "ratios_vs_tangram": ratios,
