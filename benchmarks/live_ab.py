@@ -1,4 +1,4 @@
-"""Live A/B on real execution: one agentic coding workload, three ways, one after another, same cores.
+"""Live A/B on real execution: one agentic coding workload, run four ways one after another, same cores.
 
 The workload: `--trajectories` multi-turn trajectories started together, as in one rollout
 step. Each turn is a think time (the policy generating its next message; lognormal, median
@@ -20,6 +20,8 @@ is known in advance and checked.
    (overlapping its trajectory's first think time) and lives until its trajectory ends; an
    action whose pod is not running yet waits for it. Kubernetes' own costs (API binding,
    image pull, kubelet start-up) are not charged: only the sandbox start is.
+4. `pod_all`: the same with a pod for every trajectory at once (requests small enough, or a
+   cluster sized for the whole batch): no admission wait, all pods time-share the cores.
 
 ACT is measured by the caller in every setup: from the moment the action is ready (end of its
 think time) to the moment its result is in hand. For Tangram the scheduling overhead is split
@@ -217,7 +219,9 @@ def scrape_decision(port: int | None) -> dict[str, float]:
     return out
 
 
-def run_pods(jobs: list[list[Turn]], args: argparse.Namespace) -> dict[str, Any]:
+def run_pods(
+    jobs: list[list[Turn]], args: argparse.Namespace, every_trajectory: bool = False
+) -> dict[str, Any]:
     from tangram_celery.config import SandboxConfig
     from tangram_celery.sandbox import ExecRequest, open_sandbox
 
@@ -225,6 +229,8 @@ def run_pods(jobs: list[list[Turn]], args: argparse.Namespace) -> dict[str, Any]
     cores = tuple(range(args.pod_cap_cores))  # cpuset + CFS quota of the pod's limit
     mem = args.memory_per_trajectory_mb
     capacity = pod_capacity(args.cores, args.memory_mb, args.pod_request_cores, mem, args.max_pods)
+    if every_trajectory:  # requests small enough (or nodes enough) for every trajectory's pod at once
+        capacity = len(jobs)
     ready = {k: threading.Event() for k in range(len(jobs))}
     starts: dict[int, float] = {}
     failed: dict[int, str] = {}
@@ -319,6 +325,7 @@ def main() -> int:
         ("tangram", lambda: run_tangram("tangram-fast", jobs, args, "tg")),
         ("fixed_dop", lambda: run_tangram(f"fixed-dop-{args.fixed_dop}", jobs, args, "fd")),
         ("pod", lambda: run_pods(jobs, args)),
+        ("pod_all", lambda: run_pods(jobs, args, every_trajectory=True)),
     ):
         print(f"running {name} ...", flush=True)
         load_before = os.getloadavg()[0]
@@ -337,7 +344,7 @@ def main() -> int:
             "p99_act": setups[base]["act_s"]["p99"] / tg["act_s"]["p99"],
             "throughput": tg["throughput_per_s"] / setups[base]["throughput_per_s"],
         }
-        for base in ("fixed_dop", "pod")
+        for base in ("fixed_dop", "pod", "pod_all")
     }
     tg_run = runs["tangram"]
     overhead = overhead_breakdown([s.parts for s in tg_run["samples"]], tg_run["decision"], tg_run["wall_s"])
@@ -351,7 +358,12 @@ def main() -> int:
             "memory_mb": args.memory_mb,
             "seed": args.seed,
         },
-        "policies": {"tangram": "tangram-fast", "fixed_dop": f"fixed-dop-{args.fixed_dop}", "pod": "none"},
+        "policies": {
+            "tangram": "tangram-fast",
+            "fixed_dop": f"fixed-dop-{args.fixed_dop}",
+            "pod": "none",
+            "pod_all": "none",
+        },
         "priors": shipped_priors(),
         "pod": {
             "cap_cores": args.pod_cap_cores,
@@ -361,6 +373,8 @@ def main() -> int:
             "capacity": runs["pod"]["capacity"],
             "start_s_p50": runs["pod"]["pod_start_s_p50"],
             "start_failures": runs["pod"]["pod_start_failures"],
+            "all_capacity": runs["pod_all"]["capacity"],
+            "all_start_s_p50": runs["pod_all"]["pod_start_s_p50"],
         },
         "setups": setups,
         "ratios_vs_tangram": ratios,
