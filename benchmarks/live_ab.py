@@ -31,6 +31,7 @@ dispatched -> claimed by the worker); worker-side preparation (sandbox lookup an
 result delivery are reported beside it.
 
 Run: .venv/bin/python benchmarks/live_ab.py [--trajectories 12 --turns 6 --think-s 1.5 --size 1000000]
+    [--repeat N: N repetitions, every other one in reverse order, samples pooled]
 Writes benchmarks/results/live_ab.json and live_ab.png (about 2-4 minutes with the defaults; more
 trajectories, turns or --size for a longer, more loaded run).
 """
@@ -285,16 +286,34 @@ def run_pods(
 
 
 def summary(run: dict[str, Any]) -> dict[str, Any]:
+    """ACT over every repetition's samples; throughput = actions / summed makespans."""
     samples: list[Sample] = run["samples"]
-    makespan = max(s.done_s for s in samples)
+    makespans: list[float] = run["makespans_s"]
     return {
         "act_s": act_stats([s.act_s for s in samples]),
         "exec_s_avg": sum(s.exec_s for s in samples) / len(samples),
         "actions": len(samples),
         "wrong": sum(1 for s in samples if not s.ok),
-        "makespan_s": makespan,
-        "throughput_per_s": len(samples) / makespan,
+        "makespan_s": sum(makespans) / len(makespans),
+        "makespans_s": makespans,
+        "throughput_per_s": len(samples) / sum(makespans),
+        "load_avg_1m_before_after": run["load_avg_1m"],
     }
+
+
+def merge(into: dict[str, Any] | None, run: dict[str, Any], load: list[float]) -> dict[str, Any]:
+    """Pool one repetition of a setup into its earlier ones."""
+    makespan = max(s.done_s for s in run["samples"])
+    if into is None:
+        return run | {"makespans_s": [makespan], "load_avg_1m": [load]}
+    into["samples"] += run["samples"]
+    into["makespans_s"].append(makespan)
+    into["load_avg_1m"].append(load)
+    into["wall_s"] += run["wall_s"]
+    for key in ("sum", "count"):
+        if "decision" in into:
+            into["decision"][key] = into["decision"].get(key, 0.0) + run["decision"].get(key, 0.0)
+    return into
 
 
 def main() -> int:
@@ -315,27 +334,32 @@ def main() -> int:
     )
     ap.add_argument("--max-pods", type=int, default=110)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1, help="repetitions, alternating the setups' order")
     ap.add_argument("--out", default="live_ab")
     args = ap.parse_args()
     args.fixed_dop = args.fixed_dop or args.cores
     args.pod_cap_cores = args.pod_cap_cores or min(4, args.cores)
     jobs = workload(args.trajectories, args.turns, args.think_s, args.size, args.seed)
-    runs: dict[str, dict[str, Any]] = {}
-    for name, fn in (
-        ("tangram", lambda: run_tangram("tangram-fast", jobs, args, "tg")),
-        ("fixed_dop", lambda: run_tangram(f"fixed-dop-{args.fixed_dop}", jobs, args, "fd")),
-        ("pod", lambda: run_pods(jobs, args)),
-        ("pod_all", lambda: run_pods(jobs, args, every_trajectory=True)),
-    ):
-        print(f"running {name} ...", flush=True)
-        load_before = os.getloadavg()[0]
-        runs[name] = fn()
-        runs[name]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-        s = summary(runs[name])
-        print(f"  {name}: {json.dumps(s)}", flush=True)
-    setups = {
-        name: summary(run) | {"load_avg_1m_before_after": run["load_avg_1m"]} for name, run in runs.items()
+    setups_fn: dict[str, Callable[[], dict[str, Any]]] = {
+        "tangram": lambda: run_tangram("tangram-fast", jobs, args, "tg"),
+        "fixed_dop": lambda: run_tangram(f"fixed-dop-{args.fixed_dop}", jobs, args, "fd"),
+        "pod": lambda: run_pods(jobs, args),
+        "pod_all": lambda: run_pods(jobs, args, every_trajectory=True),
     }
+    runs: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    for rep in range(args.repeat):
+        # every other repetition in reverse order: a drift of the shared machine's load over
+        # the run then falls on every setup alike
+        for name in list(setups_fn) if rep % 2 == 0 else list(reversed(setups_fn)):
+            print(f"running {name} (repetition {rep + 1}/{args.repeat}) ...", flush=True)
+            load_before = os.getloadavg()[0]
+            run = setups_fn[name]()
+            load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            runs[name] = merge(runs.get(name), run, load)
+            order.append(name)
+            print(f"  {name}: {json.dumps(summary(runs[name]))}", flush=True)
+    setups = {name: summary(run) for name, run in runs.items()}
     tg = setups["tangram"]
     ratios = {
         base: {
@@ -357,7 +381,9 @@ def main() -> int:
             "cores": args.cores,
             "memory_mb": args.memory_mb,
             "seed": args.seed,
+            "repeat": args.repeat,
         },
+        "order": order,
         "policies": {
             "tangram": "tangram-fast",
             "fixed_dop": f"fixed-dop-{args.fixed_dop}",
