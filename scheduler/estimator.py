@@ -72,6 +72,14 @@ class DurationEstimator:
             st.mean_s += max(self.alpha, 1.0 / st.count) * (exec_s - st.mean_s)
         self._cache.pop(kind, None)
 
+    def observed_s(self, kind: str, units: int, min_samples: int = 5) -> float | None:
+        """The running mean of what `kind` took at `units` units, once `min_samples` runs were
+        measured (None before: only the prior is known). Unlike `estimate`, no prior weighs on
+        it: for decisions that need what the actions are measured to take (which actions are
+        short, `scheduler.policies.cpu_batch`), not a fit that resists a few noisy samples."""
+        st = self._stats.get(kind, {}).get(units)
+        return st.mean_s if st is not None and st.count >= min_samples else None
+
     def estimate(self, kind: str) -> tuple[float, Amdahl]:
         """(T1 in seconds, Amdahl curve) for `kind`: the prior refined by what was observed."""
         hit = self._cache.get(kind)

@@ -56,6 +56,9 @@ class CpuNode:
     free: set[int] = field(default_factory=set)
     trajectory_memory_mb: dict[str, int] = field(default_factory=dict)
     online: bool = True  # False while no worker serves the node: nothing is placed there
+    # cores (tuple of ids) -> actions queued behind the action they were allocated to, to run
+    # on them one after another (short CPU actions in one batch, see `ClusterState.share`)
+    riders: dict[tuple[int, ...], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -202,6 +205,7 @@ def copy_cpu(n: CpuNode) -> CpuNode:
     out.free = set(n.free)
     out.trajectory_memory_mb = dict(n.trajectory_memory_mb)
     out.online = n.online
+    out.riders = dict(n.riders)
     return out
 
 

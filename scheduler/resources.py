@@ -215,15 +215,7 @@ class ClusterState:
                 self._evict(alloc)
             node.free.difference_update(alloc.unit_ids)
             if action.cost.sandbox:
-                held = node.trajectory_memory_mb
-                if tid not in self.trajectory_node:
-                    self.trajectory_node[tid] = node.name
-                    held[tid] = action.cost.memory_mb
-                elif held.get(tid, 0) < action.cost.memory_mb and self.trajectory_node[tid] == node.name:
-                    held[tid] = action.cost.memory_mb  # a later action asked for more: reserve it
-                used = self.trajectory_used_s
-                used.pop(tid, None)
-                used[tid] = now_s
+                self._reserve(node, action, now_s)
         elif alloc.kind is ResourceKind.GPU:
             gnode = self.gpu[alloc.pool]
             if not gnode.free.issuperset(alloc.unit_ids):
@@ -240,6 +232,20 @@ class ClusterState:
         self._busy(alloc.action_id, tid)
         self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
 
+    def _reserve(self, node: CpuNode, action: QueuedAction, now_s: float) -> None:
+        """Pin `action`'s trajectory to `node` (first action) and reserve its memory there (or
+        the increase a later action asks for); a use of the trajectory (eviction order)."""
+        tid = action.trajectory_id
+        held = node.trajectory_memory_mb
+        if tid not in self.trajectory_node:
+            self.trajectory_node[tid] = node.name
+            held[tid] = action.cost.memory_mb
+        elif held.get(tid, 0) < action.cost.memory_mb and self.trajectory_node[tid] == node.name:
+            held[tid] = action.cost.memory_mb  # a later action asked for more: reserve it
+        used = self.trajectory_used_s
+        used.pop(tid, None)
+        used[tid] = now_s
+
     def _busy(self, action_id: str, tid: str) -> None:
         self.running_trajectory[action_id] = tid
         self.trajectory_running[tid] = self.trajectory_running.get(tid, 0) + 1
@@ -253,28 +259,55 @@ class ClusterState:
             self.close_trajectory(tid)
 
     def share(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
-        """Let `action` ride on a GPU chunk that is already allocated (to another action of the
-        same model): the worker scores them as one batch on that chunk. The chunk is freed when
-        the last of them is released. Raises ValueError if the chunk is not held."""
-        if alloc.kind is not ResourceKind.GPU or alloc.action_id in self.running:
+        """Let `action` ride on units already allocated to another action.
+
+        GPU: it joins a chunk held by another action of the same model, and the worker scores
+        them as one batch. CPU: it runs on the cores of another short action after it (and
+        after the riders before it), from the same message (`scheduler.policies.cpu_batch`);
+        its trajectory is pinned and its memory reserved (evicting `alloc.evict` first) as by
+        `apply`, and its expected end follows theirs. Either way the units are freed when the
+        last of them is released. Raises ValueError if the units are not held."""
+        if alloc.action_id in self.running or alloc.kind is ResourceKind.API:
             raise ValueError(f"cannot share {alloc}")
-        gnode = self.gpu[alloc.pool]
-        chunk = alloc.unit_ids
-        if gnode.free.intersection(chunk) or not any(
-            a.kind is ResourceKind.GPU and a.pool == alloc.pool and a.unit_ids == chunk
-            for a in self.running.values()
-        ):
-            raise ValueError(f"gpus {chunk} on {alloc.pool} are not held by a batch to join")
-        gnode.riders[chunk] = gnode.riders.get(chunk, 0) + 1
+        ids = alloc.unit_ids
+        start_s = now_s
+        if alloc.kind is ResourceKind.GPU:
+            gnode = self.gpu[alloc.pool]
+            if gnode.free.intersection(ids) or not any(
+                a.kind is ResourceKind.GPU and a.pool == alloc.pool and a.unit_ids == ids
+                for a in self.running.values()
+            ):
+                raise ValueError(f"gpus {ids} on {alloc.pool} are not held by a batch to join")
+            gnode.riders[ids] = gnode.riders.get(ids, 0) + 1
+        else:
+            node = self.cpu[alloc.pool]
+            ahead = [
+                aid
+                for aid, a in self.running_in(ResourceKind.CPU, alloc.pool, self.pool_key(alloc)[2]).items()
+                if a.unit_ids == ids
+            ]
+            if not ids or node.free.intersection(ids) or not ahead:
+                raise ValueError(f"cores {ids} on {alloc.pool} are not held by an action to follow")
+            if alloc.evict:
+                self._evict(alloc)
+            if action.cost.sandbox:
+                self._reserve(node, action, now_s)
+            node.riders[ids] = node.riders.get(ids, 0) + 1
+            start_s = max(now_s, *(self.expected_end_s.get(aid, now_s) for aid in ahead))
         self.shared.add(alloc.action_id)
         self.running[alloc.action_id] = alloc
         self._track(alloc)
         self._busy(alloc.action_id, action.trajectory_id)
-        self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
+        self.expected_end_s[alloc.action_id] = start_s + action.duration_s(alloc.units)
 
     def hold(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
-        """`apply`, or `share` when a GPU chunk is already held (rebuilding state after a restart)."""
-        if alloc.kind is ResourceKind.GPU and not self.gpu[alloc.pool].free.issuperset(alloc.unit_ids):
+        """`apply`, or `share` when its GPU chunk or CPU cores are already held (rebuilding
+        state after a restart)."""
+        pools: dict[str, CpuNode] | dict[str, GpuNode] = (
+            self.gpu if alloc.kind is ResourceKind.GPU else self.cpu
+        )
+        node = pools.get(alloc.pool) if alloc.kind is not ResourceKind.API else None
+        if node is not None and alloc.unit_ids and not node.free.issuperset(alloc.unit_ids):
             self.share(alloc, action, now_s)
         else:
             self.apply(alloc, action, now_s)
@@ -301,20 +334,17 @@ class ClusterState:
             return None
         self.by_pool[self.pool_key(alloc)].pop(action_id, None)
         gone = bool(self.offline) and f"{alloc.kind}:{alloc.pool}" in self.offline
-        if alloc.kind is ResourceKind.CPU:
-            if not gone:
-                self.cpu[alloc.pool].free.update(alloc.unit_ids)
-        elif alloc.kind is ResourceKind.GPU:
-            gnode = self.gpu[alloc.pool]
-            riders = gnode.riders.get(alloc.unit_ids, 0)
-            if riders > 1:
-                gnode.riders[alloc.unit_ids] = riders - 1
-            elif riders == 1:
-                del gnode.riders[alloc.unit_ids]
-            elif not gone:
-                gnode.free.update(alloc.unit_ids)
-        else:
+        if alloc.kind is ResourceKind.API:
             self.api[alloc.pool].in_flight -= 1
+        else:
+            node: CpuNode | GpuNode = (self.cpu if alloc.kind is ResourceKind.CPU else self.gpu)[alloc.pool]
+            riders = node.riders.get(alloc.unit_ids, 0)
+            if riders > 1:
+                node.riders[alloc.unit_ids] = riders - 1
+            elif riders == 1:
+                del node.riders[alloc.unit_ids]
+            elif not gone:
+                node.free.update(alloc.unit_ids)
         return alloc
 
     def close_trajectory(self, trajectory_id: str) -> None:

@@ -1,7 +1,7 @@
 """One scheduling round, the same for the simulator and the live service.
 
-    fair ordering -> policy.decide -> GPU batch riders -> eviction plan -> core loans
-        -> warm GPU placements
+    fair ordering -> policy.decide -> GPU batch riders -> CPU batch riders -> eviction plan
+        -> core loans -> warm GPU placements
 
 A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
 policy: the rules every policy runs under are applied in one place, so that the simulator
@@ -17,6 +17,11 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
 - **Riders**: a GPU allocation takes along up to `max_batch(service) - 1` waiting actions of
   the same service that accept its DoP, on its chunk (FCFS among them); they need no units of
   their own, the worker scores them in one batch with the leader.
+- **CPU riders** (`cpu_batch`, `scheduler.policies.cpu_batch`): while actions wait that no
+  free core can take, an allocation of a short CPU action takes along short waiting actions
+  that would run on its node next; the worker runs them back to back on its cores, from one
+  message. A rider is pinned and reserves memory (evicting idle trajectories) like any CPU
+  action; it needs no cores of its own.
 - **Eviction plan**: CPU memory is a cache (`scheduler.eviction`): the idle trajectories the
   allocations evict, per node. GPU services are evicted on execution (`scheduler.gpu_cache`):
   for each GPU allocation, a hit or a restore with its victims, planned in order on copies of
@@ -47,6 +52,7 @@ from scheduler.fairshare import order_queue
 from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
+from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
 from scheduler.queue import WaitingQueue
@@ -69,7 +75,8 @@ class RoundPlan:
     """What one round decided, in the order to carry it out.
 
     `allocs`: the policy's allocations (apply each with `ClusterState.apply`); `riders`: GPU
-    actions joining an allocation's chunk (`ClusterState.share`, after the allocations);
+    actions joining an allocation's chunk, then CPU actions queued on an allocation's cores,
+    each batch's in the order they run (`ClusterState.share`, after the allocations, in order);
     `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
     the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
     `lends`: borrower -> (its node, every core lent to it now), for the borrowers whose loan
@@ -96,7 +103,9 @@ class Round:
 
     `fair`: fair share across jobs (None: the queue's FCFS order as it is); `max_batch`: the
     largest batch per GPU service (None: no riders); `gpu_services`: the GPU services configured,
-    with their allowed chunk sizes (seeds the demand of warm placement).
+    with their allowed chunk sizes (seeds the demand of warm placement); `cpu_batch` with
+    `observed`: short CPU actions ride in batches (None: never; policies whose pods share
+    cores never batch).
     """
 
     def __init__(
@@ -106,11 +115,15 @@ class Round:
         fair: FairShareSpec | None = None,
         max_batch: MaxBatch | None = None,
         gpu_services: Mapping[str, tuple[int, ...]] | None = None,
+        cpu_batch: CpuBatchSpec | None = None,
+        observed: Observed | None = None,
     ) -> None:
         self.policy = policy
         self.execution = execution_of(policy)
         self.fair = fair
         self.max_batch = max_batch
+        self.cpu_batch = cpu_batch if observed is not None and not self.execution.cpu_sharing else None
+        self.observed = observed
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
         self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
@@ -137,6 +150,11 @@ class Round:
             out.lends = self.lend(allocs, queue, state, now_s)
         if allocs and self.max_batch is not None:
             out.riders = riders(allocs, queue, self.max_batch)
+        if allocs and self.cpu_batch is not None and self.observed is not None:
+            cpu = cpu_riders(allocs, ordered, queue, state, self.cpu_batch, self.observed, now_s)
+            if cpu:
+                out.riders += cpu
+                out.decision_s = time.perf_counter() - t0
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)
         if out.lends or out.warm:
@@ -146,7 +164,7 @@ class Round:
         if self.fair is not None:
             for a in out.started:
                 self._job_of[a.action_id] = queue.action(a.action_id).job_id
-        for a in allocs:
+        for a in out.started:
             for tid in a.evict:
                 out.evicted[tid] = a.pool
         if state.gpu_cache and self.execution.gpu_residency is not GpuResidency.NONE:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler.model import Allocation, ResourceKind
 
 if TYPE_CHECKING:
+    from scheduler.pools import CpuNode, GpuNode
     from scheduler.resources import ClusterState
 
 
@@ -30,7 +31,7 @@ def snapshot(state: ClusterState) -> dict[str, Any]:
 
 def restore(state: ClusterState, d: dict[str, Any]) -> None:
     """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape:
-    pins first, then each running allocation (a GPU chunk already held is a rider's)."""
+    pins first, then each running allocation (units already held are a rider's)."""
     state.trajectory_node = dict(d.get("trajectory_node", {}))
     state.pin_epoch += 1
     for name, mem in d.get("trajectory_memory_mb", {}).items():
@@ -38,14 +39,16 @@ def restore(state: ClusterState, d: dict[str, Any]) -> None:
             state.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}
     for raw in d.get("running", []):
         alloc = Allocation.from_dict(raw)
-        if alloc.kind is ResourceKind.CPU and alloc.pool in state.cpu:
-            state.cpu[alloc.pool].free.difference_update(alloc.unit_ids)
-        elif alloc.kind is ResourceKind.GPU and alloc.pool in state.gpu:
-            gnode = state.gpu[alloc.pool]
-            if not gnode.free.issuperset(alloc.unit_ids):  # a rider on a held chunk
-                gnode.riders[alloc.unit_ids] = gnode.riders.get(alloc.unit_ids, 0) + 1
+        pools: dict[str, CpuNode] | dict[str, GpuNode] = (
+            state.cpu if alloc.kind is ResourceKind.CPU else state.gpu
+        )
+        node = pools.get(alloc.pool) if alloc.kind is not ResourceKind.API else None
+        if node is not None:
+            if alloc.unit_ids and not node.free.issuperset(alloc.unit_ids):
+                # a rider: on a GPU chunk held by its batch, or on CPU cores after another action
+                node.riders[alloc.unit_ids] = node.riders.get(alloc.unit_ids, 0) + 1
                 state.shared.add(alloc.action_id)
-            gnode.free.difference_update(alloc.unit_ids)
+            node.free.difference_update(alloc.unit_ids)
         elif alloc.kind is ResourceKind.API and alloc.pool in state.api:
             state.api[alloc.pool].in_flight += 1
         state.running[alloc.action_id] = alloc

@@ -9,6 +9,7 @@ from __future__ import annotations
 from celery import Celery
 
 TASK_CPU = "tangram.run_cpu"
+TASK_CPU_BATCH = "tangram.run_cpu_batch"  # [[action id, order], ...]: run one after another
 TASK_GPU = "tangram.run_gpu"
 TASK_API = "tangram.run_api"
 TASK_CLOSE = "tangram.close_trajectory"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from scheduler.pools import numa_split
 from tangram_celery.config_front import HttpConfig, LimitsConfig, expand_env
 from tangram_celery.errors import ConfigError
+
+if TYPE_CHECKING:
+    from scheduler.policies.cpu_batch import CpuBatchSpec
 
 __all__ = [  # the front door's models live in config_front; they are part of this config
     "HttpConfig",
@@ -190,6 +193,14 @@ class SandboxConfig(_Model):
         le=64,
         description="ready sandboxes each CPU worker keeps for new trajectories and one-shot actions (0: none)",
     )
+    ready_max: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="scrubbed sandboxes kept ready at most (default: twice prewarm, and a CPU worker "
+        "raises it to its cores times scheduler.cpu_batch.max_actions: a batch of new trajectories "
+        "takes that many at once)",
+    )
     recycle: bool = Field(
         True,
         description="scrub the sandbox of a closed/evicted trajectory or one-shot action and reuse it "
@@ -251,6 +262,35 @@ class FairShareConfig(_Model):
     aging_s: float = Field(60.0, gt=0, description="a waiting job gains one priority level per aging_s")
 
 
+class CpuBatchConfig(_Model):
+    """Short CPU actions ride in batches on an allocation's cores under saturation
+    (`scheduler.policies.cpu_batch`): one message, one round, back to back on the cores."""
+
+    enabled: bool = Field(True, description="let short CPU actions ride behind an allocation")
+    max_actions: int = Field(8, ge=2, le=256, description="actions per batch, the first one included")
+    max_action_ms: float = Field(
+        50.0, gt=0, le=60_000, description="only kinds measured to take at most this long ride"
+    )
+    max_batch_ms: float = Field(200.0, gt=0, le=600_000, description="measured work per batch, in all")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CpuBatchConfig:
+        if self.max_batch_ms < self.max_action_ms:
+            raise ValueError(
+                f"cpu_batch.max_batch_ms ({self.max_batch_ms}) is below max_action_ms "
+                f"({self.max_action_ms}): no rider would ever fit; raise max_batch_ms"
+            )
+        return self
+
+    def spec(self) -> CpuBatchSpec | None:
+        """The round's bounds (None when off)."""
+        from scheduler.policies.cpu_batch import CpuBatchSpec
+
+        if not self.enabled:
+            return None
+        return CpuBatchSpec(self.max_actions, self.max_action_ms / 1000, self.max_batch_ms / 1000)
+
+
 class SchedulerConfig(_Model):
     policy: str = Field(
         "tangram-fast", description="a live policy (the other baselines run in `tangram sim`)"
@@ -261,6 +301,7 @@ class SchedulerConfig(_Model):
         default_factory=dict, description="duration priors per action kind"
     )
     fair_share: FairShareConfig = FairShareConfig()
+    cpu_batch: CpuBatchConfig = CpuBatchConfig()
     check_invariants: bool = Field(
         False, description="debug: assert after every round that the round's core loans conserve work"
     )

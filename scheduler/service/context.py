@@ -5,9 +5,9 @@ and the Celery messages). The handlers in `intake`, `events`, `dispatch`, `fault
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import Celery
 
@@ -18,7 +18,7 @@ from scheduler.resources import ClusterState
 from scheduler.service.books import Books
 from scheduler.service.liveness import LivenessPolicy
 from scheduler.service.record import RunRecorder
-from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, queue_name
+from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_CPU_BATCH, TASK_GPU, queue_name
 from tangram_celery.config import TangramConfig
 from tangram_celery.metrics import SchedulerMetrics
 from tangram_celery.store import Store
@@ -34,50 +34,96 @@ class Sender:
         self.app = app
 
     def send(self, allocs: Iterable[Allocation], books: Books) -> None:
-        """Publish one message per allocation, pipelined into one Redis round trip.
+        """Publish the allocations' messages, pipelined into one Redis round trip.
 
-        Results flow through the Tangram store, so Celery's result backend is not involved
-        (ignore_result). The arguments' repr, which Flower shows and searches, names the
-        action's kind and trajectory. `batch` counts the actions sent together on the same pool
-        (on a GPU node: the same chunk, i.e. one batch of reward requests)."""
-        allocs = list(allocs)
-        batch = Counter(_batch_key(a) for a in allocs)
+        One message per action, except that CPU actions sent together on the same cores (an
+        allocation and its riders, `scheduler.policies.cpu_batch`) go as one batch message, in
+        order: the worker runs them one after another. Results flow through the Tangram
+        store, so Celery's result backend is not involved (ignore_result). The arguments'
+        repr, which Flower shows and searches, names the actions' kind and trajectory. `batch`
+        counts the actions sent together on the same pool (on a GPU node: the same chunk,
+        i.e. one batch of reward requests; on a CPU node: the same cores)."""
+        groups: dict[tuple[str, str, tuple[int, ...]], list[Allocation]] = {}
+        for alloc in allocs:
+            groups.setdefault(_batch_key(alloc), []).append(alloc)
         with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
-            for alloc in allocs:
-                aid = alloc.action_id
-                qa = books.running.get(aid)
-                what = f"kind={qa.kind}, trajectory={qa.trajectory_id}, " if qa is not None else ""
-                order = TaskOrder(
-                    action_id=aid,
-                    kind=alloc.kind.value,
-                    pool=alloc.pool,
-                    units=alloc.units,
-                    unit_ids=alloc.unit_ids,
-                    evict=alloc.evict,
-                    attempt=books.attempt[aid],
-                    batch=batch[_batch_key(alloc)],
-                    sandbox=books.sandbox_of.get(aid),
-                )
-                self.app.send_task(
-                    _TASKS[alloc.kind],
-                    args=[aid, order.model_dump(mode="json", exclude_none=True)],
-                    task_id=aid,
-                    queue=queue_name(alloc.kind.value, alloc.pool),
-                    producer=producer,
-                    ignore_result=True,
-                    argsrepr=f"[{aid!r}, {what}units={alloc.units}]",
-                    kwargsrepr="{}",
-                )
+            for key, group in groups.items():
+                orders = [self._order(a, books, len(group)) for a in group]
+                if key[0] == ResourceKind.CPU.value and len(group) > 1:
+                    self._publish(
+                        TASK_CPU_BATCH, [[[o.action_id, _dump(o)] for o in orders]], group, books, producer
+                    )
+                    continue
+                for alloc, order in zip(group, orders, strict=True):
+                    self._publish(
+                        _TASKS[alloc.kind], [alloc.action_id, _dump(order)], [alloc], books, producer
+                    )
+
+    @staticmethod
+    def _order(alloc: Allocation, books: Books, batch: int) -> TaskOrder:
+        aid = alloc.action_id
+        return TaskOrder(
+            action_id=aid,
+            kind=alloc.kind.value,
+            pool=alloc.pool,
+            units=alloc.units,
+            unit_ids=alloc.unit_ids,
+            evict=alloc.evict,
+            attempt=books.attempt[aid],
+            batch=batch,
+            sandbox=books.sandbox_of.get(aid),
+        )
+
+    def _publish(
+        self, task: str, args: list[Any], allocs: list[Allocation], books: Books, producer: Any
+    ) -> None:
+        lead = allocs[0]
+        described = []
+        for a in allocs:
+            qa = books.running.get(a.action_id)
+            what = f"kind={qa.kind}, trajectory={qa.trajectory_id}, " if qa is not None else ""
+            described.append(f"{a.action_id!r}, {what}units={a.units}")
+        self.app.send_task(
+            task,
+            args=args,
+            task_id=lead.action_id,
+            queue=queue_name(lead.kind.value, lead.pool),
+            producer=producer,
+            ignore_result=True,
+            argsrepr="[" + "; ".join(described) + "]",
+            kwargsrepr="{}",
+        )
 
     def close(self, node: str, tid: str, gen: str) -> None:
         """Have the worker of CPU `node` remove `tid`'s sandbox of generation `gen` (only that
         one: a newer sandbox of the same trajectory, started since, is kept)."""
-        self.app.send_task(TASK_CLOSE, args=[tid, gen], queue=queue_name("cpu", node))
+        self.close_many([(node, tid, gen)])
+
+    def close_many(self, closes: Iterable[tuple[str, str, str]]) -> None:
+        """`close` for each (node, trajectory, generation), pipelined into one round trip."""
+        closes = list(closes)
+        if not closes:
+            return
+        with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
+            for node, tid, gen in closes:
+                self.app.send_task(
+                    TASK_CLOSE,
+                    args=[tid, gen],
+                    queue=queue_name("cpu", node),
+                    producer=producer,
+                    ignore_result=True,
+                )
 
 
 def _batch_key(alloc: Allocation) -> tuple[str, str, tuple[int, ...]]:
-    """Actions with one key were sent as one batch: same pool, and on a GPU node the same chunk."""
-    return str(alloc.kind), alloc.pool, alloc.unit_ids if alloc.kind is ResourceKind.GPU else ()
+    """Actions with one key were sent as one batch: same pool, and the same GPU chunk or the
+    same CPU cores (one allocation and its riders; other CPU actions each have cores of their
+    own); API calls of a pool count as one batch."""
+    return str(alloc.kind), alloc.pool, alloc.unit_ids
+
+
+def _dump(order: TaskOrder) -> dict[str, Any]:
+    return order.model_dump(mode="json", exclude_none=True)
 
 
 @dataclass

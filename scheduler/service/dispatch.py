@@ -40,13 +40,20 @@ def schedule(ctx: Context, rnd: Round) -> int:
     records: list[DispatchRecord] = []
     to_close: list[tuple[str, str, str]] = []  # (node, trajectory, generation) evicted
     resets_done: list[str] = []
-    for alloc in plan.allocs:
+    riders = {a.action_id for a in plan.riders}
+    for alloc in plan.started:
         qa = by_id[alloc.action_id]
+        rider = alloc.action_id in riders
         tid = qa.trajectory_id
         fresh = tid not in state.trajectory_node
         sandboxed = alloc.kind is ResourceKind.CPU and qa.cost.sandbox
         held = 0 if fresh or not sandboxed else state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0)
-        state.apply(alloc, qa, now)
+        if (
+            rider
+        ):  # after every allocation (a GPU rider joins its batch's chunk, a CPU one queues on its cores)
+            state.share(alloc, qa, now)
+        else:
+            state.apply(alloc, qa, now)
         load = plan.gpu_loads.get(alloc.action_id)
         if load is not None:
             state.load_gpu(load, now)  # predicted until the node reports what it holds
@@ -64,10 +71,6 @@ def schedule(ctx: Context, rnd: Round) -> int:
             if fresh or state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0) != held:
                 pins[tid] = trajectories.pin_record(ctx, tid)  # new, or a larger reservation
         records.append(_record(ctx, alloc, qa, sandbox))
-    for alloc in plan.riders:
-        qa = by_id[alloc.action_id]
-        state.share(alloc, qa, now)
-        records.append(_record(ctx, alloc, qa, None))
     started = plan.started
     entries = [e for e in (books.entry_of.pop(a.action_id, None) for a in started) if e is not None]
     evicted = [t for _, t, _ in to_close]
@@ -77,8 +80,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
             records, pins, entries, now, forget_pins=evicted, resets=resets, resets_done=resets_done
         )
     )
-    for node, tid, gen in to_close:  # evicted whether or not their evicter was cancelled
-        ctx.sender.close(node, tid, gen)
+    ctx.sender.close_many(to_close)  # evicted whether or not their evicter was cancelled
     for a in started:
         ctx.waiting.pop(a.action_id)
     _check(ctx, rnd)

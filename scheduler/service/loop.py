@@ -80,18 +80,21 @@ class SchedulerService:
         self.policy = policy or get_policy(cfg.scheduler.policy)
         fair = cfg.scheduler.fair_share
         batch = {m.name: m.max_batch for m in cfg.reward_models}
+        priors = {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
+        estimator = DurationEstimator.from_config(priors)
         self.round = Round(
             self.policy,
             fair=FairShareSpec(fair.weights, fair.aging_s) if fair.enabled else None,
             max_batch=lambda service: batch.get(service, 1),
+            cpu_batch=cfg.scheduler.cpu_batch.spec(),
+            observed=lambda qa, units: self.ctx.estimator.observed_s(qa.kind, units),
         )
-        priors = {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
         self.ctx = Context(
             cfg=cfg,
             store=store or Store(broker_url),
             sender=Sender(app or make_app(broker_url)),
             recorder=RunRecorder(Path(cfg.state_dir) / "actions.jsonl" if record else None),
-            estimator=DurationEstimator.from_config(priors),
+            estimator=estimator,
             clock=clock,
             liveness=liveness.LivenessPolicy(),
             state=build_cluster(cfg),
@@ -131,7 +134,14 @@ class SchedulerService:
         ctx.state = build_cluster(self.cfg)
         ctx.waiting = WaitingQueue()
         ctx.books = Books()
-        self.round = Round(self.policy, fair=self.round.fair, max_batch=self.round.max_batch)
+        old = self.round
+        self.round = Round(
+            self.policy,
+            fair=old.fair,
+            max_batch=old.max_batch,
+            cpu_batch=old.cpu_batch,
+            observed=old.observed,
+        )
 
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.model import Allocation, QueuedAction
 from scheduler.resources import ClusterState
 from tangram_celery.metrics import SchedulerMetrics
 from tangram_celery.wire import Completion
@@ -75,9 +75,7 @@ class RunRecorder:
         for name, node in state.cpu.items():
             total = sum(len(g) for g in node.numa)
             m.units_total.labels(pool=f"cpu:{name}").set(total)
-            m.units_in_use.labels(pool=f"cpu:{name}").set(
-                sum(a.units for a in state.running.values() if a.kind is ResourceKind.CPU and a.pool == name)
-            )
+            m.units_in_use.labels(pool=f"cpu:{name}").set(total - len(node.free) if node.online else 0)
         for name, g in state.gpu.items():
             m.units_total.labels(pool=f"gpu:{name}").set(g.num_gpus)
             m.units_in_use.labels(pool=f"gpu:{name}").set(g.num_gpus - len(g.free))

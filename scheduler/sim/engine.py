@@ -2,13 +2,15 @@
 
 Loop: events (submit, finish, wake) advance simulated time; after the events of one instant,
 if anything changed and actions wait, one scheduling round runs (`scheduler.round.Round`, the
-live loop's round: fair ordering, `policy.decide`, GPU batch riders, the eviction plan) on the
+live loop's round: fair ordering, `policy.decide`, GPU and CPU batch riders, the eviction plan) on the
 simulator's own `ClusterState`, and the plan is carried out in order. Policies see only
 estimates (`DurationEstimator`, learned online from completions); the true durations come from
 the workload. Execution follows the policy's declared `ExecutionModel` (`scheduler.execution`):
 exclusive cores, time-shared pods, GPU residency, API control, and cores lent to running
 malleable actions (`lend_cores`): a loan changes the action's speed from that instant, by the
-same duration curve, applied to the work it has left.
+same duration curve, applied to the work it has left. CPU riders (`cpu_batch`) are dispatched
+with their leader (pinned, memory reserved) and start one after another on its cores, each
+when the one before it ends.
 
 `check_invariants` (a debug mode, used by the tests) asserts after every round that work is
 conserved: no core idles on a node while a malleable action running there could use it.
@@ -25,6 +27,7 @@ from scheduler.execution import GpuResidency, execution_of
 from scheduler.gpu_cache import GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
+from scheduler.policies.cpu_batch import CpuBatchSpec
 from scheduler.policies.dedicated_gpu import dedicated_groups
 from scheduler.policies.malleable import idle_while_malleable
 from scheduler.queue import WaitingQueue
@@ -68,7 +71,8 @@ class _Running:
 @dataclass
 class Simulator:
     """Run `scenario` under `policy`. `learn` feeds completions back into the estimator; `fair`
-    orders the jobs' actions as the live service does (its default; None: FCFS as queued)."""
+    orders the jobs' actions as the live service does (its default; None: FCFS as queued);
+    `cpu_batch` lets short CPU actions ride in batches as the live service does (None: off)."""
 
     scenario: Scenario
     policy: Policy
@@ -76,6 +80,7 @@ class Simulator:
     estimator: DurationEstimator | None = None
     fair: FairShareSpec | None = field(default_factory=FairShareSpec)
     check_invariants: bool = False
+    cpu_batch: CpuBatchSpec | None = None
     _events: list[tuple[float, int, int, object]] = field(default_factory=list)
     _seq: int = 0
 
@@ -121,8 +126,12 @@ class Simulator:
             fair=self.fair,
             max_batch=(lambda _s: batch) if batch > 1 else None,
             gpu_services=chunks,
+            cpu_batch=self.cpu_batch,
+            observed=lambda qa, units: self.estimator.observed_s(qa.kind, units) if self.estimator else None,
         )
         self._riding: dict[str, list[Allocation]] = {}  # GPU allocation -> its riders this round
+        # CPU action running -> the riders that run after it on its cores, in order
+        self._next_cpu: dict[str, list[tuple[QueuedAction, Allocation]]] = {}
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
         self._lending = ex.lend_cores and not ex.cpu_sharing
@@ -226,12 +235,20 @@ class Simulator:
         plan = self.round.plan(self.queue, self.state, now)
         self.result.decision_s.append(plan.decision_s)
         self.result.queue_len.append(len(self.queue))
-        if plan.riders:
-            lead = {(a.pool, a.unit_ids): a.action_id for a in plan.allocs if a.kind is ResourceKind.GPU}
-            for r in plan.riders:
-                self._riding.setdefault(lead[(r.pool, r.unit_ids)], []).append(r)
+        lead = {(a.kind, a.pool, a.unit_ids): a.action_id for a in plan.allocs}
+        behind: list[Allocation] = []
+        for r in plan.riders:
+            if r.kind is ResourceKind.GPU:
+                self._riding.setdefault(lead[(r.kind, r.pool, r.unit_ids)], []).append(r)
+            else:
+                behind.append(r)
         for alloc in plan.allocs:
             self._start(now, self.queue.pop(alloc.action_id), alloc, plan.gpu_loads.get(alloc.action_id))
+        for r in behind:  # after every allocation, as the live dispatch applies them
+            qa = self.queue.pop(r.action_id)
+            self.state.share(r, qa, now)
+            self._evicted(r)
+            self._next_cpu.setdefault(lead[(r.kind, r.pool, r.unit_ids)], []).append((qa, r))
         for aid, (_, ids) in plan.lends.items():
             self._resize(now, aid, len(ids))
         for load in plan.warm:
@@ -276,31 +293,8 @@ class Simulator:
         run = _Running(qa, alloc, now, 0.0)
         self.running[qa.action_id] = run
         if alloc.kind is ResourceKind.CPU:
-            for victim in alloc.evict:  # memory is a cache: their sandboxes are gone
-                self.sandboxes.discard(victim)
-                self.evicted.add(victim)
-                self.result.evictions += 1
-            pod_delay_s = 0.0
-            if qa.cost.sandbox and qa.trajectory_id not in self.sandboxes:
-                self.sandboxes.add(qa.trajectory_id)
-                if self.pods is not None:  # a pod is created and bound, then starts
-                    pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id)
-                    run.setup_s += pod_delay_s
-                else:
-                    run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
-                if qa.trajectory_id in self.evicted:
-                    self.evicted.discard(qa.trajectory_id)
-                    self.result.sandbox_resets += 1
-            run.setup_s += self.params.exec_overhead_s
-            if self.cpu_sharing:
-                if pod_delay_s > 0:
-                    self._push(now + pod_delay_s, _JOIN, qa.action_id)
-                else:
-                    self._join_shared(now, qa.action_id)
-                return
-            run.end_s = now + run.setup_s + sa.true_duration_s(alloc.units)
-            run.seg_s, run.units_now = now + run.setup_s, alloc.units
-            self._push(run.end_s, _FINISH, qa.action_id)
+            self._evicted(alloc)
+            self._begin_cpu(now, run, sa)
             return
         if alloc.kind is ResourceKind.GPU:
             run.setup_s = self._gpu_setup_s(now, alloc, qa.target, load)
@@ -331,6 +325,51 @@ class Simulator:
         if self.model.api_control:
             self.result.limit_violations += 1
         self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
+
+    def _evicted(self, alloc: Allocation) -> None:
+        """Memory is a cache: the sandboxes of the trajectories `alloc` evicted are gone."""
+        for victim in alloc.evict:
+            self.sandboxes.discard(victim)
+            self.evicted.add(victim)
+            self.result.evictions += 1
+
+    def _begin_cpu(self, now: float, run: _Running, sa: SimAction) -> None:
+        """A CPU action starts on its cores now: its sandbox (or pod) first when its
+        trajectory has none, then its work."""
+        qa, alloc = run.qa, run.alloc
+        pod_delay_s = 0.0
+        if qa.cost.sandbox and qa.trajectory_id not in self.sandboxes:
+            self.sandboxes.add(qa.trajectory_id)
+            if self.pods is not None:  # a pod is created and bound, then starts
+                pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id)
+                run.setup_s += pod_delay_s
+            else:
+                run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
+            if qa.trajectory_id in self.evicted:
+                self.evicted.discard(qa.trajectory_id)
+                self.result.sandbox_resets += 1
+        run.setup_s += self.params.exec_overhead_s
+        if self.cpu_sharing:
+            if pod_delay_s > 0:
+                self._push(now + pod_delay_s, _JOIN, qa.action_id)
+            else:
+                self._join_shared(now, qa.action_id)
+            return
+        run.end_s = now + run.setup_s + sa.true_duration_s(alloc.units)
+        run.seg_s, run.units_now = now + run.setup_s, alloc.units
+        self._push(run.end_s, _FINISH, qa.action_id)
+
+    def _next_rider(self, now: float, aid: str) -> None:
+        """CPU action `aid` ended: the next rider queued behind it starts on its cores."""
+        chain = self._next_cpu.pop(aid, None)
+        if not chain:
+            return
+        (qa, alloc), rest = chain[0], chain[1:]
+        run = _Running(qa, alloc, now, 0.0)
+        self.running[qa.action_id] = run
+        self._begin_cpu(now, run, self._sim_action(qa.action_id))
+        if rest:
+            self._next_cpu[qa.action_id] = rest
 
     def _warm(self, now: float, load: GpuLoad) -> None:
         """A warm restore: the weights are copied onto the chunk in the background (the GPUs
@@ -429,6 +468,8 @@ class Simulator:
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
         self.state.release(aid, now)
+        if self._next_cpu:
+            self._next_rider(now, aid)
         if self.residency is GpuResidency.KEEPALIVE and run.alloc.kind is ResourceKind.GPU:
             self.caches[run.alloc.pool].touch(run.alloc.unit_ids, run.qa.target, now)  # idle from now
         pend = self.pending[aid]

@@ -143,7 +143,9 @@ class WarmPool(ABC):
         self._recycling = cfg.recycle and cfg.prewarm > 0
         self._disposer: Disposer[Handle] = Disposer(self._retire)
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
-        self.ready = ReadyPool(cfg.prewarm, self._start_ready, self._destroy_ready, self._alive)
+        self.ready = ReadyPool(
+            cfg.prewarm, self._start_ready, self._destroy_ready, self._alive, keep=cfg.ready_max
+        )
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
         self._reaper.start()
 

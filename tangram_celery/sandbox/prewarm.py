@@ -6,8 +6,8 @@ A CPU worker hands a sandbox to each new trajectory and each one-shot action. St
 taken. A taken sandbox is bound to the action's cores and memory when the action runs, like any
 other. When the pool is empty (a burst of new trajectories), the caller starts one itself.
 Ready sandboxes are fresh or recycled: a recycled one ran another occupant's code and was then
-scrubbed (`WarmPool._recycle`, docs/sandbox.md "Recycling"); up to `size` more of those are kept
-besides the `size` the filler keeps, so that a scrubbed sandbox is rarely thrown away.
+scrubbed (`WarmPool._recycle`, docs/sandbox.md "Recycling"); up to `keep` of those are kept
+(`sandbox.ready_max`, at least twice `size`), so that a scrubbed sandbox is rarely thrown away.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ class ReadyPool(Generic[H]):
     """`size` started sandboxes, kept ready by a background thread (`size` 0: none, no thread).
 
     `start()` returns a started, ready sandbox (blocking), `destroy(h)` removes one, `alive(h)`
-    says whether it still runs.
+    says whether it still runs. Scrubbed sandboxes are kept up to `keep` in all (default
+    `2 * size`): a burst of new trajectories (a batch of riders) takes them as fast as the
+    trajectories it evicts give them back.
     """
 
     def __init__(
@@ -43,8 +45,10 @@ class ReadyPool(Generic[H]):
         start: Callable[[], H],
         destroy: Callable[[H], None],
         alive: Callable[[H], bool],
+        keep: int | None = None,
     ) -> None:
         self.size = size
+        self.keep = max(2 * size, keep or 0)
         self._start = start
         self._destroy = destroy
         self._alive = alive
@@ -116,7 +120,7 @@ class ReadyPool(Generic[H]):
     def recycle(self, h: H) -> bool:
         """Keep a scrubbed sandbox for the next taker (False: the pool is full, destroy it)."""
         with self._lock:
-            if len(self._ready) < 2 * self.size and not self._stop.is_set():
+            if len(self._ready) < self.keep and not self._stop.is_set():
                 self._ready.append(h)
                 self.recycled += 1
                 self._changed.notify_all()

@@ -22,6 +22,26 @@ class WorkerSide(StoreBase):
             return str(rep[0]), str(rep[1]), float(rep[2] or 0.0)
         return str(rep)
 
+    def claim_many(
+        self, claims: Sequence[tuple[str, int]], worker: str, now_s: float
+    ) -> list[tuple[str, str, float] | str]:
+        """`claim` for each (action, attempt), in one round trip (the actions of a CPU batch,
+        claimed when the batch starts so that none looks unclaimed while it waits its turn).
+        Idempotent like `claim`: a retried pipeline finds its own claims."""
+
+        def run() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            for action_id, attempt in claims:
+                self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)], client=pipe)
+            return list(pipe.execute())
+
+        out: list[tuple[str, str, float] | str] = []
+        for rep in self.retrying("claim", run):
+            out.append(
+                (str(rep[0]), str(rep[1]), float(rep[2] or 0.0)) if isinstance(rep, list) else str(rep)
+            )
+        return out
+
     def complete(self, action_id: str, result_json: str, event: Completion) -> bool:
         """Store the result, wake the client, emit the release event. False if already done."""
         return self._finish(action_id, result_json, event)

@@ -8,13 +8,22 @@ from typing import Literal
 
 from tangram_celery.app import make_app, queue_name
 from tangram_celery.broker import resolve_url
-from tangram_celery.config import TangramConfig
+from tangram_celery.config import SandboxConfig, TangramConfig
 from tangram_celery.errors import ConfigError
 from tangram_celery.metrics import serve
 from tangram_celery.workers import tasks
 from tangram_celery.workers.base import WorkerRuntime
 
 log = logging.getLogger("tangram.worker")
+
+
+def ready_for_batches(cfg: TangramConfig, cores: int) -> SandboxConfig:
+    """The node's sandbox settings, keeping enough scrubbed sandboxes ready for a batch of new
+    trajectories on every core (`scheduler.cpu_batch`) unless `sandbox.ready_max` says."""
+    box, batch = cfg.sandbox, cfg.scheduler.cpu_batch
+    if box.ready_max is not None or not batch.enabled:
+        return box
+    return box.model_copy(update={"ready_max": cores * batch.max_actions})
 
 
 def run_worker(
@@ -42,14 +51,18 @@ def run_worker(
         rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
         # the scope (state dir + node) lets this worker remove what a previous one of the same
         # node left before it serves; nobody else's sandboxes are touched
-        sandbox = open_sandbox(cfg.sandbox, SandboxScope.of_node(cfg.state_dir, name))
+        sandbox = open_sandbox(ready_for_batches(cfg, node.cores), SandboxScope.of_node(cfg.state_dir, name))
         closing.append(sandbox.close)
         handler = CpuHandler(sandbox, cfg.sandbox, rules)
         # what this node's sandboxes run: clients refuse actions in anything else at submit
         runtime.store.set_languages(name, handler.languages)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
         runtime.held = handler.held  # reported next to the heartbeats
-        slots = concurrency or node.cores
+        # One thread per core for the actions (the scheduler never sends more than the node's
+        # cores can run: a batch of riders is one message), and two more so that sandbox closes
+        # (evictions) are taken while every core is busy: their sandboxes are scrubbed and
+        # ready for the next new trajectories instead of waiting behind the running batches.
+        slots = concurrency or node.cores + 2
     elif kind == "api":
         api = cfg.api(name)
         if api is None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_GPU, TASK_NOOP
+from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_CPU_BATCH, TASK_GPU, TASK_NOOP
 from tangram_celery.workers.base import Handler, WorkerRuntime
 
 
@@ -33,6 +33,13 @@ def register(
             return runtime.execute(action_id, alloc, _h)
 
         app.task(name=name, ignore_result=True, acks_late=True)(run)
+
+    if cpu is not None:
+
+        def run_batch(items: list[list[Any]], _h: Handler = cpu) -> list[str]:
+            return runtime.execute_batch(items, _h)
+
+        app.task(name=TASK_CPU_BATCH, ignore_result=True, acks_late=True)(run_batch)
 
     if close is not None:
 

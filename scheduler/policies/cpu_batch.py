@@ -1,0 +1,181 @@
+"""Short CPU actions in batches: riders that run one after another on an allocation's cores.
+
+Starting one action costs the live service a round, a Celery message, a claim and a completion:
+a few ms of the same cores the actions run on, and the cores an action frees idle until the
+next one arrives. For actions that take ms themselves (one program against its tests, a rule
+verifier), that is as much as the work: under saturation half of the cores' time went to it.
+So while actions wait that no free core can take, each allocation of a short CPU action takes
+along short waiting actions that would run on its node next: the worker runs them back to back
+on the allocation's cores, from one message, and the cores come back when the last ends
+(`ClusterState.share`). A rider's trajectory is pinned and its memory reserved at dispatch, as
+for any CPU action, by eviction of idle trajectories when memory is short.
+
+Which actions ride, walking the waiting queue in its (fair, else FCFS) order:
+- short: measured (`DurationEstimator.observed_s`, no prior) to take at most `max_action_s`
+  at the leader's unit count, which it must accept; a kind not yet measured never rides;
+- a batch holds at most `max_actions` actions and `max_batch_s` of expected work; a rider goes
+  to the batch of its node expected to end first; an action whose trajectory's previous action
+  starts in a batch this round may only follow it there (a trajectory's actions run in order);
+- FCFS holds for every action that competes for the same cores: the walk closes a node at the
+  first action that could run there next but cannot ride (too long, another unit count, no
+  batch with room, no memory even by eviction), so nothing overtakes it. Actions that could
+  not start now anyway (their trajectory has an action running or starting, or they are pinned
+  to a node with no batch this round) and actions of other resources do not close a node.
+
+Pure: reads the queue and the state, changes neither; `scheduler.round` calls it after the
+policy, the simulator and the live service carry the riders out. Riders are not malleable
+borrowers (`scheduler.policies.malleable`) while they wait for their turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from scheduler.eviction import Evictions
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.queue import WaitingQueue
+from scheduler.resources import ClusterState
+
+Observed = Callable[[QueuedAction, int], float | None]
+"""(action, units) -> seconds its kind was measured to take at that unit count, None if unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class CpuBatchSpec:
+    """Bounds of one batch: `max_actions` (leader included), `max_action_s` for each action,
+    `max_batch_s` of expected work in all (seconds, as measured)."""
+
+    max_actions: int = 8
+    max_action_s: float = 0.05
+    max_batch_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.max_actions < 1 or self.max_action_s <= 0 or self.max_batch_s <= 0:
+            raise ValueError(f"bad CPU batch bounds: {self}")
+
+
+@dataclass(slots=True)
+class _Batch:
+    lead: Allocation
+    work_s: float  # expected work queued on its cores, the leader's included
+    size: int = 1
+
+
+def cpu_riders(
+    allocs: Iterable[Allocation],
+    order: Iterable[QueuedAction],
+    queue: WaitingQueue,
+    state: ClusterState,
+    spec: CpuBatchSpec,
+    observed: Observed,
+    now_s: float,
+) -> list[Allocation]:
+    """The riders of this round's short CPU allocations, in the order they run per batch (see
+    the module doc). `order` is the waiting queue in the order the round considered it."""
+    allocs = list(allocs)
+    by_node: dict[str, list[_Batch]] = {}
+    for a in allocs:
+        if a.kind is not ResourceKind.CPU or not a.unit_ids:
+            continue
+        d = observed(queue.action(a.action_id), a.units)
+        if d is not None and d <= spec.max_action_s and spec.max_actions > 1:
+            by_node.setdefault(a.pool, []).append(_Batch(a, d))
+    if not by_node:
+        return []
+    # The state as it will be once this round's allocations are applied: their pins, memory
+    # and evictions count before the riders'.
+    work = state.copy()
+    started: set[str] = set()
+    starting: set[str] = set()  # trajectories with an action starting this round
+    chained: dict[str, _Batch] = {}  # ... on the cores of this batch (its next action may follow)
+    batch_of = {b.lead.action_id: b for batches in by_node.values() for b in batches}
+    for a in allocs:
+        qa = queue.action(a.action_id)
+        started.add(a.action_id)
+        starting.add(qa.trajectory_id)
+        if a.action_id in batch_of:
+            chained[qa.trajectory_id] = batch_of[a.action_id]
+        if a.kind is ResourceKind.CPU:
+            work.apply(a, qa, now_s)
+    evictions = Evictions(work, queue)
+    open_nodes = set(by_node)
+    out: list[Allocation] = []
+    for qa in order:
+        if not open_nodes:
+            break
+        if qa.cost.key is not ResourceKind.CPU or qa.action_id in started:
+            continue
+        tid = qa.trajectory_id
+        if tid in chained:  # its trajectory's previous action is in a batch: it may follow there
+            batch = chained[tid]
+            rider = (
+                _ride(qa, [batch], work, evictions, spec, observed) if batch.lead.pool in open_nodes else None
+            )
+            if rider is not None:
+                _add(rider, qa, batch, work, evictions, out, now_s)
+            continue  # else it waits for that action to end, as it would anyway
+        if tid in starting or tid in work.trajectory_running:
+            continue  # waits for its trajectory's running action, wherever it is
+        pinned = work.trajectory_node.get(tid) if qa.cost.sandbox else None
+        if pinned is not None and pinned not in open_nodes:
+            continue  # it competes for another node's cores only
+        nodes = (
+            [pinned] if pinned is not None else sorted(open_nodes, key=lambda n: -work.cpu[n].memory_free_mb)
+        )
+        for node in nodes:
+            for batch in sorted(by_node[node], key=lambda b: b.work_s):
+                rider = _ride(qa, [batch], work, evictions, spec, observed)
+                if rider is not None:
+                    break
+            else:
+                continue
+            break
+        else:
+            open_nodes.difference_update(nodes)  # FCFS: nothing overtakes it there
+            continue
+        _add(rider, qa, batch, work, evictions, out, now_s)
+        chained[tid] = batch
+    return out
+
+
+def _add(
+    rider: Allocation,
+    qa: QueuedAction,
+    batch: _Batch,
+    work: ClusterState,
+    evictions: Evictions,
+    out: list[Allocation],
+    now_s: float,
+) -> None:
+    work.share(rider, qa, now_s)
+    evictions.take(rider.evict)
+    out.append(rider)
+
+
+def _ride(
+    qa: QueuedAction,
+    batches: list[_Batch],
+    work: ClusterState,
+    evictions: Evictions,
+    spec: CpuBatchSpec,
+    observed: Observed,
+) -> Allocation | None:
+    """A rider allocation for `qa` on the first of `batches` with room for it (counted in
+    that batch), or None."""
+    for b in batches:
+        units = b.lead.units
+        if b.size >= spec.max_actions or units not in qa.cost.units.units:
+            continue
+        d = observed(qa, units)
+        if d is None or d > spec.max_action_s or b.work_s + d > spec.max_batch_s:
+            continue
+        node = b.lead.pool
+        short_mb = work.memory_extra_mb(qa) - work.cpu[node].memory_free_mb
+        victims = evictions.victims(node, short_mb)
+        if victims is None:
+            return None  # no batch of this node helps
+        b.size += 1
+        b.work_s += d
+        return Allocation(qa.action_id, ResourceKind.CPU, node, units, b.lead.unit_ids, victims)
+    return None

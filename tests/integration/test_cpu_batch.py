@@ -1,0 +1,118 @@
+"""Short CPU actions riding in batches (scheduler.policies.cpu_batch) on real processes.
+
+Each test runs a whole deployment (embedded Redis, scheduler, a CPU worker on the namespace
+backend). Riders form only once the scheduler has measured the kind short, so each test first
+runs a few actions of that kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tangram_celery import ActionStatus, CodeAction
+from tests.fixtures.common import unavailable
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE = {"backend": "namespace", "default_timeout_s": 10, "prewarm": 2}
+NODE = {"cpu": [{"name": "n0", "cores": 2, "memory_mb": 4096}]}
+
+
+@pytest.fixture(autouse=True)
+def _needs_namespaces() -> None:
+    from tangram_celery.sandbox.namespace import bwrap_path
+
+    if os.geteuid() != 0 or bwrap_path() is None:
+        unavailable("the namespace sandbox needs root and bubblewrap")
+
+
+def _measure(client: Any, n: int = 8) -> None:
+    """Let the scheduler measure trivial code actions (riders need a measured kind)."""
+    hs = client.submit_many([CodeAction(trajectory_id=f"m{i}", code="pass", memory_mb=128) for i in range(n)])
+    assert all(h.result(timeout=120).ok for h in hs)
+
+
+def _completions(deployment: Any, ids: set[str], timeout_s: float = 30.0) -> Counter[str]:
+    """How often each of `ids` is in the scheduler's run log (flushed every second)."""
+    path = Path(deployment.state_dir) / "actions.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        done = Counter(r["action_id"] for r in rows if r.get("action_id") in ids)
+        if set(done) == ids or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
+
+
+@pytest.mark.deploy(nodes=NODE, sandbox=NAMESPACE)
+def test_a_burst_of_short_actions_rides_in_batches_each_run_once(client, deployment) -> None:
+    """Given a measured short kind, when 60 new trajectories' actions arrive at once on 2
+    cores, then they are dispatched in batches (results report batches of more than one),
+    every action completes once with its own output, and no stall is logged."""
+    _measure(client)
+    n = 60
+    hs = client.submit_many(
+        [
+            CodeAction(trajectory_id=f"b{i}", code=f"print({i} * 3)", memory_mb=128, timeout_s=30)
+            for i in range(n)
+        ]
+    )
+    results = [h.result(timeout=300) for h in hs]
+    assert [(r.status, r.stdout.strip()) for r in results] == [
+        (ActionStatus.OK, str(i * 3)) for i in range(n)
+    ]
+    sizes = Counter(r.batch_size for r in results)
+    assert max(sizes) > 1, f"no batch formed: {sizes}"
+    assert all(r.attempts == 1 for r in results)
+    log = (Path(deployment.state_dir) / "logs" / "scheduler.log").read_text(errors="replace")
+    assert "no progress" not in log
+    print(f"batch sizes: {dict(sorted(sizes.items()))}")
+
+
+@pytest.mark.deploy(nodes=NODE, sandbox=NAMESPACE)
+def test_a_trajectorys_actions_submitted_together_run_in_order(client) -> None:
+    """Given a measured short kind, when one trajectory submits 16 actions at once, each
+    appending its number to a file, then they run one after another in submission order (the
+    file reads 0..15 at the end) even when they ride in one batch."""
+    _measure(client)
+    code = "import sys; open('seq', 'a').write('{i} '); print(open('seq').read())"
+    hs = client.submit_many(
+        [CodeAction(trajectory_id="ordered", code=code.format(i=i), memory_mb=128) for i in range(16)]
+    )
+    results = [h.result(timeout=300) for h in hs]
+    assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
+    assert results[-1].stdout.split() == [str(i) for i in range(16)]
+    for i, r in enumerate(results):
+        assert r.stdout.split() == [str(k) for k in range(i + 1)]
+
+
+@pytest.mark.deploy(nodes=NODE, sandbox=NAMESPACE)
+def test_a_cpu_worker_killed_mid_batch_loses_nothing(client, deployment) -> None:
+    """Given batches of short actions running, when the CPU worker is SIGKILLed and restarted,
+    then every action completes exactly once from the client's view with its own output (the
+    interrupted batch's actions with a later attempt), and the run log holds each once."""
+    _measure(client)
+    n = 120
+    code = "import time; time.sleep(0.02); print({i})"
+    hs = client.submit_many(
+        [
+            CodeAction(trajectory_id=f"k{i}", code=code.format(i=i), memory_mb=128, timeout_s=30)
+            for i in range(n)
+        ]
+    )
+    hs[10].result(timeout=120)  # batches are running now
+    deployment.kill("worker-cpu-n0")
+    results = [h.result(timeout=300) for h in hs]
+    assert [(r.status, r.stdout.strip()) for r in results] == [(ActionStatus.OK, str(i)) for i in range(n)]
+    retried = [r for r in results if r.attempts > 1]
+    assert retried, "the killed worker's claimed actions should have been retried"
+    done = _completions(deployment, {h.id for h in hs})
+    assert len(done) == n and set(done.values()) == {1}, [a for a, c in done.items() if c != 1]
+    print(f"retried after the kill: {len(retried)} of {n}")

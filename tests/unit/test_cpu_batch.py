@@ -1,0 +1,187 @@
+"""CPU riders: short actions queued behind an allocation on its cores (scheduler.policies.cpu_batch),
+their state (`ClusterState.share` / `release` / `restore`) and their execution in the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
+from scheduler.policies import get_policy
+from scheduler.policies.cpu_batch import CpuBatchSpec, cpu_riders
+from scheduler.queue import WaitingQueue
+from scheduler.resources import ClusterState, CpuNode
+from scheduler.round import Round
+from scheduler.sim.cluster import ClusterSpec, ExecParams
+from scheduler.sim.engine import Simulator
+from scheduler.sim.scenarios import Scenario
+from scheduler.sim.workload import SimAction, SimTrajectory, Step
+
+pytestmark = pytest.mark.unit
+
+SPEC = CpuBatchSpec(max_actions=4, max_action_s=0.05, max_batch_s=0.2)
+
+
+def _code(
+    aid: str, tid: str | None = None, *, kind: str = "code", units: tuple[int, ...] = (1,), mb: int = 100
+) -> QueuedAction:
+    return QueuedAction(
+        aid, tid or aid, CostVector(ResourceKind.CPU, Elastic(units), memory_mb=mb), 0.0, kind=kind
+    )
+
+
+def _measured(short: float = 0.01, long: float = 2.0) -> dict[str, float]:
+    return {"code": short, "slow": long}
+
+
+def _observed(table: dict[str, float]):  # type: ignore[no-untyped-def]
+    return lambda qa, units: table.get(qa.kind)
+
+
+def _plan(
+    queue: list[QueuedAction],
+    state: ClusterState,
+    table: dict[str, float] | None = None,
+    spec: CpuBatchSpec = SPEC,
+):  # type: ignore[no-untyped-def]
+    rnd = Round(
+        get_policy("fcfs-min"), cpu_batch=spec, observed=_observed(_measured() if table is None else table)
+    )
+    return rnd.plan(WaitingQueue(queue), state, 1.0)
+
+
+def test_short_actions_ride_behind_each_allocation_balanced_over_its_cores() -> None:
+    """Given 2 free cores and 8 short waiting actions, 2 are allocated and the next 6 ride, 3
+    behind each, alternating so that both batches end about together; nothing is changed."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    plan = _plan([_code(f"a{i}") for i in range(8)], state)
+    assert [a.action_id for a in plan.allocs] == ["a0", "a1"]
+    lead = {a.unit_ids: a.action_id for a in plan.allocs}
+    behind = {lead[r.unit_ids]: [] for r in plan.riders}  # type: dict[str, list[str]]
+    for r in plan.riders:
+        behind[lead[r.unit_ids]].append(r.action_id)
+    assert behind == {"a0": ["a2", "a4", "a6"], "a1": ["a3", "a5", "a7"]}
+    assert state.cpu["n"].free == {0, 1} and not state.running
+
+
+def test_nothing_rides_before_its_kind_was_measured_or_when_it_is_long() -> None:
+    """Actions whose kind has no measurement yet, or measured longer than max_action_s, never
+    ride (and neither do short actions behind them on the same node: FCFS)."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    assert not _plan([_code("a0"), _code("a1")], state, table={}).riders
+    q = [_code("a0"), _code("s", kind="slow"), _code("a1")]
+    assert not _plan(q, state).riders
+
+
+def test_a_long_leader_takes_no_riders() -> None:
+    """An allocation whose own kind is long gets no riders behind it."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    assert not _plan([_code("s", kind="slow"), _code("a1")], state).riders
+
+
+def test_batches_respect_their_bounds() -> None:
+    """A batch holds at most max_actions actions and max_batch_s of measured work."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    assert len(_plan([_code(f"a{i}") for i in range(10)], state).riders) == 3  # 4 in all
+    wide = CpuBatchSpec(max_actions=100, max_action_s=0.05, max_batch_s=0.1)
+    assert len(_plan([_code(f"a{i}") for i in range(10)], state, {"code": 0.03}, wide).riders) == 2
+
+
+def test_a_trajectorys_next_action_follows_it_and_busy_ones_do_not_stop_the_walk() -> None:
+    """A waiting action whose trajectory's previous action starts in a batch follows it there
+    (in order); one whose trajectory runs elsewhere, pinned to a node with no batch, is
+    skipped (it could not start here now), and short actions behind it still ride."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000), "m": CpuNode.uniform("m", 1, 10_000)})
+    busy = _code("busy", "m-traj")
+    state.apply(Allocation("busy", ResourceKind.CPU, "m", 1, (0,)), busy)
+    q = [_code("a0", "t0"), _code("same", "t0"), _code("pinned-m", "m-traj"), _code("a1", "t1")]
+    plan = _plan(q, state)
+    assert [a.action_id for a in plan.allocs] == ["a0"]
+    assert [(r.action_id, r.pool, r.unit_ids) for r in plan.riders] == [
+        ("same", "n", (0,)),
+        ("a1", "n", (0,)),
+    ]
+
+
+def test_wrong_unit_count_or_no_memory_closes_the_node() -> None:
+    """An action that would run next on the node but accepts another unit count, or finds no
+    memory even by evicting idle trajectories, stops the riders there: nothing overtakes it."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    assert not _plan([_code("a0"), _code("wide", units=(2,)), _code("a1")], state).riders
+    small = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 250)})
+    plan = _plan([_code("a0"), _code("a1"), _code("big", mb=200), _code("a2")], small)
+    assert [r.action_id for r in plan.riders] == ["a1"]
+
+
+def test_a_rider_evicts_idle_trajectories_when_memory_is_short() -> None:
+    """Given a node whose memory is held by idle trajectories, a rider of a new trajectory
+    evicts the least recently used of them, and the plan names the eviction."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 250)})
+    for i, used in ((1, 5.0), (2, 3.0)):
+        old = _code(f"old{i}", f"idle{i}")
+        state.apply(Allocation(old.action_id, ResourceKind.CPU, "n", 1, (0,)), old, used)
+        state.release(old.action_id, used)
+    plan = _plan([_code("a0"), _code("a1")], state)
+    assert plan.allocs[0].evict == ("idle2",)
+    assert [(r.action_id, r.evict) for r in plan.riders] == [("a1", ("idle1",))]
+    assert plan.evicted == {"idle2": "n", "idle1": "n"}
+
+
+def test_shared_cores_come_back_with_the_last_of_the_batch_and_survive_a_restore() -> None:
+    """Riders share their leader's core: it is freed when the last of them is released (in any
+    order); riders pin their trajectories, expect to end after the ones ahead, and a state
+    restored from the running allocations knows them as riders."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    lead, r1, r2 = _code("lead"), _code("r1"), _code("r2")
+    state.apply(Allocation("lead", ResourceKind.CPU, "n", 1, (0,)), lead, 0.0)
+    for qa in (r1, r2):
+        state.share(Allocation(qa.action_id, ResourceKind.CPU, "n", 1, (0,)), qa, 0.0)
+    assert state.trajectory_node["r2"] == "n" and state.cpu["n"].trajectory_memory_mb["r2"] == 100
+    assert state.expected_end_s["r2"] == pytest.approx(3 * lead.duration_s(1))
+    restored = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    restored.restore(state.to_dict())
+    for s in (state, restored):
+        assert s.cpu["n"].free == {1} and s.cpu["n"].riders == {(0,): 2}
+        s.release("r1")
+        s.release("lead")
+        assert s.cpu["n"].free == {1}
+        s.release("r2")
+        assert s.cpu["n"].free == {0, 1} and not s.cpu["n"].riders
+    with pytest.raises(ValueError, match="not held"):
+        state.share(Allocation("x", ResourceKind.CPU, "n", 1, (0,)), _code("x"), 0.0)
+
+
+def test_cpu_riders_needs_no_round() -> None:
+    """The pure function alone: no CPU allocation, no riders."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    q = WaitingQueue([_code("a0")])
+    assert cpu_riders([], q, q, state, SPEC, _observed(_measured()), 0.0) == []
+
+
+def _burst(n: int, dur_s: float) -> Scenario:
+    trajs = [
+        SimTrajectory(
+            f"t{i}", 0.0, (Step(0.0, SimAction("code", ResourceKind.CPU, (1,), dur_s, memory_mb=100)),)
+        )
+        for i in range(n)
+    ]
+    return Scenario(
+        name="burst",
+        trajectories=trajs,
+        cluster=ClusterSpec(cpu_nodes=1, cores_per_node=2, numa_groups=1, memory_mb_per_node=100_000),
+        priors={},
+        exec_params=ExecParams(sandbox_start_s=0.0, exec_overhead_s=0.0),
+    )
+
+
+def test_the_simulator_runs_riders_one_after_another_on_their_leaders_cores() -> None:
+    """A burst of short actions on 2 cores: with batching on, riders start exactly when the
+    action before them on the same core ends (never two at once on a core), every action
+    finishes, and the total work takes the same time as without batching."""
+    plain = Simulator(_burst(40, 0.01), get_policy("tangram-fast")).run()
+    batched = Simulator(_burst(40, 0.01), get_policy("tangram-fast"), cpu_batch=SPEC).run()
+    assert plain.unfinished == 0 and batched.unfinished == 0
+    assert batched.makespan_s == pytest.approx(plain.makespan_s)
+    spans = sorted((r.started_s, r.ended_s) for r in batched.records)
+    for t in {s for s, _ in spans}:
+        assert sum(1 for s, e in spans if s <= t < e) <= 2
+    assert len(batched.records) == 40
