@@ -101,8 +101,8 @@ class Summary:
             f"ACT: mean {_ms(statistics.fmean(acts))}, p50 {_ms(_percentile(acts, 0.5))}, "
             f"p99 {_ms(_percentile(acts, 0.99))}",
             f"split: queue {_ms(q)} + exec {_ms(e)} on average ({100 * q / max(q + e, 1e-9):.0f}% queueing)",
-            "per pool (batch = actions started together: scored in one model call on a GPU, "
-            "placed in one scheduling round elsewhere):",
+            "per pool (batch = actions sent together: scored in one model call on a GPU, run back "
+            "to back on the same cores on a CPU node, placed in one round on an API):",
         ]
         lines += [f"  {self.pool_line(p)}" for p in self.by_pool()]
         tests = [r for r in rs if r.tests]
