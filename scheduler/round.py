@@ -1,7 +1,7 @@
 """One scheduling round, the same for the simulator and the live service.
 
-    fair ordering -> policy.decide -> GPU batch riders -> CPU batch riders -> eviction plan
-        -> core loans -> warm GPU placements
+    fair ordering -> policy.decide -> one action per sandbox -> GPU batch riders -> CPU batch
+        riders -> eviction plan -> core loans -> warm GPU placements
 
 A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
 policy: the rules every policy runs under are applied in one place, so that the simulator
@@ -14,6 +14,9 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
 - **Fair ordering** (`scheduler.fairshare.order_queue`) across the jobs sharing the pools. With
   one job (the usual case, and every simulated scenario) the queue is handed to the policy as
   it is: the indexed `WaitingQueue`, on which the elastic policies' round is benchmarked.
+- **One action per sandbox** (`one_per_sandbox`): a CPU allocation of a trajectory whose
+  sandbox another of its actions holds (running, or allocated earlier in the round) is held
+  back; it waits, or rides behind that action.
 - **Riders**: a GPU allocation takes along up to `max_batch(service) - 1` waiting actions of
   the same service that accept its DoP, on its chunk (FCFS among them); they need no units of
   their own, the worker scores them in one batch with the leader.
@@ -144,7 +147,7 @@ class Round:
         """Decide one round over `queue` (FCFS) on `state`; neither is changed."""
         t0 = time.perf_counter()
         ordered = self.order(queue, state, now_s)
-        allocs = self.policy.decide(ordered, state, now_s)
+        allocs = one_per_sandbox(self.policy.decide(ordered, state, now_s), queue, state)
         out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
         if self.execution.lend_cores:
             out.lends = self.lend(allocs, queue, state, now_s)
@@ -282,6 +285,37 @@ class Round:
         if len(job_of) > 4 * len(state.running) + 1024:
             self._job_of = {k: v for k, v in job_of.items() if k in state.running}
         return order_queue(queue, held, self.fair.weights, now_s, self.fair.aging_s)
+
+
+def one_per_sandbox(allocs: list[Allocation], queue: WaitingQueue, state: ClusterState) -> list[Allocation]:
+    """`allocs` without the CPU allocations of a trajectory whose sandbox is taken: by a CPU
+    action of it already running, or by an earlier allocation of the round. A trajectory's
+    actions run in its one sandbox one at a time, so a second one would hold its cores idle
+    until the first ends (and could reach the worker first). It waits, or rides behind the
+    first (`cpu_batch`). Policies place actions as if they were independent; workloads of
+    agents (and every simulated scenario) submit a trajectory's next action after the last one
+    ended, so this only holds back callers that submit several of a trajectory's actions at
+    once."""
+    out: list[Allocation] = []
+    taken: set[str] = set()
+    for a in allocs:
+        if a.kind is ResourceKind.CPU:
+            qa = queue.action(a.action_id)
+            tid = qa.trajectory_id
+            if qa.cost.sandbox:
+                if tid in taken or (tid in state.trajectory_running and _runs_code(state, tid)):
+                    continue
+                taken.add(tid)
+        out.append(a)
+    return out
+
+
+def _runs_code(state: ClusterState, tid: str) -> bool:
+    """Does trajectory `tid` have a CPU action running (only asked when it runs something)?"""
+    return any(
+        t == tid and state.running[aid].kind is ResourceKind.CPU
+        for aid, t in state.running_trajectory.items()
+    )
 
 
 def riders(allocs: list[Allocation], queue: WaitingQueue, max_batch: MaxBatch) -> list[Allocation]:

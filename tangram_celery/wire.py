@@ -198,11 +198,15 @@ class AllocationWire(_Wire):
 class TaskOrder(AllocationWire):
     """What a worker is told with the Celery message: the allocation, the attempt it runs as
     (older attempts cannot claim), how many actions were sent together on its pool (on a GPU
-    chunk: one batch), and for code actions the sandbox to use."""
+    chunk: one batch), for code actions the sandbox to use, and the sandboxes of evicted
+    trajectories the CPU worker removes first ((trajectory, generation) each, as a close
+    message would: carried by the round's first message to the node, to save one message per
+    eviction)."""
 
     attempt: int = Field(1, ge=1)
     batch: int = Field(1, ge=1)
     sandbox: SandboxOrder | None = None
+    closes: tuple[tuple[str, str], ...] = ()
 
 
 class DispatchRecord(_Wire):

@@ -15,7 +15,7 @@ Which actions ride, walking the waiting queue in its (fair, else FCFS) order:
   at the leader's unit count, which it must accept; a kind not yet measured never rides;
 - a batch holds at most `max_actions` actions and `max_batch_s` of expected work; a rider goes
   to the batch of its node expected to end first; an action whose trajectory's previous action
-  starts in a batch this round may only follow it there (a trajectory's actions run in order);
+  starts in a batch this round may only follow it there (never beside it);
 - FCFS holds for every action that competes for the same cores: the walk closes a node at the
   first action that could run there next but cannot ride (too long, another unit count, no
   batch with room, no memory even by eviction), so nothing overtakes it. Actions that could
@@ -90,14 +90,20 @@ def cpu_riders(
     starting: set[str] = set()  # trajectories with an action starting this round
     chained: dict[str, _Batch] = {}  # ... on the cores of this batch (its next action may follow)
     batch_of = {b.lead.action_id: b for batches in by_node.values() for b in batches}
+    twice: set[str] = set()  # trajectories with two actions starting: none may follow either
     for a in allocs:
         qa = queue.action(a.action_id)
+        tid = qa.trajectory_id
         started.add(a.action_id)
-        starting.add(qa.trajectory_id)
+        if tid in starting:
+            twice.add(tid)
+        starting.add(tid)
         if a.action_id in batch_of:
-            chained[qa.trajectory_id] = batch_of[a.action_id]
+            chained[tid] = batch_of[a.action_id]
         if a.kind is ResourceKind.CPU:
             work.apply(a, qa, now_s)
+    for tid in twice:
+        chained.pop(tid, None)
     evictions = Evictions(work, queue)
     open_nodes = set(by_node)
     out: list[Allocation] = []

@@ -33,7 +33,9 @@ class Sender:
     def __init__(self, app: Celery) -> None:
         self.app = app
 
-    def send(self, allocs: Iterable[Allocation], books: Books) -> None:
+    def send(
+        self, allocs: Iterable[Allocation], books: Books, closes: Iterable[tuple[str, str, str]] = ()
+    ) -> None:
         """Publish the allocations' messages, pipelined into one Redis round trip.
 
         One message per action, except that CPU actions sent together on the same cores (an
@@ -42,13 +44,22 @@ class Sender:
         store, so Celery's result backend is not involved (ignore_result). The arguments'
         repr, which Flower shows and searches, names the actions' kind and trajectory. `batch`
         counts the actions sent together on the same pool (on a GPU node: the same chunk,
-        i.e. one batch of reward requests; on a CPU node: the same cores)."""
+        i.e. one batch of reward requests; on a CPU node: the same cores).
+
+        `closes` (node, trajectory, generation): sandboxes of evicted trajectories, carried by
+        the first message to their node (`TaskOrder.closes`), or sent as close messages when
+        no action goes there."""
         groups: dict[tuple[str, str, tuple[int, ...]], list[Allocation]] = {}
         for alloc in allocs:
             groups.setdefault(_batch_key(alloc), []).append(alloc)
+        pending: dict[str, list[tuple[str, str]]] = {}
+        for node, tid, gen in closes:
+            pending.setdefault(node, []).append((tid, gen))
         with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
             for key, group in groups.items():
                 orders = [self._order(a, books, len(group)) for a in group]
+                if key[0] == ResourceKind.CPU.value and key[1] in pending:
+                    orders[0] = orders[0].model_copy(update={"closes": tuple(pending.pop(key[1]))})
                 if key[0] == ResourceKind.CPU.value and len(group) > 1:
                     self._publish(
                         TASK_CPU_BATCH, [[[o.action_id, _dump(o)] for o in orders]], group, books, producer
@@ -58,6 +69,7 @@ class Sender:
                     self._publish(
                         _TASKS[alloc.kind], [alloc.action_id, _dump(order)], [alloc], books, producer
                     )
+        self.close_many((node, tid, gen) for node, left in pending.items() for tid, gen in left)
 
     @staticmethod
     def _order(alloc: Allocation, books: Books, batch: int) -> TaskOrder:

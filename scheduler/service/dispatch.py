@@ -80,7 +80,6 @@ def schedule(ctx: Context, rnd: Round) -> int:
             records, pins, entries, now, forget_pins=evicted, resets=resets, resets_done=resets_done
         )
     )
-    ctx.sender.close_many(to_close)  # evicted whether or not their evicter was cancelled
     for a in started:
         ctx.waiting.pop(a.action_id)
     _check(ctx, rnd)
@@ -88,7 +87,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
         for action_id in skipped:
             undo(ctx, action_id)
         started = [a for a in started if a.action_id not in skipped]
-    ctx.sender.send(started, books)
+    ctx.sender.send(started, books, closes=to_close)  # evicted whether or not their evicter was cancelled
     ctx.recorder.dispatched(started)
     ctx.dispatched_total += len(started)
     ctx.progress_s = time.monotonic()

@@ -50,6 +50,8 @@ class WorkerRuntime:
         self.seq = 0
         self._seq_lock = threading.Lock()
         self.held: Callable[[], list[tuple[str, str]]] | None = None
+        # (CPU workers) removes a trajectory's sandbox of a generation: closes an order carries
+        self.closer: Callable[[str, str], None] | None = None
         self._reported: tuple[int, list[tuple[str, str]]] | None = None
         self._reported_at = 0.0
         self._stop = threading.Event()
@@ -158,11 +160,16 @@ class WorkerRuntime:
         return out
 
     def _order(self, action_id: str, record: Any) -> TaskOrder | None:
+        """The task order, once the sandbox closes it carries are done (None: unreadable)."""
         try:
-            return TaskOrder.model_validate(record)
+            order = TaskOrder.model_validate(record)
         except ValueError as e:
             log.error("action %s: unreadable task order, not run: %s", action_id, e)
             return None
+        if order.closes and self.closer is not None:
+            for tid, gen in order.closes:  # evicted for this round's actions: their sandboxes go
+                self.closer(tid, gen)
+        return order
 
     def _run(
         self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str, handler: Handler

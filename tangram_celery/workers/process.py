@@ -58,6 +58,7 @@ def run_worker(
         runtime.store.set_languages(name, handler.languages)
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
         runtime.held = handler.held  # reported next to the heartbeats
+        runtime.closer = handler.close_trajectory  # evictions carried by the task orders
         # One thread per core for the actions (the scheduler never sends more than the node's
         # cores can run: a batch of riders is one message), and two more so that sandbox closes
         # (evictions) are taken while every core is busy: their sandboxes are scrubbed and

@@ -185,3 +185,25 @@ def test_the_simulator_runs_riders_one_after_another_on_their_leaders_cores() ->
     for t in {s for s, _ in spans}:
         assert sum(1 for s, e in spans if s <= t < e) <= 2
     assert len(batched.records) == 40
+
+
+def test_a_trajectory_runs_one_action_at_a_time_in_its_sandbox() -> None:
+    """Given two free cores and two queued actions of one trajectory, only the first is
+    allocated (the second would wait for the sandbox on a core of its own) and, once measured
+    short, the second rides behind it; a trajectory with a CPU action running gets no
+    allocation, one with only a GPU action running does."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    plan = _plan([_code("a", "t"), _code("b", "t")], state, table={})
+    assert [a.action_id for a in plan.allocs] == ["a"] and not plan.riders
+    plan = _plan([_code("a", "t"), _code("b", "t")], state)
+    assert [a.action_id for a in plan.allocs] == ["a"]
+    assert [(r.action_id, r.unit_ids) for r in plan.riders] == [("b", plan.allocs[0].unit_ids)]
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 3, 10_000)})
+    state.apply(Allocation("run", ResourceKind.CPU, "n", 1, (0,)), _code("run", "busy"))
+    gpu = QueuedAction("g", "gpu-busy", CostVector(ResourceKind.GPU), 0.0)
+    state.running["g"] = Allocation("g", ResourceKind.GPU, "x", 1, (0,))
+    state.running_trajectory["g"] = "gpu-busy"
+    state.trajectory_running["gpu-busy"] = 1
+    assert gpu.trajectory_id in state.trajectory_running
+    plan = _plan([_code("c", "busy"), _code("d", "gpu-busy")], state, table={})
+    assert [a.action_id for a in plan.allocs] == ["d"]
