@@ -10,7 +10,7 @@ from typing import Any
 from scheduler.model import ResourceKind
 from scheduler.service import faults, trajectories
 from scheduler.service.context import Context
-from tangram_celery.store import EVENTS, IntakeEntry
+from tangram_celery.store import IntakeEntry
 from tangram_celery.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
 
 log = logging.getLogger("tangram.scheduler")
@@ -67,8 +67,8 @@ def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
         ):
             owners[tid] = trajectories.pin_record(ctx, tid)
         trajectories.done(ctx, tid)
-    ctx.store.forget_running(done)
-    ctx.store.update_pins({t: r for t, r in owners.items() if t in state.trajectory_node})
-    ctx.store.ack(EVENTS, [e.stream_id for e in events])
+    ctx.store.events_done(
+        done, {t: r for t, r in owners.items() if t in state.trajectory_node}, [e.stream_id for e in events]
+    )
     ctx.progress_s = time.monotonic()
     trajectories.close_ready(ctx)

@@ -28,6 +28,11 @@ RETRY_AFTER_S = 1.0  # after a failed start (the backend is broken: do not spin)
 # the removal of a sandbox that is done.
 BACKGROUND_DELAY_S = 0.05
 SCRUB_WAIT_S = 2.0  # a taker waits this long at most for a sandbox being scrubbed
+# While scrubbed sandboxes keep coming back (trajectories evicted as fast as new ones come, the
+# steady state of stateless callers), they are the supply: the filler starts none for this
+# long after the last one came back. Else it started one whenever a taker had just emptied the
+# pool, and as many scrubbed ones were later thrown away.
+RECYCLED_SUPPLY_S = 1.0
 
 
 class ReadyPool(Generic[H]):
@@ -61,6 +66,7 @@ class ReadyPool(Generic[H]):
         self.started = 0  # sandboxes started by the pool (for tests and metrics)
         self.handed_out = 0
         self.recycled = 0  # scrubbed sandboxes taken back
+        self._recycled_at = float("-inf")  # monotonic time of the last one
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -123,6 +129,7 @@ class ReadyPool(Generic[H]):
             if len(self._ready) < self.keep and not self._stop.is_set():
                 self._ready.append(h)
                 self.recycled += 1
+                self._recycled_at = time.monotonic()
                 self._changed.notify_all()
                 return True
         return False
@@ -164,6 +171,10 @@ class ReadyPool(Generic[H]):
                     self._wanted.clear()
                     continue
                 left = len(self._ready)
+                quiet_s = self._recycled_at + RECYCLED_SUPPLY_S - time.monotonic()
+            if quiet_s > 0:  # scrubbed ones are coming back: look again once they stop
+                self._stop.wait(quiet_s)
+                continue
             if left and self.started:  # one is still ready: let the taker's action run first
                 self._stop.wait(BACKGROUND_DELAY_S)
             try:

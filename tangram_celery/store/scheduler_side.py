@@ -143,6 +143,25 @@ class SchedulerSide(StoreBase):
         entry.update(intake_id=stream_id, reason=why)
         self.r.xadd(DEAD, entry, maxlen=DEAD_MAXLEN, approximate=True)
 
+    def events_done(
+        self, finished: Sequence[str], pins: dict[str, dict[str, Any]], event_ids: Sequence[str]
+    ) -> None:
+        """After a page of events: forget the finished actions' dispatch records, write the pin
+        records whose owner changed, and take the events off the stream, in one round trip
+        (`forget_running`, `update_pins`, `ack`; all idempotent, so a scheduler that dies before
+        it reads the events again and does the same)."""
+        if not (finished or pins or event_ids):
+            return
+        pipe = self.r.pipeline(transaction=True)
+        if finished:
+            pipe.hdel(RUNNING, *finished)
+        for tid, pin in pins.items():
+            pipe.hset(TRAJ, tid, json.dumps(pin))
+        if event_ids:
+            pipe.xack(EVENTS, GROUP, *event_ids)
+            pipe.xdel(EVENTS, *event_ids)
+        pipe.execute()
+
     def forget_running(self, action_ids: Sequence[str]) -> None:
         if action_ids:
             self.r.hdel(RUNNING, *action_ids)
