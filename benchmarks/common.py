@@ -99,3 +99,45 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
 def percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds of the process and of its reaped children)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[int, float]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2 :].split()
+        out[int(name)] = (int(f[1]), (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / hz)
+    return out
+
+
+def tree_cpu_s(roots: list[int]) -> dict[int, float]:
+    """CPU seconds of each process in the trees under `roots` (their reaped children included).
+
+    Two readings around a run give what the run cost in CPU (`cpu_between`): unlike its wall
+    time, that barely moves when other jobs share the machine's cores."""
+    table = _proc_table()
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out: dict[int, float] = {}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in out or pid not in table:
+            continue
+        out[pid] = table[pid][1]
+        todo += kids.get(pid, [])
+    return out
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the trees used between two `tree_cpu_s` readings (processes started since
+    count whole; those ended since count through the parent that reaped them)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())

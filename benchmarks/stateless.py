@@ -17,7 +17,9 @@ side by side in one run, through `TangramClient`:
    per program (program + its check), no isolation. Target: (2) <= 0.8 x (3).
 4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts).
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
-and a Python speed yardstick are recorded, since other jobs share the machine.
+and a Python speed yardstick are recorded, since other jobs share the machine. Beside the wall
+times, each run's CPU seconds (every process involved: the client or the harness and its
+interpreters, Redis, scheduler, workers, sandboxes) per program: other jobs barely move it.
 
 Run: .venv/bin/python benchmarks/stateless.py [--rounds 3] [--backend namespace|docker]
 Writes benchmarks/results/stateless.json and stateless.png.
@@ -44,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
 
-from benchmarks.common import RESULTS, percentile, write_json
+from benchmarks.common import RESULTS, cpu_between, percentile, tree_cpu_s, write_json
 from tangram_celery import ActionStatus, CodeAction, TangramClient
 from tangram_celery.config import load_config
 from tangram_celery.deploy import Deployment
@@ -114,6 +116,29 @@ def latency(client: TangramClient, n: int) -> dict[str, Any]:
     }
 
 
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of its reaped children (the plain harness's runs)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def stack_pids(dep: Deployment) -> list[int]:
+    """The deployment's processes (workers' sandboxes are their descendants), and Redis."""
+    pids = [c.proc.pid for c in dep.children.values()]
+    if dep.redis is not None and dep.redis.proc is not None:
+        pids.append(dep.redis.proc.pid)
+    return pids
+
+
+def with_cpu(pids: list[int], run: Any) -> dict[str, Any]:
+    """`run()`'s result with `cpu_s`: what it cost in CPU, in this process (the client, or the
+    plain harness and its interpreters) and in the trees under `pids` (the deployment)."""
+    before, mine = tree_cpu_s(pids), own_cpu_s()
+    out: dict[str, Any] = run()
+    out["cpu_s"] = cpu_between(before, tree_cpu_s(pids)) + own_cpu_s() - mine
+    return out
+
+
 def through_client(client: TangramClient, problems: list[Problem], variant: str) -> dict[str, Any]:
     """All programs submitted at once; wall s until the last result; how many passed."""
     tag = os.urandom(3).hex()
@@ -138,6 +163,8 @@ def through_client(client: TangramClient, problems: list[Problem], variant: str)
         "statuses": dict(sorted(Counter(str(r.status) for r in results).items())),
         "reset": sum(r.sandbox_reset for r in results),
         "n": len(results),
+        "batch_mean": statistics.fmean(r.batch_size for r in results),
+        "exec_busy": sum(r.exec_s for r in results) / wall_s / 2,  # share of the 2 cores in actions
     }
 
 
@@ -228,16 +255,30 @@ def main() -> int:
         for r in range(args.rounds):
             for variant in runs:
                 time.sleep(1.0)  # let the ready pool refill and evictions settle
-                out = plain(problems) if variant == "plain" else through_client(client, problems, variant)
+                out = with_cpu(
+                    [] if variant == "plain" else stack_pids(dep),
+                    (lambda: plain(problems))
+                    if variant == "plain"
+                    else (lambda v=variant: through_client(client, problems, v)),
+                )
                 out["load"] = os.getloadavg()[0]
                 runs[variant].append(out)
-                print(f"round {r + 1} {variant:9s} {out['wall_s']:6.2f} s  passed {out['passed']}/{out['n']}")
+                print(
+                    f"round {r + 1} {variant:9s} {out['wall_s']:6.2f} s  cpu {out['cpu_s']:5.2f} s  "
+                    f"passed {out['passed']}/{out['n']}  load {out['load']:.1f}"
+                )
         log = (Path(dep.state_dir) / "logs" / "scheduler.log").read_text(errors="replace")
         res["scheduler_stalls_logged"] = log.count("no progress")
         res["evictions_logged"] = log.count("evicted ")
     res["runs"] = runs
     res["best"] = {v: min(rs, key=lambda x: x["wall_s"]) for v, rs in runs.items()}
     res["median_wall_s"] = {v: statistics.median(x["wall_s"] for x in rs) for v, rs in runs.items()}
+    # CPU per program (all processes: client or harness, Redis, scheduler, workers, sandboxes):
+    # what the wall time would be on 2 idle cores at full use, and barely moved by other jobs
+    res["cpu_ms_per_program"] = {
+        v: 1000 * statistics.median(x["cpu_s"] for x in rs) / len(problems) for v, rs in runs.items()
+    }
+    res["cpu_ratio_fresh_vs_plain"] = res["cpu_ms_per_program"]["fresh"] / res["cpu_ms_per_program"]["plain"]
     plain_s = res["best"]["plain"]["wall_s"]
     res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
     res["ratio_one_shot_vs_plain"] = res["best"]["one-shot"]["wall_s"] / plain_s
