@@ -177,7 +177,7 @@ class SchedulerService:
             books.sandboxes.restore_pin(tid, pin)
         # Sandboxes of restored pins may be gone (their workers restarted too): the liveness
         # check releases those (`trajectories.reconcile`) once the workers' reports say so.
-        books.sandboxes.reset.update(store.load_resets())
+        books.sandboxes.restore_resets(store.load_resets())
         if plan.resend:
             log.info("re-sending %d dispatched action(s) after restart", len(plan.resend))
             ctx.sender.send(plan.resend, books)

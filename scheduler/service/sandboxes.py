@@ -32,6 +32,11 @@ from tangram_celery.wire import SandboxOrder
 
 ONE_SHOT = "~"  # prefix of the scheduler's key for a one-shot action (not a valid trajectory id)
 RESET_TTL_S = 24 * 3600.0
+# Resets remembered at most (the oldest are forgotten first). A stateless caller never comes
+# back to its evicted trajectories: at 100 of them a second a day of resets would be millions
+# of entries, walked every second and held in Redis. A trajectory forgotten here that does come
+# back runs in a fresh sandbox without `sandbox_reset`.
+RESET_MAX = 100_000
 
 
 def one_shot_key(action_id: str) -> str:
@@ -94,7 +99,7 @@ class SandboxBook:
         """The trajectory's sandbox is gone while its caller may go on (evicted, expired, its
         worker or node lost): its next action reports a reset."""
         if tid in self.gen and not is_one_shot(tid):
-            self.reset[tid] = now_s
+            self.note_reset(tid, now_s)
         self.gen.pop(tid, None)
         self.owner.pop(tid, None)
 
@@ -104,9 +109,24 @@ class SandboxBook:
         self.owner.pop(tid, None)
         self.reset.pop(tid, None)
 
+    def note_reset(self, tid: str, at_s: float) -> None:
+        """`tid`'s next action reports a reset (`reset` stays in the order of these times)."""
+        self.reset.pop(tid, None)
+        self.reset[tid] = at_s
+
+    def restore_resets(self, resets: Mapping[str, float]) -> None:
+        for tid, at_s in sorted(resets.items(), key=lambda kv: kv[1]):
+            self.note_reset(tid, at_s)
+
     def expire_resets(self, now_s: float) -> list[str]:
-        """Forget resets older than a day (their trajectories are not coming back)."""
-        old = [t for t, at in self.reset.items() if now_s - at > RESET_TTL_S]
+        """Forget resets older than a day (their trajectories are not coming back) and the
+        oldest beyond `RESET_MAX`; returns them. Walks only what it forgets (oldest first)."""
+        old: list[str] = []
+        excess = len(self.reset) - RESET_MAX
+        for t, at in self.reset.items():
+            if now_s - at <= RESET_TTL_S and len(old) >= excess:
+                break
+            old.append(t)
         for t in old:
             del self.reset[t]
         return old

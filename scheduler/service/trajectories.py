@@ -82,7 +82,7 @@ def unpin_undone(ctx: Context, tid: str, *, reset: bool) -> None:
     ctx.state.close_trajectory(tid)
     book.closed(tid)
     if reset:
-        book.reset[tid] = ctx.clock()
+        book.note_reset(tid, ctx.clock())
     ctx.store.update_pins({}, [tid], {tid: book.reset[tid]} if reset else None)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.service import sandboxes
 from scheduler.service.sandboxes import Report, SandboxBook, caller_trajectory, is_one_shot, one_shot_key
 from tangram_celery.wire import SandboxOrder
 
@@ -70,3 +71,24 @@ def test_pins_round_trip() -> None:
     other.restore_pin("t", {"node": "n", "memory_mb": 1, **book.pin_fields("t")})
     assert (other.gen, other.owner) == (book.gen, book.owner)
     assert Report.from_dict({"seq": 3, "held": [["t", "a1"]]}) == Report(3, {"t": "a1"})
+
+
+@pytest.mark.unit
+def test_resets_are_forgotten_after_a_day_or_beyond_a_bound_oldest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given resets noted over time, expiring forgets those older than a day and, beyond
+    RESET_MAX, the oldest ones, and returns what it forgot; a reset noted again moves to the
+    young end; resets restored from Redis keep their time order."""
+    monkeypatch.setattr(sandboxes, "RESET_MAX", 3)
+    book = SandboxBook()
+    for i, tid in enumerate(["a", "b", "c", "d", "e"]):
+        book.gen[tid] = tid
+        book.lost(tid, 1000.0 + i)
+    book.note_reset("a", 1010.0)  # seen again later
+    assert book.expire_resets(1011.0) == ["b", "c"]
+    assert list(book.reset) == ["d", "e", "a"]
+    assert book.expire_resets(1004.0 + sandboxes.RESET_TTL_S + 1) == ["d", "e"]
+    other = SandboxBook()
+    other.restore_resets({"late": 5.0, "early": 1.0, "mid": 3.0})
+    assert list(other.reset) == ["early", "mid", "late"]
