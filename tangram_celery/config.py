@@ -302,6 +302,10 @@ class SchedulerConfig(_Model):
     )
     fair_share: FairShareConfig = FairShareConfig()
     cpu_batch: CpuBatchConfig = CpuBatchConfig()
+    run_log_max_mb: int = Field(
+        256, ge=1, le=1 << 20, description="the run log (<state_dir>/actions.jsonl) is rotated at this size"
+    )
+    run_log_keep: int = Field(4, ge=0, le=1000, description="rotated run logs kept (actions.jsonl.1 ...)")
     check_invariants: bool = Field(
         False, description="debug: assert after every round that the round's core loans conserve work"
     )

@@ -17,10 +17,22 @@ from tangram_celery.config import TangramConfig
 from tangram_celery.errors import TangramError
 
 
+def log_files(path: Path) -> list[Path]:
+    """The run log and its rotated predecessors (`path.1`, `path.2`, ...), oldest first."""
+    rotated = []
+    i = 1
+    while path.with_name(f"{path.name}.{i}").exists():
+        rotated.append(path.with_name(f"{path.name}.{i}"))
+        i += 1
+    return [*reversed(rotated), *([path] if path.exists() else [])]
+
+
 def load_log(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
+    """Every record of the run log at `path`, its rotated files first (oldest first)."""
+    files = log_files(path)
+    if not files:
         raise TangramError(f"no action log at {path}: run a workload first (the scheduler writes it)")
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
     if not recs:
         raise TangramError(f"{path} is empty: no action has completed yet")
     return recs

@@ -154,6 +154,7 @@ class Context:
     books: Books = field(default_factory=Books)
     progress_s: float = field(default_factory=time.monotonic)  # last dispatch or completion
     dispatched_total: int = 0
+    evicted_since_log: int = 0  # idle trajectories evicted since the last summary in the log
 
     @property
     def metrics(self) -> SchedulerMetrics:

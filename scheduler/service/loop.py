@@ -93,13 +93,18 @@ class SchedulerService:
             cfg=cfg,
             store=store or Store(broker_url),
             sender=Sender(app or make_app(broker_url)),
-            recorder=RunRecorder(Path(cfg.state_dir) / "actions.jsonl" if record else None),
+            recorder=RunRecorder(
+                Path(cfg.state_dir) / "actions.jsonl" if record else None,
+                max_bytes=cfg.scheduler.run_log_max_mb << 20,
+                keep=cfg.scheduler.run_log_keep,
+            ),
             estimator=estimator,
             clock=clock,
             liveness=liveness.LivenessPolicy(),
             state=build_cluster(cfg),
         )
         self._stall_logged_s = 0.0
+        self._evictions_logged_s = float("-inf")  # the first evictions are told at once
         self._stop = threading.Event()
 
     # ---- what tests and tools read -------------------------------------------------------------
@@ -259,9 +264,24 @@ class SchedulerService:
         plan = liveness.assess(ctx.liveness, server_now, workers, running, owners, ctx.clock())
         faults.apply(ctx, plan, store.sandbox_reports())
         trajectories.expire_idle(ctx, ctx.clock())
+        self.log_evictions()
         self.warn_if_stalled()
         ctx.recorder.snapshot(ctx.waiting, ctx.state, ctx.state.offline)
         ctx.recorder.flush()
+
+    def log_evictions(self, every_s: float = 30.0) -> None:
+        """One line per `every_s` for the idle trajectories evicted meanwhile (one line per
+        eviction, at DEBUG: a stateless caller evicts one per action)."""
+        now = time.monotonic()
+        if self.ctx.evicted_since_log and now - self._evictions_logged_s >= every_s:
+            log.info(
+                "evicted %d idle trajector%s to make room (memory is a cache; at most one such line per %.0f s)",
+                self.ctx.evicted_since_log,
+                "y" if self.ctx.evicted_since_log == 1 else "ies",
+                every_s,
+            )
+            self.ctx.evicted_since_log = 0
+            self._evictions_logged_s = now
 
     def warn_if_stalled(self, after_s: float = 30.0) -> None:
         """Say why nothing moves when actions wait and nothing ran or ended for `after_s`."""

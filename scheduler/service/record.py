@@ -2,6 +2,8 @@
 
 The log (`<state_dir>/actions.jsonl`, one JSON object per completed action) is what
 `tangram report` plots and what `scheduler.sim.trace.trajectories_from_action_log` replays.
+It is rotated at `max_bytes` (to `actions.jsonl.1`, the older ones shifted up to `.<keep>`,
+the oldest dropped): a week of training at a hundred actions a second would write tens of GB.
 """
 
 from __future__ import annotations
@@ -23,13 +25,39 @@ def family(qa: QueuedAction) -> str:
 
 
 class RunRecorder:
-    def __init__(self, log_path: Path | None, metrics: SchedulerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        log_path: Path | None,
+        metrics: SchedulerMetrics | None = None,
+        *,
+        max_bytes: int = 256 << 20,
+        keep: int = 4,
+    ) -> None:
         self.metrics = metrics or SchedulerMetrics()
         self._pools_seen: set[str] = set()
         self._log: IO[str] | None = None
+        self._path = log_path
+        self.max_bytes, self.keep = max_bytes, keep
+        self._size = 0
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(log_path, "a", buffering=1 << 16)  # noqa: SIM115 - closed in close()
+            self._open()
+
+    def _open(self) -> None:
+        assert self._path is not None
+        self._log = open(self._path, "a", buffering=1 << 16)  # noqa: SIM115 - closed in close()
+        self._size = self._log.tell()
+
+    def _rotate(self) -> None:
+        """actions.jsonl -> .1 -> .2 ... -> .<keep> (the oldest dropped), and a new file."""
+        assert self._log is not None and self._path is not None
+        self._log.close()
+        rotated = [self._path.with_name(f"{self._path.name}.{i}") for i in range(1, self.keep + 1)]
+        for older, newer in zip(reversed(rotated), reversed([self._path, *rotated[:-1]]), strict=True):
+            if newer.exists():
+                newer.replace(older)  # the oldest is overwritten
+        self._path.unlink(missing_ok=True)  # keep 0: nothing kept
+        self._open()
 
     def dispatched(self, allocs: Sequence[Allocation]) -> None:
         for a in allocs:
@@ -63,7 +91,11 @@ class RunRecorder:
             "ended_s": qa.submitted_s + ev.act_s,
             "attempt": ev.attempt,
         }
-        self._log.write(json.dumps(rec) + "\n")
+        line = json.dumps(rec) + "\n"
+        self._log.write(line)
+        self._size += len(line)
+        if self._size >= self.max_bytes:
+            self._rotate()
 
     def snapshot(self, waiting: Sequence[QueuedAction], state: ClusterState, offline: set[str]) -> None:
         """Refresh the gauges from the current queue and resource state."""

@@ -43,7 +43,8 @@ def evicted(ctx: Context, alloc: Allocation, now_s: float) -> dict[str, str]:
         book.lost(tid, now_s)
         ctx.books.last_active.pop(tid, None)
     ctx.metrics.evictions.inc(len(alloc.evict))
-    log.info(
+    ctx.evicted_since_log += len(alloc.evict)
+    log.debug(
         "evicted %d idle trajector%s on %s for %s: %s",
         len(alloc.evict),
         "y" if len(alloc.evict) == 1 else "ies",

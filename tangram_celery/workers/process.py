@@ -17,6 +17,20 @@ from tangram_celery.workers.base import WorkerRuntime
 log = logging.getLogger("tangram.worker")
 
 
+def quiet_task_lines() -> None:
+    """Celery logs two INFO lines per task (received, succeeded): at a hundred actions a
+    second, a gigabyte a day per worker. Each action is in the scheduler's run log
+    (`actions.jsonl`) and each task in Flower; failures still log (at WARNING and above)."""
+    from celery.signals import after_setup_logger
+
+    def quiet(**_: object) -> None:
+        for name in ("celery.app.trace", "celery.worker.strategy"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+    after_setup_logger.connect(quiet, weak=False)
+    quiet()
+
+
 def ready_for_batches(cfg: TangramConfig, cores: int) -> SandboxConfig:
     """The node's sandbox settings, keeping enough scrubbed sandboxes ready for a batch of new
     trajectories on every core (`scheduler.cpu_batch`) unless `sandbox.ready_max` says."""
@@ -89,6 +103,7 @@ def run_worker(
         )  # rules run on CPU
         slots = concurrency or min(256, gnode.num_gpus * most)
     runtime.start(app)
+    quiet_task_lines()
     serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     try:
