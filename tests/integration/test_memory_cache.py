@@ -229,6 +229,9 @@ def test_a_restarted_stack_does_not_start_without_memory(tmp_path: Path) -> None
                 timeout=120
             )
             assert old.ok and old.sandbox_reset
-        assert "lost their sandbox" in scheduler_log(second)
+        # released by reconciliation (the new worker reports no sandbox), or earlier, when the
+        # old worker's heartbeats run out before the new one's start (a loaded machine)
+        log = scheduler_log(second)
+        assert "lost their sandbox" in log or "pinned to offline nodes unpinned" in log, log
     finally:
         second.stop()
