@@ -54,6 +54,12 @@ _TRANSIENT = (
 )
 
 
+def gpu_services(cfg: TangramConfig) -> dict[str, tuple[int, ...]]:
+    """The GPU reward services configured, with their chunk sizes: the seed of warm placement's
+    demand (`scheduler.policies.warm_gpu.GpuDemand`)."""
+    return {m.name: tuple(m.dop_options) for m in cfg.reward_models if m.backend != "rule"}
+
+
 def _is_oom(e: Exception) -> bool:
     return str(e).startswith("OOM")
 
@@ -84,6 +90,7 @@ class SchedulerService:
             self.policy,
             fair=FairShareSpec(fair.weights, fair.aging_s) if fair.enabled else None,
             max_batch=lambda service: batch.get(service, 1),
+            gpu_services=gpu_services(cfg),
         )
         priors = {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
         self.ctx = Context(
@@ -131,7 +138,12 @@ class SchedulerService:
         ctx.state = build_cluster(self.cfg)
         ctx.waiting = WaitingQueue()
         ctx.books = Books()
-        self.round = Round(self.policy, fair=self.round.fair, max_batch=self.round.max_batch)
+        self.round = Round(
+            self.policy,
+            fair=self.round.fair,
+            max_batch=self.round.max_batch,
+            gpu_services=gpu_services(self.cfg),
+        )
 
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""
@@ -163,6 +175,9 @@ class SchedulerService:
             if got.sandbox is not None:
                 books.sandbox_of[got.qa.action_id] = got.sandbox
             self.round.track(got.qa)
+            alloc = ctx.state.running.get(got.qa.action_id)
+            if alloc is not None:  # a running malleable action is lent cores again
+                self.round.track_malleable(got.qa, alloc)
         for tid, pin in plan.pins.items():
             books.sandboxes.restore_pin(tid, pin)
         # Sandboxes of restored pins may be gone (their workers restarted too): the liveness
