@@ -53,9 +53,17 @@ def next_seq() -> int:
     return _last_seq
 
 
+def _warms(ctx: Context, node: str) -> bool:
+    """Does GPU `node` take loads ahead of requests (its `warm_up`; false: each service loads
+    on its first request)?"""
+    return any(g.name == node and g.warm_up for g in ctx.cfg.nodes.gpu)
+
+
 def retire(ctx: Context, rnd: Round, now_s: float) -> None:
     """Unload the warm instances the load outgrew (before the round decides, as the simulator)."""
     for node, chunk, service in rnd.retire(ctx.state, now_s):
+        if not _warms(ctx, node):
+            continue
         ctx.state.gpu_cache[node].unload(chunk, service)
         _send_warm(ctx, GpuWarm(op="unload", pool=node, chunk=chunk, service=service, seq=next_seq()))
 
@@ -91,7 +99,10 @@ def carry_out(ctx: Context, plan: RoundPlan, now_s: float) -> None:
 
 def warm(ctx: Context, load: GpuLoad, now_s: float) -> None:
     """One warm restore: resident in the state's view from now on, sent to the node's worker
-    (unless it failed there lately: the node's memory may be taken by what it loaded itself)."""
+    (unless the node has `warm_up` off, or the restore failed there lately: the node's memory
+    may be taken by what it loaded itself)."""
+    if not _warms(ctx, load.pool):
+        return
     failed = ctx.books.warm_failed
     key = (load.pool, load.chunk, load.service)
     if key in failed:
