@@ -79,6 +79,31 @@ def test_spare_cores_are_lent_to_a_running_suite_and_taken_back_before_an_action
     assert msgs[1][1][1]["unit_ids"] == list(lent.cores)
 
 
+def test_after_a_restart_a_running_suite_is_lent_cores_again(one_node: Harness) -> None:
+    """Given a suite running beside a long action when the scheduler restarts, when the long
+    action ends, then the new scheduler lends its core to the suite (a newer seq than any
+    before the restart)."""
+    h = one_node
+    h.client.submit(_code("a", "ta"))
+    h.svc.step(block_ms=None)
+    suite = CodeAction(
+        id="s",
+        trajectory_id="ts",
+        code="",
+        cpus="1..2",
+        test_cases=[TestCase(name="t", stdin="", expected_stdout="")],
+    )
+    h.client.submit(suite)
+    h.svc.step(block_ms=None)
+    [(_, [_, a_order]), (_, [_, s_order])] = _all(h, "tangram.cpu.n0")
+    h2 = h.restart()
+    h2.run("a", TaskOrder.model_validate(a_order))
+    h2.svc.step(block_ms=None)
+    msgs = [m for m in _all(h2, "tangram.cpu.n0") if m[0] == "tangram.lend_cores"]
+    [(_, [raw])] = msgs
+    assert CoreLoan.model_validate(raw).cores == tuple(a_order["unit_ids"])
+
+
 @pytest.fixture
 def gpu(tmp_path: Any) -> Iterator[Harness]:
     """A tangram-fast scheduler over one GPU node of 2 GPUs and two reward models."""
@@ -120,3 +145,37 @@ def test_the_paper_policy_sends_no_loans_or_warm_orders(tmp_path: Any) -> None:
     h.svc.start()
     h.svc.step(block_ms=None)
     assert _all(h, "tangram.gpu.g0") == []
+
+
+def test_an_instance_the_load_outgrew_is_unloaded_while_its_chunk_is_idle(tmp_path: Any) -> None:
+    """Given a 4-GPU node, three services and rm reported resident on all 4 GPUs (more than
+    twice the one GPU each service's share allows), when the idle scheduler steps, then it
+    sends an unload of that instance and drops it from its view, and warms each service on a
+    GPU of its own."""
+    models = [
+        {"name": n, "backend": "hf-seq-cls", "path": "/m", "memory_mb": 1000, "dop_options": [1, 2, 4]}
+        for n in ("rm", "sim", "third")
+    ]
+    cfg = config(
+        str(tmp_path),
+        nodes={"gpu": [{"name": "g0", "num_gpus": 4, "gpu_memory_mb": 4096}]},
+        apis=[],
+        reward_models=models,
+        scheduler={"policy": "tangram-fast"},
+    )
+    h = Harness(str(tmp_path), cfg=cfg)
+    h.svc.start()
+    h.store.publish_residency("g0", {(0, 1, 2, 3): ["rm"]})
+    h.svc.step(block_ms=None)
+    orders = [GpuWarm.model_validate(args[0]) for _, args in _all(h, "tangram.gpu.g0")]
+    assert [(o.op, o.service, o.chunk) for o in orders if o.op == "unload"] == [
+        ("unload", "rm", (0, 1, 2, 3))
+    ]
+    loads = [o for o in orders if o.op == "load"]
+    assert sorted(o.service for o in loads) == ["rm", "sim", "third"] and all(
+        len(o.chunk) == 1 for o in loads
+    )
+    assert (0, 1, 2, 3) not in h.svc.state.gpu["g0"].resident
+    h.store.publish_residency("g0", {(0, 1, 2, 3): ["rm"]})  # sent before the unload was done
+    h.svc.step(block_ms=None)
+    assert (0, 1, 2, 3) not in h.svc.state.gpu["g0"].resident
