@@ -42,17 +42,10 @@ def _code(aid: str, tid: str) -> CodeAction:
     return CodeAction(id=aid, trajectory_id=tid, code="pass")
 
 
-def test_spare_cores_are_lent_to_a_running_suite_and_taken_back_before_an_action_takes_them(
-    one_node: Harness,
-) -> None:
-    """Given a suite started on the one core a long action left, when that action ends and
-    nothing waits, then its core is lent to the suite (a CoreLoan on the node's queue); when a
-    new action is placed on that core, the take-back (no cores) is sent ahead of the action's
-    own message, with a larger seq."""
-    h = one_node
+def _long_action_and_suite(h: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Place action a (expected long), then suite s (cpus 1..2) on the core left: their orders."""
     h.client.submit(_code("a", "ta"))
     h.svc.step(block_ms=None)
-    [(_, [_, a_order])] = _all(h, "tangram.cpu.n0")
     suite = CodeAction(
         id="s",
         trajectory_id="ts",
@@ -62,8 +55,21 @@ def test_spare_cores_are_lent_to_a_running_suite_and_taken_back_before_an_action
     )
     h.client.submit(suite)
     h.svc.step(block_ms=None)
-    [(task, [_, s_order])] = _all(h, "tangram.cpu.n0")
-    assert task == "tangram.run_cpu" and len(s_order["unit_ids"]) == 1
+    [(_, [_, a_order]), (task, [_, s_order])] = _all(h, "tangram.cpu.n0")
+    assert task == "tangram.run_cpu"
+    return a_order, s_order
+
+
+def test_spare_cores_are_lent_to_a_running_suite_and_taken_back_before_an_action_takes_them(
+    one_node: Harness,
+) -> None:
+    """Given a suite started on the one core a long action left, when that action ends and
+    nothing waits, then its core is lent to the suite (a CoreLoan on the node's queue); when a
+    new action is placed on that core, the take-back (no cores) is sent ahead of the action's
+    own message, with a larger seq."""
+    h = one_node
+    a_order, s_order = _long_action_and_suite(h)
+    assert len(s_order["unit_ids"]) == 1
     h.run("a", TaskOrder.model_validate(a_order))
     h.svc.step(block_ms=None)
     [(task, [raw])] = _all(h, "tangram.cpu.n0")
@@ -84,18 +90,7 @@ def test_after_a_restart_a_running_suite_is_lent_cores_again(one_node: Harness) 
     action ends, then the new scheduler lends its core to the suite (a newer seq than any
     before the restart)."""
     h = one_node
-    h.client.submit(_code("a", "ta"))
-    h.svc.step(block_ms=None)
-    suite = CodeAction(
-        id="s",
-        trajectory_id="ts",
-        code="",
-        cpus="1..2",
-        test_cases=[TestCase(name="t", stdin="", expected_stdout="")],
-    )
-    h.client.submit(suite)
-    h.svc.step(block_ms=None)
-    [(_, [_, a_order]), _] = _all(h, "tangram.cpu.n0")
+    a_order, _ = _long_action_and_suite(h)
     h2 = h.restart()
     h2.run("a", TaskOrder.model_validate(a_order))
     h2.svc.step(block_ms=None)

@@ -9,7 +9,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import pytest
 from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest
-from tangram_celery.sandbox.inside import _tangram_proc
 from tangram_celery.sandbox.inside._tangram_control import Control, apply_dop
 from tangram_celery.sandbox.inside._tangram_proc import Action, Zygote
 from tangram_celery.sandbox.inside._tangram_tests import run_tests
@@ -26,6 +24,7 @@ from tangram_celery.sandbox.resize import Resizing
 from tangram_celery.wire import CoreLoan, TaskOrder
 from tangram_celery.workers.cpu import CpuHandler
 from tangram_celery.workers.loans import CoreLoans
+from tests.unit.test_sandbox_proc import zygote  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -171,18 +170,6 @@ def test_resizing_binds_then_tells_the_runner_and_keeps_a_resize_that_came_first
 
 
 # ---- the runner: a new DoP mid-run ------------------------------------------------------------------------
-@pytest.fixture
-def zygote() -> Iterator[Zygote]:
-    if os.getuid() != 0:
-        pytest.skip("children drop their uid and groups, which needs root")
-    z = Zygote(str(Path(_tangram_proc.__file__).with_name("_tangram_zygote.py")))
-    z.start()
-    try:
-        yield z
-    finally:
-        z.stop()
-
-
 CASE = 'echo "start $(cat) $(date +%s.%N)" >> log; sleep 0.4; echo "end $(date +%s.%N)" >> log; echo ok'
 
 
@@ -227,8 +214,10 @@ def _max_overlap(log: str, after_s: float = 0.0) -> int:
     return best
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="children drop their uid and groups, which needs root")
 def test_the_runner_starts_more_cases_after_a_loan_and_fewer_after_a_take_back(
-    tmp_path: Path, zygote: Zygote
+    tmp_path: Path,
+    zygote: Zygote,  # noqa: F811  (the fixture of test_sandbox_proc)
 ) -> None:
     """Given 8 test cases at DoP 1, when the host raises the DoP to 3 over the runner's socket
     while they run, then more cases run at once; when it lowers it to 1, no two cases started
