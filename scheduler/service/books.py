@@ -45,7 +45,7 @@ class Books:
     sandboxes: SandboxBook = field(default_factory=SandboxBook)
     # warm GPU orders sent and not answered yet (service/elastic.py)
     warming: dict[tuple[str, Chunk, str], Warming] = field(default_factory=dict)
-    # warm restores that failed, when: not tried again on that chunk for a while
+    # warm orders (restores, retirements) that failed, when: not sent again for a while
     warm_failed: dict[tuple[str, Chunk, str], float] = field(default_factory=dict)
 
     def dispatched(self, qa: QueuedAction, sandbox: SandboxOrder | None) -> int:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tangram.scheduler")
 
 WARM_TIMEOUT_S = 300.0  # a warm order never answered (its worker gone) stops holding its chunk
-WARM_RETRY_S = 60.0  # a warm restore that failed is not sent again to its chunk for this long
+WARM_RETRY_S = 60.0  # a warm order that failed is not sent again for that chunk for this long
 
 
 _last_seq = 0
@@ -62,7 +62,7 @@ def _warms(ctx: Context, node: str) -> bool:
 def retire(ctx: Context, rnd: Round, now_s: float) -> None:
     """Unload the warm instances the load outgrew (before the round decides, as the simulator)."""
     for node, chunk, service in rnd.retire(ctx.state, now_s):
-        if not _warms(ctx, node):
+        if not _warms(ctx, node) or _failed_lately(ctx, (node, chunk, service)):
             continue
         ctx.state.gpu_cache[node].unload(chunk, service)
         _send_warm(ctx, GpuWarm(op="unload", pool=node, chunk=chunk, service=service, seq=next_seq()))
@@ -101,16 +101,18 @@ def warm(ctx: Context, load: GpuLoad, now_s: float) -> None:
     """One warm restore: resident in the state's view from now on, sent to the node's worker
     (unless the node has `warm_up` off, or the restore failed there lately: the node's memory
     may be taken by what it loaded itself)."""
-    if not _warms(ctx, load.pool):
+    if not _warms(ctx, load.pool) or _failed_lately(ctx, (load.pool, load.chunk, load.service)):
         return
-    failed = ctx.books.warm_failed
-    key = (load.pool, load.chunk, load.service)
-    if key in failed:
-        if ctx.clock() - failed[key] < WARM_RETRY_S:
-            return
-        del failed[key]
     ctx.state.load_gpu(load, now_s)
     _send_warm(ctx, GpuWarm(pool=load.pool, chunk=load.chunk, service=load.service, seq=next_seq()))
+
+
+def _failed_lately(ctx: Context, key: tuple[str, Chunk, str]) -> bool:
+    """Did a warm order for this (node, chunk, service) fail less than `WARM_RETRY_S` ago?"""
+    failed = ctx.books.warm_failed
+    if key in failed and ctx.clock() - failed[key] >= WARM_RETRY_S:
+        del failed[key]
+    return key in failed
 
 
 def _send_warm(ctx: Context, order: GpuWarm) -> None:
@@ -140,8 +142,7 @@ def learn_residency(
             del warming[key]
         if error:
             log.info("warm %s of %s on %s %s: %s", settled.op, settled.service, node, settled.chunk, error)
-            if settled.op == "load":
-                ctx.books.warm_failed[key] = now
+            ctx.books.warm_failed[key] = now
     if warming:
         for k, w in list(warming.items()):
             if now - w.sent_s > WARM_TIMEOUT_S:

@@ -141,7 +141,10 @@ class GpuHandler:
                 raise ValueError(f"{order.chunk} is not a chunk of this node")
             name = replica_name(order.service, dop, order.chunk)
             if order.op == "unload":
-                manager.retire(name)
+                if not manager.retire(name) and order.service in self.service.resident_models().get(
+                    order.chunk, []
+                ):
+                    error = "not unloaded: in use"
             elif not manager.warm(Placement(name, order.chunk, load=True)) and not manager.wait_loaded(name):
                 error = "not loaded: the chunk's memory is taken"
         except Exception as e:  # a hint for placement: calls still load on demand

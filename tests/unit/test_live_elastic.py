@@ -146,7 +146,8 @@ def test_an_instance_the_load_outgrew_is_unloaded_while_its_chunk_is_idle(tmp_pa
     """Given a 4-GPU node, three services and rm reported resident on all 4 GPUs (more than
     twice the one GPU each service's share allows), when the idle scheduler steps, then it
     sends an unload of that instance and drops it from its view, and warms each service on a
-    GPU of its own."""
+    GPU of its own; when the node answers that the instance is in use, it is not retired again
+    at once."""
     models = [
         {"name": n, "backend": "hf-seq-cls", "path": "/m", "memory_mb": 1000, "dop_options": [1, 2, 4]}
         for n in ("rm", "sim", "third")
@@ -174,3 +175,9 @@ def test_an_instance_the_load_outgrew_is_unloaded_while_its_chunk_is_idle(tmp_pa
     h.store.publish_residency("g0", {(0, 1, 2, 3): ["rm"]})  # sent before the unload was done
     h.svc.step(block_ms=None)
     assert (0, 1, 2, 3) not in h.svc.state.gpu["g0"].resident
+    unload = next(o for o in orders if o.op == "unload")
+    h.store.publish_residency("g0", {(0, 1, 2, 3): ["rm"]}, warm=unload, error="not unloaded: in use")
+    h.svc.step(block_ms=None)
+    assert h.svc.state.gpu["g0"].resident[(0, 1, 2, 3)] == ["rm"]
+    again = [GpuWarm.model_validate(args[0]) for _, args in _all(h, "tangram.gpu.g0")]
+    assert not [o for o in again if o.op == "unload"], "a failed retirement is not sent again at once"
