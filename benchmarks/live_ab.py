@@ -208,15 +208,18 @@ def shipped_priors() -> dict[str, Any]:
 
 
 def scrape_decision(port: int | None) -> dict[str, float]:
-    """The scheduler's `tangram_decision_seconds` sum and count."""
+    """The scheduler's `tangram_decision_seconds` sum and count, and the core loans it sent
+    (`loans`: changes of a running suite's lent cores, `tangram_core_loans_total`)."""
     if port is None:
         return {}
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
+    out = {"loans": 0.0}
     for line in text.splitlines():
         for name in ("sum", "count"):
             if line.startswith(f"tangram_decision_seconds_{name} "):
                 out[name] = float(line.split()[-1])
+        if line.startswith("tangram_core_loans_total{"):
+            out["loans"] += float(line.split()[-1])
     return out
 
 
@@ -310,7 +313,7 @@ def merge(into: dict[str, Any] | None, run: dict[str, Any], load: list[float]) -
     into["makespans_s"].append(makespan)
     into["load_avg_1m"].append(load)
     into["wall_s"] += run["wall_s"]
-    for key in ("sum", "count"):
+    for key in ("sum", "count", "loans"):
         if "decision" in into:
             into["decision"][key] = into["decision"].get(key, 0.0) + run["decision"].get(key, 0.0)
     return into
@@ -403,6 +406,8 @@ def main() -> int:
             "all_start_s_p50": runs["pod_all"]["pod_start_s_p50"],
         },
         "setups": setups,
+        # core loans the scheduler sent (every repetition): how often a suite was resized
+        "loans": {name: run["decision"].get("loans", 0.0) for name, run in runs.items() if "decision" in run},
         "ratios_vs_tangram": ratios,
         "tangram_overhead": overhead,
         "samples": {

@@ -181,6 +181,34 @@ class ReplicaManager:
         self._finish_load(plan, new, leased=False, stat="warm_loads")
         return True
 
+    def wait_loaded(self, replica: str, timeout_s: float = 120.0) -> bool:
+        """Wait while `replica` is loading (a warm-up or a call's restore); True once ready."""
+        deadline = self.clock() + timeout_s
+        with self._cond:
+            while True:
+                r = self.node.replicas.get(replica)
+                if r is None or r.state is ReplicaState.UNLOADING:
+                    return False
+                if r.state is ReplicaState.READY:
+                    return True
+                left = deadline - self.clock()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 1.0))
+
+    def retire(self, replica: str) -> bool:
+        """Unload `replica` if it is idle (a warm instance the load outgrew; the scheduler's
+        `warm_gpu.oversized`). True when it was unloaded."""
+        with self._cond:
+            r = self.node.replicas.get(replica)
+            if r is None or not r.idle:
+                return False
+            self.node.transition(replica, ReplicaState.UNLOADING)
+        self._unload((replica,))
+        with self._cond:
+            self._cond.notify_all()
+        return True
+
     def scale(self, demand: Mapping[tuple[str, int], int]) -> ScalingPlan:
         """Apply one autoscaling round for `demand` ((model, dop) -> queued requests)."""
         with self._cond:

@@ -8,10 +8,12 @@ provider instead of being held back. Each policy declares this once, as a frozen
 `ExecutionModel` (its `execution` attribute), instead of a handful of optional attributes that
 each executor looked up by name.
 
-The live service executes one model only, Tangram's own (`ExecutionModel()`): exclusive core
-ids per action, GPU services cached on their chunks and evicted least recently used, API
-limits enforced by the scheduler. `live_gaps` says why another model cannot run live, and the
-config refuses such a policy with that reason (`tangram_celery.config`).
+The live service executes Tangram's own model (`ExecutionModel()`): exclusive core ids per
+action, GPU services cached on their chunks and evicted least recently used, API limits
+enforced by the scheduler, and `tangram-fast`'s core loans and warm GPU placements
+(`scheduler.service.elastic` sends them, the CPU and GPU workers carry them out). `live_gaps`
+says why another model cannot run live, and the config refuses such a policy with that reason
+(`tangram_celery.config`).
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ class ExecutionModel:
     api_control: the scheduler enforces API limits (False: calls go out as they come and the
         provider rejects those over its limits; callers retry per `retries`).
     lend_cores: spare cores are lent to running malleable actions each round and taken back
-        when an allocation needs them (`scheduler.policies.malleable`; `RoundPlan.lends`). An
-        executor that does not carry lends out runs the same allocations, only less
-        work-conserving, so this is not a live gap.
+        when an allocation needs them (`scheduler.policies.malleable`; `RoundPlan.lends`). Both
+        executors carry them out: the simulator by the duration curve, the live service by
+        resizing the running suite's cpuset and its runner's DoP (`scheduler.service.elastic`).
     warm_gpu: services are restored onto free GPU memory ahead of their calls while no GPU call
-        waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`). Optional for an executor in
-        the same way.
+        waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`, `Round.retire`). Both executors
+        carry them out (live: the GPU worker loads the replica on the chunk).
     """
 
     cpu_sharing: bool = False

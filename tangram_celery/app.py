@@ -14,6 +14,8 @@ TASK_GPU = "tangram.run_gpu"
 TASK_API = "tangram.run_api"
 TASK_CLOSE = "tangram.close_trajectory"
 TASK_NOOP = "tangram.noop"  # plain-Celery baseline for benchmarks
+TASK_LEND = "tangram.lend_cores"  # wire.CoreLoan, on a CPU node's queue
+TASK_WARM = "tangram.warm_gpu"  # wire.GpuWarm, on a GPU node's queue
 
 
 def queue_name(kind: str, pool: str) -> str:

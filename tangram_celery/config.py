@@ -113,8 +113,9 @@ class GpuNodeConfig(_Model):
     )
     warm_up: bool = Field(
         True,
-        description="load every reward service onto free GPUs at start, in the background, as memory "
-        "allows (false: each loads on its first request)",
+        description="load reward services onto free GPUs ahead of requests: every one at start, in "
+        "the background, as memory allows, and (tangram-fast) the ones in demand whenever GPUs are idle "
+        "(false: each loads on its first request)",
     )
 
     @field_validator("num_gpus")

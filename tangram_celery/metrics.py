@@ -46,6 +46,15 @@ class SchedulerMetrics:
             "tangram_cancelled_total", "Actions cancelled by their caller before dispatch", registry=r
         )
         self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
+        self.loans = Counter(
+            "tangram_core_loans_total", "Core loan changes sent to CPU workers", ["pool"], registry=r
+        )
+        self.warm_orders = Counter(
+            "tangram_warm_orders_total",
+            "Warm GPU restores (load) and retirements (unload) sent",
+            ["op"],
+            registry=r,
+        )
         self.evictions = Counter(
             "tangram_sandbox_evictions_total",
             "Idle trajectories evicted to make room for an action (CPU memory is a cache)",

@@ -3,7 +3,8 @@
 Client -> scheduler: `ActionMeta` (the intake entry and the action's hash; never payloads).
 Scheduler -> clients: `PoolView` (what can run here, published in Redis).
 Scheduler -> itself after a restart: `DispatchRecord` (`tangram:running`).
-Scheduler -> worker: `TaskOrder` (the Celery message's second argument).
+Scheduler -> worker: `TaskOrder` (the Celery message's second argument), `CoreLoan` (cores lent
+to a running malleable action) and `GpuWarm` (a warm restore or retirement on a GPU node).
 Worker -> scheduler: `Completion` and `ResidencyReport` (the events stream).
 
 Each side validates what it reads with these models and nothing else, so a field is added or
@@ -209,6 +210,31 @@ class TaskOrder(AllocationWire):
     closes: tuple[tuple[str, str], ...] = ()
 
 
+class CoreLoan(_Wire):
+    """Scheduler -> the CPU worker of `pool`: every core lent now to running malleable action
+    `action_id` besides its own (empty: all taken back). `seq` grows with every loan the
+    scheduler sends, across its restarts: a worker applies a borrower's loans newest first and
+    drops older ones that arrive late (`tangram_celery.workers.loans`)."""
+
+    action_id: str = Field(pattern=_ID)
+    pool: str
+    cores: tuple[int, ...] = ()
+    seq: int = Field(ge=1)
+
+
+class GpuWarm(_Wire):
+    """Scheduler -> the GPU worker of `pool`: make reward model `service` resident on `chunk`
+    ahead of its calls (`load`: a warm restore, in free memory only), or unload it there while
+    the chunk is idle (`unload`: an instance the load outgrew). The worker answers with a
+    `ResidencyReport` naming this order."""
+
+    op: Literal["load", "unload"] = "load"
+    pool: str
+    chunk: tuple[int, ...] = Field(min_length=1)
+    service: str = Field(pattern=_NAME)
+    seq: int = Field(ge=1)
+
+
 class DispatchRecord(_Wire):
     """A dispatched, unfinished action as the scheduler persists it (`tangram:running`): enough
     to rebuild its allocation and its queue entry after a restart."""
@@ -277,11 +303,14 @@ class Completion(_Wire):
 
 
 class ResidencyReport(_Wire):
-    """What a GPU node holds, outside any completion (after a warm-up load)."""
+    """What a GPU node holds, outside any completion (after a warm-up load). After a `GpuWarm`
+    order, `warm` names it (settled: done, or `error` says why not)."""
 
     type: Literal["residency"] = "residency"
     pool: str
     resident: list[ChunkServices]
+    warm: GpuWarm | None = None
+    error: str = ""
 
 
 def parse_event(raw: str) -> Completion | ResidencyReport:

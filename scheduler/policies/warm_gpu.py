@@ -50,7 +50,7 @@ class GpuDemand:
     conc_tau_s: float = 60.0
     _conc: dict[str, float] = field(default_factory=dict)
     _conc_at_s: float = 0.0
-    _at_s: float = 0.0
+    _at_s: float | None = None  # last decay (None: not yet; the clock may be the epoch's)
 
     def __post_init__(self) -> None:
         for service in self.units:
@@ -84,7 +84,9 @@ class GpuDemand:
         return sorted((s for s, c in self._count.items() if c > 1e-3), key=lambda s: (-self._count[s], s))
 
     def _decay(self, now_s: float) -> None:
-        if now_s > self._at_s:
+        if self._at_s is None:
+            self._at_s = now_s
+        elif now_s > self._at_s:
             f = math.exp(-math.log(2) * (now_s - self._at_s) / self.half_life_s)
             for s in self._count:
                 self._count[s] *= f

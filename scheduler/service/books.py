@@ -7,9 +7,18 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from scheduler.gpu_cache import Chunk
 from scheduler.model import QueuedAction
 from scheduler.service.sandboxes import SandboxBook
-from tangram_celery.wire import ActionMeta, SandboxOrder
+from tangram_celery.wire import ActionMeta, GpuWarm, SandboxOrder
+
+
+@dataclass
+class Warming:
+    """A warm GPU order (`wire.GpuWarm`) sent at `sent_s` and not answered yet."""
+
+    order: GpuWarm
+    sent_s: float
 
 
 @dataclass
@@ -34,6 +43,10 @@ class Books:
     last_active: dict[str, float] = field(default_factory=dict)
     # sandbox generations, owners and pending resets of the pinned trajectories
     sandboxes: SandboxBook = field(default_factory=SandboxBook)
+    # warm GPU orders sent and not answered yet (service/elastic.py)
+    warming: dict[tuple[str, Chunk, str], Warming] = field(default_factory=dict)
+    # warm orders (restores, retirements) that failed, when: not sent again for a while
+    warm_failed: dict[tuple[str, Chunk, str], float] = field(default_factory=dict)
 
     def dispatched(self, qa: QueuedAction, sandbox: SandboxOrder | None) -> int:
         """`qa` is sent (again): its next attempt number."""

@@ -15,7 +15,7 @@ from typing import Any
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.malleable import idle_while_malleable
 from scheduler.round import Round
-from scheduler.service import trajectories
+from scheduler.service import elastic, trajectories
 from scheduler.service.cluster import alloc_to_wire
 from scheduler.service.context import Context
 from scheduler.service.sandboxes import is_one_shot
@@ -25,13 +25,18 @@ log = logging.getLogger("tangram.scheduler")
 
 
 def schedule(ctx: Context, rnd: Round) -> int:
-    """One round over the waiting queue; returns how many actions were dispatched."""
-    if not ctx.waiting:
-        return 0
+    """One round over the waiting queue; returns how many actions were dispatched. With nothing
+    waiting, the round's idle steps (loans, warm placements: `elastic.idle`)."""
     now = ctx.clock()
+    if not ctx.waiting:
+        elastic.idle(ctx, rnd, now)
+        _check(ctx, rnd)
+        return 0
+    elastic.retire(ctx, rnd, now)
     plan = rnd.plan(ctx.waiting, ctx.state, now)
     ctx.metrics.decision.observe(plan.decision_s)
     if not plan.allocs:
+        elastic.carry_out(ctx, plan, now)
         _check(ctx, rnd)
         return 0
     state, books = ctx.state, ctx.books
@@ -82,6 +87,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
     )
     for a in started:
         ctx.waiting.pop(a.action_id)
+    elastic.carry_out(ctx, plan, now)  # take-backs reach the workers before the actions
     _check(ctx, rnd)
     if skipped:  # cancelled after the policy chose them: undo, send nothing
         for action_id in skipped:
@@ -96,8 +102,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
 
 def _check(ctx: Context, rnd: Round) -> None:
     """Debug mode (`scheduler.check_invariants`): the round's core loans conserve work (no core
-    idles on a node while a malleable action running there could use it). The loans are the
-    round's decision; the CPU workers do not carry them out yet."""
+    idles on a node while a malleable action running there could use it)."""
     if ctx.cfg.scheduler.check_invariants and rnd.execution.lend_cores:
         bad = idle_while_malleable(rnd.borrowers(), rnd.lent, ctx.state)
         if bad:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from scheduler.model import ResourceKind
-from scheduler.service import faults, trajectories
+from scheduler.service import elastic, faults, trajectories
 from scheduler.service.context import Context
 from tangram_celery.store import IntakeEntry
 from tangram_celery.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
@@ -36,7 +36,7 @@ def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
         action_id = e.fields.get("id", "")
         ev = read_event(e)
         if isinstance(ev, ResidencyReport):
-            state.learn_residency(ev.pool, resident_map(ev.resident), ctx.clock())
+            elastic.learn_residency(ctx, ev.pool, resident_map(ev.resident), ev.warm, ev.error)
             continue
         if ev is None:
             continue
@@ -50,7 +50,7 @@ def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
         if alloc is None:
             continue  # not running here: refused or replayed
         if alloc.kind is ResourceKind.GPU and ev.resident is not None:
-            state.learn_residency(alloc.pool, resident_map(ev.resident), ctx.clock())
+            elastic.learn_residency(ctx, alloc.pool, resident_map(ev.resident))
         done.append(action_id)
         qa = books.forget(action_id)
         ctx.recorder.completed(qa, alloc, ev)

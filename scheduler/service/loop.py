@@ -54,6 +54,12 @@ _TRANSIENT = (
 )
 
 
+def gpu_services(cfg: TangramConfig) -> dict[str, tuple[int, ...]]:
+    """The GPU reward services configured, with their chunk sizes: the seed of warm placement's
+    demand (`scheduler.policies.warm_gpu.GpuDemand`)."""
+    return {m.name: tuple(m.dop_options) for m in cfg.reward_models if m.backend != "rule"}
+
+
 def _is_oom(e: Exception) -> bool:
     return str(e).startswith("OOM")
 
@@ -86,6 +92,7 @@ class SchedulerService:
             self.policy,
             fair=FairShareSpec(fair.weights, fair.aging_s) if fair.enabled else None,
             max_batch=lambda service: batch.get(service, 1),
+            gpu_services=gpu_services(cfg),
             cpu_batch=cfg.scheduler.cpu_batch.spec(),
             observed=lambda qa, units: self.ctx.estimator.observed_s(qa.kind, units),
         )
@@ -144,6 +151,7 @@ class SchedulerService:
             self.policy,
             fair=old.fair,
             max_batch=old.max_batch,
+            gpu_services=gpu_services(self.cfg),
             cpu_batch=old.cpu_batch,
             observed=old.observed,
         )
@@ -178,6 +186,9 @@ class SchedulerService:
             if got.sandbox is not None:
                 books.sandbox_of[got.qa.action_id] = got.sandbox
             self.round.track(got.qa)
+            alloc = ctx.state.running.get(got.qa.action_id)
+            if alloc is not None:  # a running malleable action is lent cores again
+                self.round.track_malleable(got.qa, alloc)
         for tid, pin in plan.pins.items():
             books.sandboxes.restore_pin(tid, pin)
         # Sandboxes of restored pins may be gone (their workers restarted too): the liveness

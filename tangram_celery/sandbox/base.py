@@ -37,6 +37,8 @@ class ExecRequest:
     # means it was lost, and the result says `sandbox_reset`).
     sandbox_gen: str = ""
     new_sandbox: bool = False
+    # names the action while it runs, for `Sandbox.resize` ("": it cannot be resized)
+    action_id: str = ""
 
 
 @dataclass
@@ -65,6 +67,12 @@ class Sandbox(Protocol):
     def run_once(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a fresh sandbox of its own (a ready one when there is one), which is
         discarded afterwards (a one-shot action)."""
+        ...
+
+    def resize(self, action_id: str, cores: tuple[int, ...]) -> bool:
+        """Bind the running action `action_id` to `cores` (cpuset and CFS quota) and tell its
+        runner the new DoP (a malleable test suite starts or stops case workers). Before the
+        action runs, the cores are kept for its start. True when the runner took it."""
         ...
 
     def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:

@@ -70,6 +70,7 @@ def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> d
         "max_output_bytes": req.max_output_bytes or limits.max_output_bytes,
         "env": dict(req.env),
         "pythonpath": pythonpath,
+        "key": req.action_id,  # what the host's resize names (_tangram_control)
     }
     if limits.use_rlimits:
         payload["rlimits"] = {"AS": req.memory_mb * 1024 * 1024, "NPROC": limits.pids_limit}

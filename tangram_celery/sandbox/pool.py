@@ -47,6 +47,7 @@ from tangram_celery.sandbox.limits import (
     to_result,
 )
 from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
+from tangram_celery.sandbox.resize import Resizing
 from tangram_celery.sandbox.stage import SandboxScope, Stage
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,8 @@ class WarmPool(ABC):
         self.ready = ReadyPool(
             cfg.prewarm, self._start_ready, self._destroy_ready, self._alive, keep=cfg.ready_max
         )
+        # running actions a core loan can resize (`resize`)
+        self._resizing = Resizing(self._bind, lambda h, req: call_runner(h.socket_path, req, 5.0))
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
         self._reaper.start()
 
@@ -183,6 +186,7 @@ class WarmPool(ABC):
         try:
             res = self._exec(h, request)
         finally:
+            self._resizing.leave(request)
             h.last_used_s = time.monotonic()
             h.lock.release()
         if reset:
@@ -203,6 +207,7 @@ class WarmPool(ABC):
         try:
             return self._exec(h, request)
         finally:
+            self._resizing.leave(request)
             self._dispose(h)
 
     def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
@@ -214,6 +219,11 @@ class WarmPool(ABC):
                 return
             del self._handles[trajectory_id]
         self._dispose(h)
+
+    def resize(self, action_id: str, cores: tuple[int, ...]) -> bool:
+        """Re-bind a running action's sandbox to `cores` and tell its runner the new DoP
+        (`tangram_celery.sandbox.resize`)."""
+        return self._resizing.resize(action_id, cores)
 
     def start_prewarm(self) -> None:
         """Start keeping `sandbox.prewarm` sandboxes ready (once the backend is set up)."""
@@ -419,10 +429,9 @@ class WarmPool(ABC):
         return ""
 
     def _exec(self, h: Handle, req: ExecRequest) -> ExecResult:
-        cores = tuple(req.cores)
-        self._bind(h, cores, req.memory_mb)
-        h.cores, h.memory_mb = cores, req.memory_mb
+        cores = self._resizing.enter(h, req)  # bound: the request's cores, or a loan's since
         payload = runner_payload(req, self.limits, self.pythonpath)
+        payload["cores"] = list(cores)
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
         try:

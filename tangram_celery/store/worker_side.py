@@ -9,7 +9,7 @@ from typing import Any
 
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import EVENTS, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
-from tangram_celery.wire import Chunk, Completion, ResidencyReport, residency
+from tangram_celery.wire import Chunk, Completion, GpuWarm, ResidencyReport, residency
 
 
 class WorkerSide(StoreBase):
@@ -59,11 +59,15 @@ class WorkerSide(StoreBase):
             )
         )
 
-    def publish_residency(self, node: str, resident: dict[Chunk, list[str]]) -> None:
+    def publish_residency(
+        self, node: str, resident: dict[Chunk, list[str]], warm: GpuWarm | None = None, error: str = ""
+    ) -> None:
         """Tell the scheduler which services GPU `node` holds on which chunks, outside any
-        action's completion (after a warm-up load). It goes on the events stream, so it is
-        ordered with the completions that carry the same map."""
-        event = ResidencyReport(pool=node, resident=residency(resident)).model_dump_json()
+        action's completion (after a warm-up load, or a `warm` order it settles, with `error`
+        when it failed). It goes on the events stream, so it is ordered with the completions
+        that carry the same map."""
+        report = ResidencyReport(pool=node, resident=residency(resident), warm=warm, error=error[:500])
+        event = report.model_dump_json(exclude_none=True)
         self.retrying("residency", lambda: self.r.xadd(EVENTS, {"id": "", "event": event}))
 
     def set_warm_status(self, node: str, status: dict[str, Any] | None) -> None:

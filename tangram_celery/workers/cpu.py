@@ -4,12 +4,17 @@ of strings, no sandbox needed) in-process."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from tangram_celery.actions import ActionResult, ActionStatus, CodeAction, RewardAction
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, Sandbox
-from tangram_celery.wire import SandboxOrder, TaskOrder
+from tangram_celery.wire import CoreLoan, SandboxOrder, TaskOrder
+from tangram_celery.workers.loans import CoreLoans
+
+log = logging.getLogger("tangram.worker")
 
 
 class CpuHandler:
@@ -23,8 +28,35 @@ class CpuHandler:
 
         # the toolchains this node's sandboxes have, narrowed by sandbox.languages
         self.languages = available(cfg.languages)
+        self.loans = CoreLoans()  # cores lent to running malleable actions (`lend`)
+        self._resizing = threading.Lock()
 
     def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
+        # its cores are its own from now on: taken back from any borrower before it runs
+        cores, changed = self.loans.start(action_id, order.unit_ids)
+        self._resize(changed)
+        try:
+            return self._run(action_id, payload, order, cores)
+        finally:
+            self.loans.end(action_id)
+
+    def lend(self, loan: CoreLoan) -> None:
+        """Carry out the scheduler's loan: resize the borrower (and any action a lent core is
+        taken from) to its cores now (`tangram_celery.workers.loans`)."""
+        changed = self.loans.lend(loan)
+        log.debug("loan %s: %s lent to %s; resizing %s", loan.seq, loan.cores, loan.action_id, changed)
+        self._resize(changed)
+
+    def _resize(self, action_ids: list[str]) -> None:
+        with self._resizing:  # one at a time: each applies the latest cores of its action
+            for aid in action_ids:
+                cores = self.loans.cores(aid)
+                if cores is not None:
+                    self.sandbox.resize(aid, cores)
+
+    def _run(
+        self, action_id: str, payload: dict[str, Any], order: TaskOrder, cores: tuple[int, ...]
+    ) -> ActionResult:
         if payload.get("type") == "reward":
             return self._verify(action_id, RewardAction.model_validate(payload))
         action = CodeAction.model_validate(payload)
@@ -37,7 +69,6 @@ class CpuHandler:
             )
         if not order.unit_ids:  # the live service executes only models that name cores
             raise ValueError(f"action {action_id}: its allocation names no cores")
-        cores = order.unit_ids
         # The scheduler's word on the trajectory's sandbox (scheduler/service/sandboxes.py):
         # its generation, whether this action starts it, whether the caller lost the last one.
         sandbox = order.sandbox or SandboxOrder()
@@ -56,6 +87,7 @@ class CpuHandler:
             cores=cores,
             sandbox_gen=sandbox.gen,
             new_sandbox=sandbox.new,
+            action_id=action_id,
         )
         if action.one_shot or action.trajectory_id is None:
             res = self.sandbox.run_once(req)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tangram_celery.actions import ActionResult, ActionStatus, RewardAction
 from tangram_celery.config import GpuNodeConfig, TangramConfig
-from tangram_celery.wire import TaskOrder
+from tangram_celery.wire import GpuWarm, TaskOrder
 from tangram_celery.workers.batcher import Batcher
 
 if TYPE_CHECKING:
@@ -118,6 +118,41 @@ class GpuHandler:
             exec_s=scored.exec_s,
             batch_size=scored.batch_size,
         )
+
+    def warm(self, order: GpuWarm) -> None:
+        """Carry out the scheduler's warm placement (`wire.GpuWarm`): load the service's replica
+        onto the chunk in free memory (never evicting; a load already under way is waited for),
+        or unload an idle one the load outgrew; then report the node's residency, naming the
+        order (as after a warm-up load)."""
+        from reward_servers.naming import aligned_chunks, replica_name
+        from reward_servers.placement import Placement
+
+        manager = self.service.manager
+        assert manager is not None
+        error = ""
+        try:
+            m = self.cfg.reward_model(order.service)
+            dop = len(order.chunk)
+            if order.pool != self.node:
+                raise ValueError(f"order for GPU node {order.pool}, this is {self.node}")
+            if m is None or m.backend == "rule" or dop not in m.dop_options:
+                raise ValueError(f"no {dop}-GPU service of {order.service!r} here")
+            if order.chunk not in aligned_chunks(self.service.node.num_gpus, dop):
+                raise ValueError(f"{order.chunk} is not a chunk of this node")
+            name = replica_name(order.service, dop, order.chunk)
+            if order.op == "unload":
+                if not manager.retire(name) and order.service in self.service.resident_models().get(
+                    order.chunk, []
+                ):
+                    error = "not unloaded: in use"
+            elif not manager.warm(Placement(name, order.chunk, load=True)) and not manager.wait_loaded(name):
+                error = "not loaded: the chunk's memory is taken"
+        except Exception as e:  # a hint for placement: calls still load on demand
+            error = f"{type(e).__name__}: {e}"
+            log.warning("warm %s of %s on %s failed: %s", order.op, order.service, order.chunk, error)
+        self._count_replica_changes()
+        if self.store is not None:
+            self.store.publish_residency(self.node, self.service.resident_models(), warm=order, error=error)
 
     def _count_replica_changes(self) -> None:
         """Carry the replica manager's eviction and load counts into the Prometheus counters."""

@@ -70,7 +70,7 @@ def run_worker(
         handler = CpuHandler(sandbox, cfg.sandbox, rules)
         # what this node's sandboxes run: clients refuse actions in anything else at submit
         runtime.store.set_languages(name, handler.languages)
-        tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory)
+        tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend)
         runtime.held = handler.held  # reported next to the heartbeats
         runtime.closer = handler.close_trajectory  # evictions carried by the task orders
         # One thread per core for the actions (the scheduler never sends more than the node's
@@ -96,7 +96,7 @@ def run_worker(
         # tritonserver and its Python stubs (one process per loaded replica) go with a clean
         # shutdown; left to PDEATHSIG, the stubs outlived the server by seconds
         closing.append(handler_gpu.close)
-        tasks.register(app, runtime, gpu=handler_gpu)
+        tasks.register(app, runtime, gpu=handler_gpu, warm=handler_gpu.warm)
         # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
         most = max(
             (m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1

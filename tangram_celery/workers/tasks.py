@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
 
-from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_CPU_BATCH, TASK_GPU, TASK_NOOP
+from tangram_celery.app import (
+    TASK_API,
+    TASK_CLOSE,
+    TASK_CPU,
+    TASK_CPU_BATCH,
+    TASK_GPU,
+    TASK_LEND,
+    TASK_NOOP,
+    TASK_WARM,
+)
+from tangram_celery.wire import CoreLoan, GpuWarm
 from tangram_celery.workers.base import Handler, WorkerRuntime
+
+log = logging.getLogger("tangram.worker")
 
 
 def register(
@@ -18,6 +31,8 @@ def register(
     api: Handler | None = None,
     gpu: Handler | None = None,
     close: Any = None,
+    lend: Any = None,
+    warm: Any = None,
 ) -> None:
     """Register the tasks this worker serves; results go through the Tangram store, not Celery's."""
 
@@ -46,3 +61,22 @@ def register(
         @app.task(name=TASK_CLOSE, ignore_result=True)
         def close_trajectory(trajectory_id: str, generation: str | None = None) -> None:
             close(trajectory_id, generation)
+
+    _control(app, TASK_LEND, lend, CoreLoan)
+    _control(app, TASK_WARM, warm, GpuWarm)
+
+
+def _control(app: Celery, name: str, handler: Any, model: type[CoreLoan] | type[GpuWarm]) -> None:
+    """A scheduler -> worker control message (`wire.CoreLoan`, `wire.GpuWarm`): validated, then
+    handed to `handler`; one that does not parse is logged and dropped."""
+    if handler is None:
+        return
+
+    @app.task(name=name, ignore_result=True)
+    def control(order: dict[str, Any]) -> None:
+        try:
+            msg = model.model_validate(order)
+        except ValueError as e:
+            log.error("%s: unreadable order, dropped: %s", name, e)
+            return
+        handler(msg)

@@ -186,7 +186,7 @@ def run_live(policy: str, trajs: list[SimTrajectory], tmp: str) -> list[Round]:
         svc.step(block_ms=None)
         for q in queues:
             for task, args in sent_messages(app, q):
-                if task == "tangram.close_trajectory":
+                if not task.startswith("tangram.run_"):  # closes, core loans
                     continue
                 order = TaskOrder.model_validate(args[1])
                 i, j = step_of[order.action_id]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -60,12 +61,15 @@ def trusted_path(req: dict) -> list[str]:
     return [p for p in sys.path if p.startswith("/usr/")] + list(req.get("pythonpath", []))
 
 
-def handle(req: dict, zygote: Zygote) -> dict:
-    """Run one request to completion and return its facts."""
+def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None = None) -> dict:
+    """Run one request to completion and return its facts; `control(act)` lets the host's
+    requests reach the action while it runs (`_tangram_control`)."""
     t_wall = time.time()
     fs.reset_tops(req)
     marks = fs.inode_marks(req)
     act = Action(req, zygote)
+    if control is not None:
+        control(act)
     held: list[Any] = []  # descriptors and channels to close at the end
     facts: dict[str, Any] = {}
     try:

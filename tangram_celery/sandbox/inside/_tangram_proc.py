@@ -92,6 +92,8 @@ class Action:
         self.deadline = time.monotonic() + float(req["timeout_s"])
         self.timed_out = self.output_capped = self.fork_failed = False
         self.spawn_error = ""
+        # cases run at once (test cases); the host may change it while the action runs
+        self.dop = max(1, len(req.get("cores") or ()))
         self.sel = selectors.DefaultSelector()
         self.procs: list[Proc] = []
         self._zfd: int | None = None  # the zygote socket's descriptor, while watched
@@ -369,12 +371,15 @@ class Action:
                         time.sleep(0.01)
                 self._finish(p, status)
 
-    def wait_any(self) -> Proc | None:
-        """Pump output until some process exits; None once the deadline or the output cap hit."""
+    def wait_any(self, woken: Callable[[], bool] | None = None) -> Proc | None:
+        """Pump output until some process exits; None once the deadline or the output cap hit,
+        or as soon as `woken()` is true (e.g. the host raised the DoP)."""
         while not (self.timed_out or self.output_capped):
             done = self._take_exit()
             if done is not None:
                 return done
+            if woken is not None and woken():
+                return None
             left = self.deadline - time.monotonic()
             if left <= 0:
                 self.timed_out = True

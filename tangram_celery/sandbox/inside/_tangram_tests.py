@@ -44,7 +44,9 @@ def run_tests(
     req: dict, act: Action, dop: int, code_fd: int | None, trusted_path: list[str], argv: list[str] | None
 ) -> tuple[list[dict[str, Any]], Proc | None]:
     """(one outcome per test case, the user process of the first test, whose output the action
-    shows). `argv` runs the program (None: python, from `code_fd`)."""
+    shows). `argv` runs the program (None: python, from `code_fd`). Up to `dop` cases run at
+    once; the host may change it while they run (`act.dop`, `_tangram_control`): each case still
+    runs exactly once."""
     cases = req["test_cases"]
     lang = req["language"]
     results: list[dict[str, Any] | None] = [None] * len(cases)
@@ -52,8 +54,13 @@ def run_tests(
     running: set[_Slot] = set()
     first: Proc | None = None
     nxt = 0
+    act.dop = dop
+
+    def more() -> bool:  # the DoP was raised while cases are left: start them now
+        return nxt < len(cases) and len(running) < act.dop
+
     while nxt < len(cases) or running:
-        while len(running) < dop and nxt < len(cases):
+        while len(running) < act.dop and nxt < len(cases):
             case, idx = cases[nxt], nxt
             nxt += 1
             if case.get("assert_code") is not None:
@@ -76,9 +83,11 @@ def run_tests(
                     slots[p.pid] = slot
         if not running:
             break
-        proc = act.wait_any()
+        proc = act.wait_any(more)
         if proc is None:
-            break
+            if act.timed_out or act.output_capped:
+                break
+            continue
         slot = slots[proc.pid]
         if proc is slot.verifier and slot.user is not None:
             act.kill(slot.user)  # its verdict is in; the user process has nothing left to do

@@ -23,11 +23,13 @@ import sys
 import traceback
 
 try:
+    from tangram_celery.sandbox.inside._tangram_control import Control
     from tangram_celery.sandbox.inside._tangram_fs import reset_tops
     from tangram_celery.sandbox.inside._tangram_jobs import handle
     from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all
     from tangram_celery.sandbox.inside._tangram_scrub import scrub
 except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_control import Control  # type: ignore[no-redef]
     from _tangram_fs import reset_tops  # type: ignore[no-redef]
     from _tangram_jobs import handle  # type: ignore[no-redef]
     from _tangram_proc import Zygote, _strays, kill_all  # type: ignore[no-redef]
@@ -61,6 +63,7 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
     os.chmod(tmp, 0o600)
     srv.listen(8)
     os.rename(tmp, sock_path)  # appears only once it accepts
+    control = Control(srv)  # the host's requests while an action runs (_tangram_control)
     while True:
         conn, _ = srv.accept()
         with conn:
@@ -77,8 +80,10 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
                     out = {"pong": True}
                 elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
                     out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
+                elif req.get("op") == "dop":  # for an action that is not running (any more)
+                    out = {"applied": False}
                 else:
-                    out = handle({**req, "uid": uid, "workdir": workdir}, zygote)
+                    out = handle({**req, "uid": uid, "workdir": workdir}, zygote, control.attach)
             except Exception as e:
                 out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}
             try:

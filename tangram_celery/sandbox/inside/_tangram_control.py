@@ -1,0 +1,78 @@
+"""Control of the running action from the host, over the runner's own socket (stdlib only).
+
+The runner answers one request per connection and is busy while an action runs. A test suite
+given as test cases is malleable: the host may lend its action more cores while it runs, or take
+some back (`WarmPool.resize`). While an action runs, the runner's listening socket is watched by
+the action's pump (`Action.watch`), and a connection that arrives then is one of these:
+
+    {"op": "dop", "key": <the action's key>, "cores": [...]}  -> {"applied": true, "dop": n}
+
+The action's DoP becomes len(cores): `run_tests` starts cases while fewer than that many run, so
+more cases run at once after a loan and, after a take-back, no new case starts until the cases in
+flight are below the new count (those keep running; the cpuset the host bound decides where).
+The key is the one the action's request carried: a request for another action (or for one that
+ended) changes nothing. Only root can reach the socket (a root-only directory, a 0600 socket),
+so user code can send none of this.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+MAX_REQUEST_B = 4096
+READ_TIMEOUT_S = 1.0
+
+
+def apply_dop(act: Any, req: dict[str, Any]) -> dict[str, Any]:
+    """Change the running action's DoP to the number of cores `req` names (see the module doc)."""
+    key = act.req.get("key") if act is not None else None
+    if not key or req.get("key") != key:
+        return {"applied": False}
+    cores = [int(c) for c in req.get("cores", [])]
+    if not cores:
+        return {"applied": False, "error": "no cores"}
+    act.dop = len(cores)
+    act.req["cores"] = cores  # without cgroups, new processes pin themselves to these
+    return {"applied": True, "dop": act.dop}
+
+
+class Control:
+    """Answers the host's control requests while an action runs (`attach` it to the action)."""
+
+    def __init__(self, srv: socket.socket) -> None:
+        self.srv = srv
+        self.act: Any = None
+
+    def attach(self, act: Any) -> None:
+        self.act = act
+        act.watch(self.srv.fileno(), self.on_readable)
+
+    def on_readable(self) -> None:
+        self.srv.setblocking(False)
+        try:
+            conn, _ = self.srv.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        finally:
+            self.srv.setblocking(True)
+        with conn:
+            try:
+                conn.settimeout(READ_TIMEOUT_S)
+                data = b""
+                while not data.endswith(b"\n") and len(data) < MAX_REQUEST_B:
+                    chunk = conn.recv(MAX_REQUEST_B)
+                    if not chunk:
+                        break
+                    data += chunk
+                req = json.loads(data)
+                if req.get("op") == "dop":
+                    out = apply_dop(self.act, req)
+                elif req.get("op") == "ping":
+                    out = {"pong": True}
+                else:
+                    out = {"runner_error": "busy: an action is running"}
+                conn.sendall(json.dumps(out).encode() + b"\n")
+            except (OSError, ValueError, TypeError, AttributeError):
+                pass  # the host retries or gives up; the action goes on
