@@ -8,9 +8,13 @@ format).
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("tangram.metrics")
 
 ACT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 
@@ -107,8 +111,20 @@ def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> No
 
     Loopback by default; a container that Prometheus scrapes from outside passes 0.0.0.0 and
     publishes the port only on the network it trusts."""
-    if port:
-        start_http_server(port, addr=addr, registry=registry)
+    if not port:
+        return
+    for attempt in range(5):
+        try:
+            start_http_server(port, addr=addr, registry=registry)
+            return
+        except OSError as e:  # taken meanwhile (the deployment picked it free a moment ago)
+            if attempt == 4:
+                # metrics are not worth the process: it serves its pool without them
+                log.error(
+                    "metrics endpoint %s:%d not served (%s); this process runs without it", addr, port, e
+                )
+                return
+            time.sleep(0.2)
 
 
 def write_targets(state_dir: str | Path, targets: dict[str, int]) -> Path:
