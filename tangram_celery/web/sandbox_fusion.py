@@ -179,6 +179,8 @@ async def run_code_answer(req: RunCodeRequest, state: Any) -> Answer:
         )
     try:
         budget = action_budget_s(req.language, req.compile_timeout, req.run_timeout)
+        # what the caller's timeouts grant, compile phase or not (verl waits this + 10 s)
+        wait = req.compile_timeout + req.run_timeout
 
         try:  # validated once, before anything is enqueued
             base = to_action(req, req.trajectory_id or "one-shot", state.default_memory_mb)
@@ -190,9 +192,9 @@ async def run_code_answer(req: RunCodeRequest, state: Any) -> Answer:
 
         try:
             if req.trajectory_id is None:
-                outcome = await gate.run_one_shot(make, t0=t0, budget_s=budget)
+                outcome = await gate.run_one_shot(make, t0=t0, budget_s=budget, wait_s=wait)
             else:
-                outcome = await gate.run(base, t0=t0, budget_s=budget)
+                outcome = await gate.run(base, t0=t0, budget_s=budget, wait_s=wait)
         except ActionRejected as e:
             return Answer.of(refusal(str(e)))
         return to_response(outcome, req.language, gate.cfg.overload_status)

@@ -1,5 +1,6 @@
 """`POST /run_code` in the app, in front of a stand-in client: the fast path answers exactly as
-FastAPI's route does and hands what it cannot validate to the route."""
+FastAPI's route does, hands what it cannot validate to the route, and the deadline of a call
+counts the caller's compile timeout as queueing time when there is no compile phase."""
 
 from __future__ import annotations
 
@@ -156,3 +157,22 @@ def test_the_fast_path_keeps_the_refusals_and_their_statuses() -> None:
     away = _app(StandIn(broker_down=True))
     status, body, headers = _post(away, json.dumps({"code": "print(1)", "language": "python"}).encode())
     assert status == 503 and headers["retry-after"] == "1" and "broker unavailable" in body["detail"]
+
+
+def test_an_interpreted_call_may_queue_for_its_compile_timeout_too() -> None:
+    """The answer is due compile + run timeout + slack after the request, whatever the language
+    (verl's client waits compile + run + 10 s). A compiled program must start by slack -
+    margin; an interpreted one has no compile phase, so it may wait compile_timeout longer.
+    One that cannot start by then is cancelled and answered 504."""
+    client = StandIn(start=False)
+    app = _app(client, slack_s=8.0, exec_margin_s=2.0)
+    python = {"code": "print(1)", "language": "python", "compile_timeout": 10, "run_timeout": 5}
+    status, body, _ = _post(app, json.dumps(python).encode())
+    assert status == 504 and body["tangram"]["status"] == "overloaded"
+    assert client.cancelled == [client.submitted[0].id]
+    waited = client.waits[0]
+    assert waited is not None and 15.0 < waited <= 16.0  # 10 + 8 - 2
+    c_code = {"code": "int main(){}", "language": "c", "compile_timeout": 10, "run_timeout": 5}
+    status, _, _ = _post(app, json.dumps(c_code).encode())
+    waited = client.waits[1]
+    assert status == 504 and waited is not None and 5.0 < waited <= 6.0  # 8 - 2
