@@ -1,7 +1,8 @@
 """The client side of the store: submit, cancel, wait for results, read the published pools.
 
-`SubmitBatch`, `memory_refusal`, `check_submitted`, `cancel_keys` and `cancel_args` are shared with the asyncio
-client (`tangram_celery.aclient`), which runs the same scripts on its own connection.
+`SubmitBatch`, `memory_refusal`, `check_submitted`, `cancel_keys` and `cancel_args` are shared
+with the asyncio client (`tangram_celery.aclient`), which runs the same scripts on its own
+connection.
 """
 
 from __future__ import annotations
