@@ -72,7 +72,9 @@ def _app(client: StandIn, **http: Any) -> Any:
     return app
 
 
-def _post(app: Any, body: bytes, content_type: str | None = "application/json") -> tuple[int, Any, dict[str, str]]:
+def _post(
+    app: Any, body: bytes, content_type: str | None = "application/json"
+) -> tuple[int, Any, dict[str, str]]:
     import httpx
 
     headers = {"content-type": content_type} if content_type else {}
