@@ -136,10 +136,10 @@ def round_trips(dep: Deployment, n: int) -> dict[str, Any]:
         for k, tag in (("http", ""), ("http_lean", "_lean")):
             p50_py, p50_http = percentile(d["python"], 0.5), percentile(d[k], 0.5)
             row[f"http{tag}_p50_ms"] = round(p50_http * 1e3, 2)
-            row[f"added{tag}_p50_ms"] = round((p50_http - p50_py) * 1e3, 2)
+            row[f"added{tag}_p50_ms"] = round((p50_http - p50_py) * 1e3, 2) + 0.0  # no -0.0
             # per call pair (run back to back): less exposed to the machine's load drifting
-            row[f"added{tag}_paired_p50_ms"] = round(
-                percentile([h - q for h, q in zip(d[k], d["python"], strict=True)], 0.5) * 1e3, 2
+            row[f"added{tag}_paired_p50_ms"] = (
+                round(percentile([h - q for h, q in zip(d[k], d["python"], strict=True)], 0.5) * 1e3, 2) + 0.0
             )
             row[f"http{tag}_p90_ms"] = round(percentile(d[k], 0.9) * 1e3, 2)
         row["python_p90_ms"] = round(percentile(d["python"], 0.9) * 1e3, 2)
