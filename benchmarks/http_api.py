@@ -13,7 +13,7 @@ C. verl's own SandboxFusion `compute_score` over the 164 HumanEval problems conv
    `/run_code` (one request per case); beside it Tangram's verl adapter (one action per problem)
    and a plain unsandboxed subprocess harness. Every reference must score 1.0.
 
-Run: .venv/bin/python benchmarks/http_api.py [--calls 1000] [--round-trips 60]
+Run: .venv/bin/python benchmarks/http_api.py [--calls 1000] [--round-trips 300]
 Writes benchmarks/results/http.json and http.png.
 """
 
@@ -433,7 +433,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--round-trips", type=int, default=100)
+    ap.add_argument("--round-trips", type=int, default=300, help="rounds per mode (3 calls each)")
     ap.add_argument("--problem-concurrency", type=int, default=8, help="problems scored at once")
     ap.add_argument(
         "--verl-max-concurrent", type=int, default=8, help="verl's reward.sandbox_fusion.max_concurrent"
