@@ -1,17 +1,19 @@
 """The HTTP front door (`tangram serve`), side by side in one run on one local deployment:
 
 A. round trip of a trivial program (`print(1)`), one call in flight: `/run_code` vs the Python
-   client for the same action, in a warm trajectory and as a one-shot action. Target: HTTP p50
-   at most 3 ms above the Python client's.
-B. 1,000 concurrent `/run_code` calls: every call answered, nothing but 200 or the documented
-   504, and every 504'd action provably not executed (cancelled in the store, never claimed by a
-   worker, absent from the run log).
+   client for the same action, in a warm trajectory and as a one-shot action; over HTTP both
+   with `requests` (verl's client) and with a lean keep-alive `http.client` connection. Target:
+   HTTP p50 (`requests`) at most 3 ms above the Python client's.
+B. 1,000 concurrent one-shot `/run_code` calls, each the request verl sends (compile and run
+   timeout 10 s, 1024 MiB): every call answered, nothing but 200 or the documented 504, and
+   every 504'd action provably not executed (cancelled in the store, never claimed by a worker,
+   absent from the run log). Then the same with verl's retries (a 504 retried after 1 s, 2 s).
 C. verl's own SandboxFusion `compute_score` over the 164 HumanEval problems converted to
    stdin/stdout cases (verl's `fn_name` form: one JSON argument per stdin line), through
    `/run_code` (one request per case); beside it Tangram's verl adapter (one action per problem)
    and a plain unsandboxed subprocess harness. Every reference must score 1.0.
 
-Run: .venv/bin/python benchmarks/http_api.py [--calls 1000] [--round-trips 60]
+Run: .venv/bin/python benchmarks/http_api.py [--calls 1000] [--round-trips 300]
 Writes benchmarks/results/http.json and http.png.
 """
 
@@ -35,7 +37,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -70,29 +71,41 @@ def load_verl_sandbox_fusion() -> Any:
 
 # ---- A: round trips ------------------------------------------------------------------------------
 def round_trips(dep: Deployment, n: int) -> dict[str, Any]:
+    """Per mode, n rounds of three calls of the same action, in a rotating order: the Python
+    client, `/run_code` through `requests` (verl's HTTP client; it re-reads the environment's
+    proxy settings on every call, a client-side cost that grows with the environment) and through
+    a lean keep-alive `http.client` connection (the server hop alone)."""
+    import http.client
+
     import requests
 
     client = TangramClient(dep.url)
     session = requests.Session()
     url = dep.http_url + "/run_code"
+    lean = http.client.HTTPConnection(*dep.http_url.removeprefix("http://").rsplit(":", 1))
+    kinds = ("python", "http", "http_lean")
     out: dict[str, dict[str, list[float]]] = {
-        "warm": {"python": [], "http": []},
-        "one_shot": {"python": [], "http": []},
+        "warm": {k: [] for k in kinds},
+        "one_shot": {k: [] for k in kinds},
     }
     for mode in ("warm", "one_shot"):
         for i in range(n + 5):  # the first 5 of each mode warm up
-            tid = "bench-warm" if mode == "warm" else f"oneshot-{uuid.uuid4().hex}"
             body: dict[str, Any] = {"code": "print(1)", "language": "python"}
             if mode == "warm":
                 body["trajectory_id"] = "bench-warm-http"
+            raw = json.dumps(body)
 
-            def python_call(tid: str = tid, mode: str = mode) -> tuple[float, str]:
+            def python_call(mode: str = mode) -> tuple[float, str]:
+                # the same action: in a warm trajectory, or one-shot (no trajectory), as the server
+                # submits it
+                action = (
+                    CodeAction(trajectory_id="bench-warm", code="print(1)")
+                    if mode == "warm"
+                    else CodeAction(code="print(1)")
+                )
                 t0 = time.perf_counter()
-                res = client.submit(CodeAction(trajectory_id=tid, code="print(1)")).result(timeout=60)
-                took = time.perf_counter() - t0
-                if mode == "one_shot":  # what the server does after answering
-                    client.close_trajectory(tid)
-                return took, res.stdout
+                res = client.submit(action).result(timeout=60)
+                return time.perf_counter() - t0, res.stdout
 
             def http_call(body: dict[str, Any] = body) -> tuple[float, str]:
                 t0 = time.perf_counter()
@@ -100,44 +113,79 @@ def round_trips(dep: Deployment, n: int) -> dict[str, Any]:
                 took = time.perf_counter() - t0
                 return took, r.json()["run_result"]["stdout"]
 
-            if i % 2:  # alternate the order, so that neither pays for the other's clean-up
-                (py_s, py_out), (http_s, http_out) = python_call(), http_call()
-            else:
-                (http_s, http_out), (py_s, py_out) = http_call(), python_call()
-            assert py_out == "1\n" and http_out == "1\n", (py_out, http_out)
+            def lean_call(raw: str = raw) -> tuple[float, str]:
+                t0 = time.perf_counter()
+                lean.request("POST", "/run_code", raw, {"Content-Type": "application/json"})
+                answer = lean.getresponse().read()
+                took = time.perf_counter() - t0
+                return took, json.loads(answer)["run_result"]["stdout"]
+
+            calls = {"python": python_call, "http": http_call, "http_lean": lean_call}
+            took: dict[str, float] = {}
+            for k in kinds[i % 3 :] + kinds[: i % 3]:  # rotate: none always first or last
+                took[k], stdout = calls[k]()
+                assert stdout == "1\n", (k, stdout)
             if i >= 5:
-                out[mode]["python"].append(py_s)
-                out[mode]["http"].append(http_s)
+                for k in kinds:
+                    out[mode][k].append(took[k])
     client.close()
+    lean.close()
     summary: dict[str, Any] = {}
     for mode, d in out.items():
-        p50_py, p50_http = percentile(d["python"], 0.5), percentile(d["http"], 0.5)
-        summary[mode] = {
-            "n": n,
-            "python_p50_ms": round(p50_py * 1e3, 2),
-            "http_p50_ms": round(p50_http * 1e3, 2),
-            "added_p50_ms": round((p50_http - p50_py) * 1e3, 2),
+        row: dict[str, Any] = {"n": n, "python_p50_ms": round(percentile(d["python"], 0.5) * 1e3, 2)}
+        for k, tag in (("http", ""), ("http_lean", "_lean")):
+            p50_py, p50_http = percentile(d["python"], 0.5), percentile(d[k], 0.5)
+            row[f"http{tag}_p50_ms"] = round(p50_http * 1e3, 2)
+            row[f"added{tag}_p50_ms"] = round((p50_http - p50_py) * 1e3, 2) + 0.0  # no -0.0
             # per call pair (run back to back): less exposed to the machine's load drifting
-            "added_paired_p50_ms": round(
-                percentile([h - q for h, q in zip(d["http"], d["python"], strict=True)], 0.5) * 1e3, 2
-            ),
-            "python_p90_ms": round(percentile(d["python"], 0.9) * 1e3, 2),
-            "http_p90_ms": round(percentile(d["http"], 0.9) * 1e3, 2),
-        }
+            row[f"added{tag}_paired_p50_ms"] = (
+                round(percentile([h - q for h, q in zip(d[k], d["python"], strict=True)], 0.5) * 1e3, 2) + 0.0
+            )
+            row[f"http{tag}_p90_ms"] = round(percentile(d[k], 0.9) * 1e3, 2)
+        row["python_p90_ms"] = round(percentile(d["python"], 0.9) * 1e3, 2)
+        summary[mode] = row
     return summary
 
 
 # ---- B: concurrency ------------------------------------------------------------------------------
-def concurrent_calls(dep: Deployment, calls: int) -> dict[str, Any]:
+# What verl's SandboxFusion client sends for one test case (reward.sandbox_fusion defaults:
+# compile and run timeout 10 s each, memory_limit_mb 1024); it waits compile + run + 10 s.
+VERL_REQUEST = {
+    "compile_timeout": 10,
+    "run_timeout": 10,
+    "memory_limit_MB": 1024,
+    "files": {},
+    "fetch_files": [],
+}
+VERL_RETRY_DELAYS_S = (1.0, 2.0)  # verl retries a 504 twice, after 1 s then 2 s
+
+
+def concurrent_calls(dep: Deployment, calls: int, verl_retries: bool = False) -> dict[str, Any]:
+    """`calls` one-shot `/run_code` requests at once, each as verl sends it; with `verl_retries`,
+    a 504 is retried as verl's client does. Every 504'd attempt is checked: cancelled in the
+    store, never claimed by a worker, absent from the run log."""
     import aiohttp
 
     url = dep.http_url + "/run_code"
+    delays = VERL_RETRY_DELAYS_S if verl_retries else ()
+    refused_ids: list[str] = []
+    refused_before_enqueue = 0
 
-    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, dict[str, Any], float]:
+    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, dict[str, Any], float, int]:
+        nonlocal refused_before_enqueue
         t0 = time.monotonic()
-        body = {"code": f"print({i})", "language": "python", "run_timeout": 5, "memory_limit_MB": 64}
-        async with session.post(url, json=body) as resp:
-            return resp.status, await resp.json(content_type=None), time.monotonic() - t0
+        body = {"code": f"print({i})", "language": "python", "stdin": "", **VERL_REQUEST}
+        for attempt, delay in enumerate((*delays, None), 1):
+            async with session.post(url, json=body) as resp:
+                status, answer = resp.status, await resp.json(content_type=None)
+            if status != 504 or delay is None:
+                return status, answer, time.monotonic() - t0, attempt
+            if answer["tangram"]["action_id"]:
+                refused_ids.append(answer["tangram"]["action_id"])
+            else:
+                refused_before_enqueue += 1
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def go() -> list[Any]:
         conn = aiohttp.TCPConnector(limit=0)
@@ -154,13 +202,17 @@ def concurrent_calls(dep: Deployment, calls: int) -> dict[str, Any]:
     sandbox_errors = [a[1]["tangram"] for _, a in ok if a[1]["status"] != "Success"]
     wrong = [i for i, a in ok if a[1]["status"] == "Success" and a[1]["run_result"]["stdout"] != f"{i}\n"]
     ran_ids = {a[1]["tangram"]["action_id"] for _, a in ok if a[1]["status"] == "Success"}
-    cancelled = [a[1]["tangram"]["action_id"] for a in refused if a[1]["tangram"]["action_id"]]
+    cancelled = refused_ids + [a[1]["tangram"]["action_id"] for a in refused if a[1]["tangram"]["action_id"]]
+    refused_before_enqueue += sum(1 for a in refused if not a[1]["tangram"]["action_id"])
     store = Store(dep.url)
     states = store.states(cancelled)
     claimed = [a for a in cancelled if store.r.hget(akey(a), "worker") is not None]
     log = run_log(Path(dep.cfg.state_dir), wait_for=ran_ids, timeout_s=60)
+    ran_answer_s = sorted(a[2] for _, a in ok)
     return {
         "calls": calls,
+        "request": VERL_REQUEST,
+        "verl_retries": verl_retries,
         "wall_s": round(wall_s, 2),
         "answered": len(answers) - len(errors),
         "client_errors": errors[:5],
@@ -171,12 +223,17 @@ def concurrent_calls(dep: Deployment, calls: int) -> dict[str, Any]:
         "status_200_not_success": len(sandbox_errors),
         "not_success_statuses": sorted({e["status"] for e in sandbox_errors}),
         "not_success_examples": [e["error"][:200] for e in sandbox_errors[:3]],
-        "refused_before_enqueue": len(refused) - len(cancelled),
+        "answered_200_after_attempts": {
+            str(n): sum(1 for _, a in ok if a[3] == n) for n in range(1, len(delays) + 2)
+        },
+        "refused_before_enqueue": refused_before_enqueue,
         "refused_cancelled": len(cancelled),
         "cancelled_state_ok": states == ["cancelled"] * len(cancelled),
         "cancelled_claimed_by_a_worker": len(claimed),
         "cancelled_in_run_log": len(set(cancelled) & set(log)),
         "ran_in_run_log": len(ran_ids & set(log)),
+        "ran_answer_p50_s": round(ran_answer_s[len(ran_answer_s) // 2], 2) if ran_answer_s else None,
+        "last_200_answer_s": round(ran_answer_s[-1], 2) if ran_answer_s else None,
         "max_answer_s": round(max(a[2] for a in answers if not isinstance(a, BaseException)), 2),
     }
 
@@ -351,8 +408,16 @@ def plot(data: dict[str, Any], path: Path) -> None:
     axes[0].set_title("print(1), one in flight")
     axes[0].legend()
     c = data["concurrency"]
-    axes[1].bar(["200", "504 (not run)", "other"], [c["status_200"], c["status_504"], len(c["other_status"])])
-    axes[1].set_title(f"{c['calls']} concurrent /run_code ({c['wall_s']} s)")
+    runs = [("no retry", c)]
+    if "concurrency_verl_retries" in data:
+        runs.append(("verl's retries", data["concurrency_verl_retries"]))
+    for k, (label, run) in enumerate(runs):
+        xs2 = [x + 0.4 * k - 0.2 * (len(runs) - 1) for x in range(3)]
+        counts = [run["status_200"], run["status_504"], len(run["other_status"])]
+        axes[1].bar(xs2, counts, 0.4, label=f"{label}: {run['wall_s']} s")
+    axes[1].set_xticks(range(3), ["200", "504 (not run)", "other"])
+    axes[1].legend()
+    axes[1].set_title(f"{c['calls']} concurrent /run_code, as verl sends them")
     h = data["humaneval"]
     names = ["verl_run_code", "tangram_adapter", "plain_harness"]
     axes[2].bar(
@@ -368,13 +433,14 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--round-trips", type=int, default=100)
+    ap.add_argument("--round-trips", type=int, default=300, help="rounds per mode (3 calls each)")
     ap.add_argument("--problem-concurrency", type=int, default=8, help="problems scored at once")
     ap.add_argument(
         "--verl-max-concurrent", type=int, default=8, help="verl's reward.sandbox_fusion.max_concurrent"
     )
     ap.add_argument("--skip-humaneval", action="store_true")
     ap.add_argument("--skip-round-trips", action="store_true")
+    ap.add_argument("--skip-verl-retries", action="store_true", help="B without the run that retries 504s")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tangram-bench-http-"))
     path = deployment_config(tmp, sandbox={"backend": "auto", "default_timeout_s": 10})
@@ -388,6 +454,9 @@ def main() -> None:
             print(json.dumps(data["round_trip"], indent=1), flush=True)
         data["concurrency"] = concurrent_calls(dep, args.calls)
         print(json.dumps(data["concurrency"], indent=1), flush=True)
+        if not args.skip_verl_retries:
+            data["concurrency_verl_retries"] = concurrent_calls(dep, args.calls, verl_retries=True)
+            print(json.dumps(data["concurrency_verl_retries"], indent=1), flush=True)
         if not args.skip_humaneval:
             data["humaneval"] = humaneval(dep, args.problem_concurrency, args.verl_max_concurrent)
             print(json.dumps(data["humaneval"], indent=1), flush=True)

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -44,6 +44,7 @@ from tangram_celery.store import (
     INTAKE,
     LANGS,
     SUBMIT,
+    SubmitBatch,
     akey,
     cancel_args,
     cancel_keys,
@@ -66,9 +67,24 @@ class UnknownAction(TangramError):
 
 @dataclass
 class _Waiter:
-    future: asyncio.Future[ActionResult]
+    future: asyncio.Future[ActionResult]  # the outcome, shared by every result() call
     refs: int = 0  # result() calls waiting on it
     watched: bool = False  # registered at submit: its result cannot predate it
+    # one per waiting result() call, woken directly when the outcome is set: one loop step to
+    # the caller (a shielded future under wait_for took three)
+    wakers: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def settle(self, result: ActionResult | None = None, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+            self.future.exception()  # retrieved: no "never retrieved" log when nobody awaits it
+        else:
+            self.future.set_result(result)  # type: ignore[arg-type]
+        for waker in self.wakers:
+            if not waker.done():
+                waker.set_result(None)
 
 
 class AsyncActionHandle:
@@ -124,6 +140,7 @@ class AsyncTangramClient:
         self._view_read = config is not None
         self._langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
         self._langs_read_s = float("-inf")
+        self._checked: tuple[PoolView, dict[str, list[str]], PoolView] | None = None
         self._waiters: dict[str, _Waiter] = {}
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
@@ -166,6 +183,17 @@ class AsyncTangramClient:
             self._langs, self._langs_read_s = languages_of(raw), now
         return self._langs
 
+    async def _checked_view(self) -> PoolView | None:
+        """The pool view with the reported languages (rebuilt only when either changes)."""
+        view = await self._pool_view()
+        if view is None:
+            return None
+        langs = await self.languages()
+        cached = self._checked
+        if cached is None or cached[0] is not view or cached[1] is not langs:
+            cached = self._checked = (view, langs, view.with_languages(langs))
+        return cached[2]
+
     def _ensure_listener(self) -> None:
         if self._closed:
             raise TangramError("this AsyncTangramClient is closed")
@@ -182,9 +210,7 @@ class AsyncTangramClient:
     async def submit_many(self, actions: Iterable[AnyAction | dict[str, Any]]) -> list[AsyncActionHandle]:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
-        view = await self._pool_view()
-        if view is not None:
-            view = view.with_languages(await self.languages())
+        view = await self._checked_view()
         limits = self.config.limits if self.config else limits_from_view(view)
         items: list[tuple[str, str, str]] = []
         handles: list[AsyncActionHandle] = []
@@ -205,14 +231,7 @@ class AsyncTangramClient:
         ttl = str(int(limits.queued_ttl_s)) if limits.queued_ttl_s > 0 else "0"
 
         async def send() -> list[Any]:
-            pipe = self.r.pipeline(transaction=False)
-            for action_id, meta_json, payload in items:
-                await self._submit(
-                    keys=[INTAKE, akey(action_id)],
-                    args=[action_id, meta_json, payload, max_queued, ttl, self.notify],
-                    client=pipe,
-                )
-            return list(await pipe.execute(raise_on_error=False))
+            return await self._run_submits(items, max_queued, ttl)
 
         # Waiters exist before the actions do: a result pushed before anyone awaits it is kept,
         # and `result()` needs no read of its own for an action submitted here.
@@ -228,6 +247,26 @@ class AsyncTangramClient:
                 self._waiters.pop(action_id, None)
             raise
         return handles
+
+    async def _run_submits(self, items: list[tuple[str, str, str]], max_queued: int, ttl: str) -> list[Any]:
+        """The submit script's reply per item, errors as values, in one round trip (`SubmitBatch`);
+        a single item without a pipeline."""
+        batch = SubmitBatch(self._submit.sha, items, max_queued, ttl, self.notify)
+        while True:
+            calls = batch.pending()
+            if len(calls) == 1:
+                try:
+                    got: list[Any] = [await self.r.evalsha(*calls[0])]
+                except redis.ResponseError as e:  # refusals are values, as in a pipeline
+                    got = [e]
+            else:
+                pipe = self.r.pipeline(transaction=False)
+                for call in calls:
+                    pipe.evalsha(*call)
+                got = list(await pipe.execute(raise_on_error=False))
+            if batch.take(got):
+                return batch.replies
+            await self.r.script_load(SUBMIT)
 
     async def _admit_memory(self, fraction: float, n: int) -> None:
         """AdmissionError while Redis is above `fraction` of its maxmemory (read at most every
@@ -261,7 +300,15 @@ class AsyncTangramClient:
             if fresh:
                 # Registered first, then read: a result stored in between is not missed.
                 await self._fetch([action_id])
-            return await asyncio.wait_for(asyncio.shield(w.future), timeout)
+            if not w.future.done():
+                waker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                w.wakers.append(waker)
+                try:
+                    async with asyncio.timeout(timeout):
+                        await waker
+                finally:
+                    w.wakers.remove(waker)
+            return w.future.result()
         except TimeoutError:
             raise ResultTimeout(
                 f"action {action_id} has no result after {timeout}s (it may still complete)"
@@ -290,9 +337,9 @@ class AsyncTangramClient:
             try:
                 result = raw if isinstance(raw, ActionResult) else ActionResult.model_validate_json(raw)
             except ValueError as e:
-                w.future.set_exception(TangramError(f"unreadable result of {action_id}: {e}"))
+                w.settle(error=TangramError(f"unreadable result of {action_id}: {e}"))
                 return
-            w.future.set_result(result)
+            w.settle(result)
 
     def _deliver(self, raws: list[str]) -> None:
         """Resolve the waiters of the results popped from the notification list."""
@@ -323,8 +370,10 @@ class AsyncTangramClient:
             elif state is None:
                 w = self._waiters.pop(action_id, None)
                 if w is not None and not w.future.done() and w.refs > 0:
-                    w.future.set_exception(
-                        UnknownAction(f"no action {action_id!r} (never submitted, or its result expired)")
+                    w.settle(
+                        error=UnknownAction(
+                            f"no action {action_id!r} (never submitted, or its result expired)"
+                        )
                     )
 
     async def _listen_loop(self) -> None:
@@ -335,9 +384,12 @@ class AsyncTangramClient:
                 got = await self._listen.blpop([self.notify], timeout=self.poll_s)
                 if got is not None:
                     self._deliver([str(got[1])])  # first, before the drain's round trip
-                    more = await self._listen.lpop(self.notify, 4096)
-                    if more:
-                        self._deliver([str(x) for x in more])
+                    # the callers just woken answer before this task talks to Redis again
+                    await asyncio.sleep(0)
+                    if self._waiters:  # else the next BLPOP takes whatever is left
+                        more = await self._listen.lpop(self.notify, 4096)
+                        if more:
+                            self._deliver([str(x) for x in more])
                 if time.monotonic() >= next_sweep:
                     # Results whose wake-up was lost (see the module docstring).
                     await self._fetch(list(self._waiters))
@@ -388,8 +440,7 @@ class AsyncTangramClient:
             except (asyncio.CancelledError, Exception):
                 pass
         for w in self._waiters.values():
-            if not w.future.done():
-                w.future.set_exception(TangramError("client closed"))
+            w.settle(error=TangramError("client closed"))
         self._waiters.clear()
         try:
             await self.r.delete(self.notify)

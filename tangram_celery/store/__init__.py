@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from tangram_celery.store.client_side import (
     ClientSide,
+    SubmitBatch,
     cancel_args,
     cancel_keys,
     check_submitted,
@@ -95,6 +96,7 @@ __all__ = [
     "ActionState",
     "IntakeEntry",
     "Store",
+    "SubmitBatch",
     "akey",
     "cancel_args",
     "cancel_keys",

@@ -1,7 +1,8 @@
 """The client side of the store: submit, cancel, wait for results, read the published pools.
 
-`memory_refusal`, `check_submitted`, `cancel_keys` and `cancel_args` are shared with the asyncio
-client (`tangram_celery.aclient`), which runs the same scripts on its own connection.
+`SubmitBatch`, `memory_refusal`, `check_submitted`, `cancel_keys` and `cancel_args` are shared
+with the asyncio client (`tangram_celery.aclient`), which runs the same scripts on its own
+connection.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
 
 from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import CONFIG, EVENTS, GROUP, INTAKE, LANGS, RESULT_TTL_S, akey, nkey
+from tangram_celery.store.scripts import SUBMIT
 from tangram_celery.wire import Completion, EventStatus, PoolView
 
 
@@ -38,14 +41,14 @@ class ClientSide(StoreBase):
         ttl = str(int(ttl_s)) if ttl_s > 0 else "0"
 
         def send() -> list[Any]:
-            pipe = self.r.pipeline(transaction=False)
-            for action_id, meta, payload in items:
-                self._submit(
-                    keys=[INTAKE, akey(action_id)],
-                    args=[action_id, meta, payload, max_queued, ttl, ""],
-                    client=pipe,
-                )
-            return list(pipe.execute(raise_on_error=False))
+            batch = SubmitBatch(self._submit.sha, items, max_queued, ttl, notify="")
+            while True:
+                pipe = self.r.pipeline(transaction=False)
+                for call in batch.pending():
+                    pipe.evalsha(*call)
+                if batch.take(pipe.execute(raise_on_error=False)):
+                    return batch.replies
+                self.r.script_load(SUBMIT)
 
         check_submitted(items, self.retrying("submit", send), max_queued)
 
@@ -109,6 +112,37 @@ class ClientSide(StoreBase):
 
     def queued_count(self) -> int:
         return int(self.r.xlen(INTAKE))
+
+
+class SubmitBatch:
+    """The submit script's calls for a batch of (id, meta, payload) items, sent by digest
+    (EVALSHA) in one round trip. (A pipeline of `Script` calls asks SCRIPT EXISTS first: a
+    second round trip on every submit.) An item that met an empty script cache (a restarted
+    Redis) did not run: `take` says so, and after a SCRIPT LOAD `pending` holds those items
+    again, once; a second miss is left as the item's reply (an error for `check_submitted`)."""
+
+    def __init__(
+        self, sha: str, items: Sequence[tuple[str, str, str]], max_queued: int, ttl: str, notify: str
+    ) -> None:
+        self.calls = [
+            (sha, 2, INTAKE, akey(i), i, meta, payload, max_queued, ttl, notify) for i, meta, payload in items
+        ]
+        self.replies: list[Any] = [None] * len(self.calls)
+        self._todo = list(range(len(self.calls)))
+        self._rounds = 0
+
+    def pending(self) -> list[tuple[Any, ...]]:
+        """EVALSHA arguments of the items still to send."""
+        return [self.calls[n] for n in self._todo]
+
+    def take(self, replies: Sequence[Any]) -> bool:
+        """Record the replies to `pending()`; True when done, False to load the script and send
+        `pending()` again."""
+        for n, rep in zip(self._todo, replies, strict=True):
+            self.replies[n] = rep
+        self._rounds += 1
+        self._todo = [n for n in self._todo if isinstance(self.replies[n], NoScriptError)]
+        return not self._todo or self._rounds >= 2
 
 
 def memory_refusal(used_b: int, max_b: int, fraction: float, n: int) -> str | None:

@@ -23,6 +23,7 @@ from tangram_celery.config import TangramConfig
 from tangram_celery.errors import BrokerError
 from tangram_celery.web.gate import Gate
 from tangram_celery.web.phases import COMPILED, LANGUAGES
+from tangram_celery.web.sandbox_fusion import Answer, run_code_fast
 from tangram_celery.web.sandbox_models import Capabilities
 
 if TYPE_CHECKING:
@@ -112,10 +113,8 @@ def create_app(
     )
 
     @app.exception_handler(BrokerError)
-    async def broker_away(request: Request, exc: BrokerError) -> JSONResponse:
-        return JSONResponse(
-            {"detail": f"broker unavailable: {exc}"}, status_code=503, headers={"Retry-After": "1"}
-        )
+    async def broker_away_answer(request: Request, exc: BrokerError) -> JSONResponse:
+        return JSONResponse({"detail": broker_away(exc)}, status_code=503, headers={"Retry-After": "1"})
 
     app.include_router(sandbox_router)
     app.include_router(native_router)
@@ -123,6 +122,11 @@ def create_app(
     token = cfg.http.resolved_token()
     app.add_middleware(Guard, token=token, max_body_bytes=cfg.http.max_body_mb << 20)
     return app
+
+
+def broker_away(exc: BrokerError) -> str:
+    """Why a request got 503: Redis unreachable for longer than the slack."""
+    return f"broker unavailable: {exc}"
 
 
 def _gauges(registry: CollectorRegistry, gate: Gate) -> None:
@@ -140,8 +144,13 @@ def _gauges(registry: CollectorRegistry, gate: Gate) -> None:
 
 
 class Guard:
-    """Pure ASGI middleware (no per-request task, unlike BaseHTTPMiddleware): bearer token and
-    request-body limit."""
+    """Pure ASGI middleware (no per-request task, unlike BaseHTTPMiddleware): bearer token,
+    request-body limit, and the fast path of `POST /run_code`.
+
+    The fast path: a `/run_code` request with a JSON body is read here and, if it validates, is
+    answered by `run_code_fast` without FastAPI's routing, dependency solving and second parse
+    (the hot path of every SandboxFusion client). A body that does not validate goes on to the
+    FastAPI route, replayed, which answers exactly as it would have (its 422)."""
 
     def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
         self.app = app
@@ -167,8 +176,22 @@ class Guard:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        limited = _limited(receive, self.max_body_bytes)
         try:
-            await self.app(scope, _limited(receive, self.max_body_bytes), tracking_send)
+            if scope["path"] == "/run_code" and scope["method"] == "POST" and _json_body(headers):
+                body = await _read_body(limited)
+                if body is None:  # the client went away before its request was whole
+                    return
+                try:
+                    answer = await run_code_fast(scope, body)
+                except BrokerError as e:
+                    await _reply(send, 503, broker_away(e), {"retry-after": "1"})
+                    return
+                if answer is not None:
+                    await _send_answer(tracking_send, answer)
+                    return
+                limited = _replay(body, receive)
+            await self.app(scope, limited, tracking_send)
         except BodyTooLarge:
             if not started:
                 await _reply(
@@ -209,9 +232,46 @@ def _limited(receive: Receive, limit: int) -> Receive:
     return wrapped
 
 
+def _json_body(headers: dict[bytes, bytes]) -> bool:
+    """The request says its body is JSON (the media type FastAPI parses as JSON, and only its
+    plain form: anything else takes FastAPI's own way)."""
+    media = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    return media == b"application/json"
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None if the client disconnected first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for an app downstream of a middleware that read the whole body already."""
+    replayed = False
+
+    async def wrapped() -> MutableMapping[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return wrapped
+
+
+async def _send_answer(send: Send, answer: Answer) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(answer.body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in answer.headers]
+    await send({"type": "http.response.start", "status": answer.status_code, "headers": raw})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
 async def _reply(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+    await _send_answer(send, Answer(status, body, tuple((headers or {}).items())))

@@ -1,10 +1,13 @@
 """Backpressure: every HTTP action runs under a deadline it can keep, or is withdrawn unrun.
 
-A request arriving at `t0` is answered by `t0 + budget + slack_s`, where `budget` is the longest
-the action may run once started (its own time limits). The action must therefore start by
-`t0 + slack_s - exec_margin_s`; if it has not, it is cancelled in the store (which succeeds only
-while no scheduler has dispatched it) and the caller gets the overload status (504 by default,
-which verl's client retries). If the cancel loses the race, the action has started: the request
+A request arriving at `t0` is answered by `t0 + wait + slack_s`, where `wait` is the time the
+caller's own timeouts grant it (a SandboxFusion call: compile + run timeout, whatever the
+language; verl's client waits that plus 10 s) and at least `budget`, the longest the action may
+run once started (its own time limits). The action must therefore start by
+`t0 + wait + slack_s - budget - exec_margin_s`; if it has not, it is cancelled in the store
+(which succeeds only while no scheduler has dispatched it) and the caller gets the overload
+status (504 by default, which verl's client retries). An interpreted program has no compile
+phase, so its compile timeout is queueing time. If the cancel loses the race, the action has started: the request
 waits for its result up to the deadline. So a caller told "overloaded" can rely on the action
 never running, and no request waits past its deadline. The one exception is an action that
 overruns its own limits by more than `exec_margin_s` (its worker died mid-action, the host
@@ -83,13 +86,17 @@ class Gate:
         if not task.cancelled() and task.exception() is not None:
             log.warning("background call failed: %s", task.exception())
 
-    def deadline(self, t0: float, budget_s: float) -> float:
+    def deadline(self, t0: float, budget_s: float, wait_s: float | None = None) -> float:
         """When a request that arrived at monotonic `t0` must be answered."""
-        return t0 + budget_s + self.cfg.slack_s
+        return t0 + max(budget_s, wait_s or 0.0) + self.cfg.slack_s
 
-    async def run(self, action: AnyAction, *, t0: float, budget_s: float) -> Outcome:
-        """Submit `action` and wait for it within the deadline (see the module docstring)."""
-        deadline = self.deadline(t0, budget_s)
+    async def run(
+        self, action: AnyAction, *, t0: float, budget_s: float, wait_s: float | None = None
+    ) -> Outcome:
+        """Submit `action` and wait for it within the deadline (see the module docstring):
+        `budget_s` is the longest it may run once started, `wait_s` the time the caller's
+        timeouts grant the request (default: `budget_s`)."""
+        deadline = self.deadline(t0, budget_s, wait_s)
         latest_start = deadline - budget_s - self.cfg.exec_margin_s
         try:
             handle = await self.client.submit(action)
@@ -110,8 +117,13 @@ class Gate:
             return Late(handle.id, deadline - t0)
 
     async def run_one_shot(
-        self, make: Callable[[str | None], AnyAction], *, t0: float, budget_s: float
+        self,
+        make: Callable[[str | None], AnyAction],
+        *,
+        t0: float,
+        budget_s: float,
+        wait_s: float | None = None,
     ) -> Outcome:
         """An action of no trajectory: a one-shot action (`make(None)`), run in a ready sandbox
         of its own that is released, with its memory, when it completes; nothing to close."""
-        return await self.run(make(None), t0=t0, budget_s=budget_s)
+        return await self.run(make(None), t0=t0, budget_s=budget_s, wait_s=wait_s)

@@ -10,11 +10,13 @@ are SandboxFusion-shaped too: status SandboxError with a message saying what to 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.types import Scope
 
 from tangram_celery.actions import ActionResult, CodeAction
 from tangram_celery.errors import ActionRejected
@@ -65,20 +67,36 @@ def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -
     return CodeAction(**fields)
 
 
-def to_response(outcome: Outcome, language: str, overload_status: int) -> RunCodeResponse | JSONResponse:
+@dataclass(frozen=True)
+class Answer:
+    """A `/run_code` answer, serialised once: served as is by the route and by the fast path."""
+
+    status_code: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, response: RunCodeResponse, status_code: int = 200, **headers: str) -> Answer:
+        return cls(status_code, _TO_JSON(response), tuple(headers.items()))
+
+
+_TO_JSON = RunCodeResponse.__pydantic_serializer__.to_json
+
+
+def to_response(outcome: Outcome, language: str, overload_status: int) -> Answer:
     if isinstance(outcome, Overloaded):
         body = refusal(outcome.reason, status="overloaded", action_id=outcome.action_id)
-        return JSONResponse(
-            body.model_dump(mode="json"), status_code=overload_status, headers={"Retry-After": "1"}
-        )
+        return Answer.of(body, overload_status, **{"Retry-After": "1"})
     if isinstance(outcome, Late):
-        return refusal(
-            f"action {outcome.action_id} had no result {outcome.deadline_s:.1f} s after the request; "
-            f"it may still finish: GET /tangram/v1/actions/{outcome.action_id}",
-            status="deadline",
-            action_id=outcome.action_id,
+        return Answer.of(
+            refusal(
+                f"action {outcome.action_id} had no result {outcome.deadline_s:.1f} s after the "
+                f"request; it may still finish: GET /tangram/v1/actions/{outcome.action_id}",
+                status="deadline",
+                action_id=outcome.action_id,
+            )
         )
-    return from_result(outcome, language)
+    return Answer.of(from_result(outcome, language))
 
 
 def from_result(result: ActionResult, language: str) -> RunCodeResponse:
@@ -126,20 +144,33 @@ async def capabilities(request: Request) -> Capabilities:
 async def run_code(req: RunCodeRequest, request: Request) -> Response:
     """Run one program, SandboxFusion-compatible. Overload: HTTP 504 (configurable), and the
     action never runs."""
-    answer = await _run_code(req, request)
-    if isinstance(answer, Response):
-        return answer
-    # serialised once here; returning the model would make FastAPI validate it again
-    return Response(answer.model_dump_json(), media_type="application/json")
+    # Requests with a JSON body that validates are answered by `run_code_fast` before they
+    # reach FastAPI; this route serves the rest (and documents the endpoint).
+    answer = await run_code_answer(req, request.app.state.tangram)
+    return Response(answer.body, answer.status_code, dict(answer.headers), media_type="application/json")
 
 
-async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | JSONResponse:
+async def run_code_fast(scope: Scope, body: bytes) -> Answer | None:
+    """The answer to a `/run_code` request body, without FastAPI's request machinery (routing,
+    dependency solving, a JSON parse and a second validation pass: a fifth of the server's time
+    per call); None when the body does not validate, so that the route answers it with
+    FastAPI's own 422."""
+    state = getattr(getattr(scope.get("app"), "state", None), "tangram", None)
+    if state is None:  # not inside the server's app (or before its start): the route decides
+        return None
+    try:
+        req = RunCodeRequest.model_validate_json(body)
+    except ValidationError:
+        return None
+    return await run_code_answer(req, state)
+
+
+async def run_code_answer(req: RunCodeRequest, state: Any) -> Answer:
     t0 = time.monotonic()
-    state = request.app.state.tangram
     gate: Gate = state.gate
     why = await language_refusal(state, req.language)
     if why is not None:  # refused before anything is queued; HTTP 400, SandboxFusion-shaped
-        return JSONResponse(refusal(why).model_dump(mode="json"), status_code=400)
+        return Answer.of(refusal(why), 400)
     if not gate.admit():
         return to_response(
             Overloaded(f"more than {gate.cfg.max_in_flight} requests in flight"),
@@ -148,22 +179,24 @@ async def _run_code(req: RunCodeRequest, request: Request) -> RunCodeResponse | 
         )
     try:
         budget = action_budget_s(req.language, req.compile_timeout, req.run_timeout)
+        # what the caller's timeouts grant, compile phase or not (verl waits this + 10 s)
+        wait = req.compile_timeout + req.run_timeout
 
         try:  # validated once, before anything is enqueued
             base = to_action(req, req.trajectory_id or "one-shot", state.default_memory_mb)
         except (ValueError, ValidationError) as e:
-            return refusal(f"invalid request: {_short(e)}")
+            return Answer.of(refusal(f"invalid request: {_short(e)}"))
 
         def make(trajectory_id: str | None) -> CodeAction:
             return base.model_copy(update={"trajectory_id": trajectory_id})
 
         try:
             if req.trajectory_id is None:
-                outcome = await gate.run_one_shot(make, t0=t0, budget_s=budget)
+                outcome = await gate.run_one_shot(make, t0=t0, budget_s=budget, wait_s=wait)
             else:
-                outcome = await gate.run(base, t0=t0, budget_s=budget)
+                outcome = await gate.run(base, t0=t0, budget_s=budget, wait_s=wait)
         except ActionRejected as e:
-            return refusal(str(e))
+            return Answer.of(refusal(str(e)))
         return to_response(outcome, req.language, gate.cfg.overload_status)
     finally:
         gate.leave()
@@ -194,4 +227,4 @@ def _short(e: Exception) -> str:
     return str(e)
 
 
-__all__ = ["COMPILED", "language_refusal", "router"]
+__all__ = ["COMPILED", "Answer", "language_refusal", "router", "run_code_fast"]

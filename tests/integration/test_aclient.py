@@ -78,3 +78,81 @@ def test_results_by_id_cancel_and_lost_wake_ups(deployment: Any) -> None:
             assert (await a.result(h2.id, timeout=30)).output["value"] == 2
 
     asyncio.run(go())
+
+
+def test_a_submit_is_one_round_trip_and_survives_a_flushed_script_cache(redis_url: str) -> None:
+    """Submitting sends the submit script by digest only (no SCRIPT EXISTS before it: one round
+    trip per submit, alone or in a batch). After the script cache is flushed (what a restarted
+    Redis has), the next submits load it once and enqueue each action exactly once."""
+    import redis
+
+    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.store import INTAKE, SUBMIT
+
+    r = redis.Redis.from_url(redis_url)
+    r.script_load(SUBMIT)  # as any earlier client of this Redis would have
+    r.config_resetstat()
+
+    def script_calls() -> int:
+        return int(r.info("commandstats").get("cmdstat_script", {}).get("calls", 0))
+
+    async def go() -> list[str]:
+        async with AsyncTangramClient(redis_url) as c:
+            ids = [(await c.submit(ApiAction(api="calc", request={"expr": "1"}))).id for _ in range(3)]
+            ids += [h.id for h in await c.submit_many(ApiAction(api="calc") for _ in range(3))]
+            assert script_calls() == 0
+            r.script_flush()
+            ids.append((await c.submit(ApiAction(api="calc"))).id)
+            r.script_flush()
+            ids += [h.id for h in await c.submit_many(ApiAction(api="calc") for _ in range(2))]
+            assert script_calls() == 2 + 2  # two flushes, two loads
+            return ids
+
+    ids = asyncio.run(go())
+    entries = r.xrange(INTAKE)
+    assert sorted(e[b"id"].decode() for _, e in entries) == sorted(ids)
+    assert len(ids) == 9
+
+
+def test_each_waiter_of_one_action_times_out_or_wakes_on_its_own(redis_url: str) -> None:
+    """Two result() calls on one action: the one with a short timeout raises ResultTimeout and
+    leaves the other waiting; the outcome (here a cancel from another client) wakes it."""
+    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.errors import ResultTimeout
+
+    async def go() -> None:
+        async with AsyncTangramClient(redis_url) as a, AsyncTangramClient(redis_url) as b:
+            h = await a.submit(ApiAction(trajectory_id="w1", api="calc"))
+            patient = asyncio.ensure_future(a.result(h.id, timeout=30))
+            with pytest.raises(ResultTimeout):
+                await a.result(h.id, timeout=0.2)
+            assert not patient.done()
+            assert await b.cancel(h.id, "test") is True
+            res = await patient
+            assert res.status == "cancelled" and res.action_id == h.id
+            assert a.outstanding == 0
+
+    asyncio.run(go())
+
+
+def test_the_blocking_client_submits_in_one_round_trip_too(redis_url: str) -> None:
+    """TangramClient (the blocking one) submits by digest only as well, and after a flushed
+    script cache still enqueues each action exactly once."""
+    import redis
+
+    from tangram_celery import TangramClient
+    from tangram_celery.store import INTAKE, SUBMIT
+
+    r = redis.Redis.from_url(redis_url)
+    r.script_load(SUBMIT)
+    r.config_resetstat()
+    client = TangramClient(redis_url)
+    try:
+        ids = [client.submit(ApiAction(api="calc")).id for _ in range(3)]
+        assert "cmdstat_script" not in r.info("commandstats")
+        r.script_flush()
+        ids += [h.id for h in client.submit_many(ApiAction(api="calc") for _ in range(2))]
+    finally:
+        client.close()
+    assert int(r.info("commandstats")["cmdstat_script"]["calls"]) == 2  # the flush, one load
+    assert sorted(e[b"id"].decode() for _, e in r.xrange(INTAKE)) == sorted(ids)
