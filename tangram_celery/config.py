@@ -273,6 +273,13 @@ class CpuBatchConfig(_Model):
         50.0, gt=0, le=60_000, description="only kinds measured to take at most this long ride"
     )
     max_batch_ms: float = Field(200.0, gt=0, le=600_000, description="measured work per batch, in all")
+    hand_back_after_ms: float = Field(
+        2000.0,
+        ge=0,
+        le=3_600_000,
+        description="a batch still running after this long (an action hung until its limit) hands "
+        "its riders not yet started back to be placed again (0: never)",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> CpuBatchConfig:

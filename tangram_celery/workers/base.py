@@ -52,6 +52,8 @@ class WorkerRuntime:
         self.held: Callable[[], list[tuple[str, str]]] | None = None
         # (CPU workers) removes a trajectory's sandbox of a generation: closes an order carries
         self.closer: Callable[[str, str], None] | None = None
+        # a CPU batch running this long hands its riders not yet started back (0: never)
+        self.batch_hand_back_s = 2.0
         self._reported: tuple[int, list[tuple[str, str]]] | None = None
         self._reported_at = 0.0
         self._stop = threading.Event()
@@ -155,9 +157,46 @@ class WorkerRuntime:
             else:
                 orders.append((action_id, order))
         claims = self.store.claim_many([(aid, o.attempt) for aid, o in orders], self.name, time.time())
-        for (action_id, order), claimed in zip(orders, claims, strict=True):
-            out.append(self._run(action_id, order, claimed, handler))
+        todo = [(aid, o, c) for (aid, o), c in zip(orders, claims, strict=True)]
+        lock = threading.Lock()
+        nxt = [0]  # the next to start; past the end once the rest was handed back
+
+        def hand_back_rest() -> None:
+            with lock:
+                rest, nxt[0] = todo[nxt[0] :], len(todo)
+            for action_id, order, claimed in rest:
+                out.append(self._hand_back(action_id, order, claimed))
+
+        # An action of the batch overran (its kind is short, this run hangs until its limit):
+        # the riders not started yet go back to the scheduler instead of waiting for it.
+        timer = threading.Timer(self.batch_hand_back_s, hand_back_rest)
+        timer.daemon = True
+        if len(todo) > 1 and self.batch_hand_back_s > 0:
+            timer.start()
+        try:
+            while True:
+                with lock:
+                    i = nxt[0]
+                    if i >= len(todo):
+                        break
+                    nxt[0] = i + 1
+                out.append(self._run(*todo[i], handler))
+        finally:
+            timer.cancel()
         return out
+
+    def _hand_back(self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str) -> str:
+        """Give a claimed, not started rider back to the scheduler, to be placed again."""
+        if isinstance(claimed, str):
+            return f"skipped:{claimed}"
+        tid = ActionMeta.model_validate_json(claimed[0]).trajectory_id
+        why = f"its batch ran past {self.batch_hand_back_s:.1f} s before it started"
+        back = Completion(status=EventStatus.RETRY, error=why, trajectory_id=tid)
+        if self.store.give_back(action_id, self.name, order.attempt, back):
+            log.info("action %s handed back: %s", action_id, why)
+            self.metrics.outcomes.labels(pool=self.pool_key, status="handed_back").inc()
+            return "handed_back"
+        return "skipped:not_ours"
 
     def _order(self, action_id: str, record: Any) -> TaskOrder | None:
         """The task order, once the sandbox closes it carries are done (None: unreadable)."""

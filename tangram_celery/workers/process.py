@@ -73,6 +73,7 @@ def run_worker(
         tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend)
         runtime.held = handler.held  # reported next to the heartbeats
         runtime.closer = handler.close_trajectory  # evictions carried by the task orders
+        runtime.batch_hand_back_s = cfg.scheduler.cpu_batch.hand_back_after_ms / 1000
         # One thread per core for the actions (the scheduler never sends more than the node's
         # cores can run: a batch of riders is one message), and two more so that sandbox closes
         # (evictions) are taken while every core is busy: their sandboxes are scrubbed and

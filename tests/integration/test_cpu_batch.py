@@ -117,3 +117,25 @@ def test_a_cpu_worker_killed_mid_batch_loses_nothing(client, deployment) -> None
     done = _completions(deployment, {h.id for h in hs})
     assert len(done) == n and set(done.values()) == {1}, [a for a, c in done.items() if c != 1]
     print(f"retried after the kill: {len(retried)} of {n}")
+
+
+@pytest.mark.deploy(nodes=NODE, sandbox=NAMESPACE, scheduler={"cpu_batch": {"hand_back_after_ms": 500}})
+def test_riders_behind_a_hung_action_are_handed_back(client) -> None:
+    """Given a measured short kind, when one of its actions hangs until its 30 s limit with
+    riders queued behind it, then after hand_back_after_ms the riders go back to the scheduler
+    and all of them complete on the other core while the hung action still runs."""
+    _measure(client)
+    hung = client.submit(
+        CodeAction(trajectory_id="hung", code="while True: pass", memory_mb=128, timeout_s=30)
+    )
+    short = client.submit_many(
+        [
+            CodeAction(trajectory_id=f"s{i}", code=f"print({i})", memory_mb=128, timeout_s=30)
+            for i in range(30)
+        ]
+    )
+    results = [h.result(timeout=25) for h in short]
+    assert not hung.done(), "the short actions should not have waited for the hung one"
+    assert [(r.status, r.stdout.strip()) for r in results] == [(ActionStatus.OK, str(i)) for i in range(30)]
+    assert any(r.attempts > 1 for r in results), "the hung action's riders should have been handed back"
+    assert hung.result(timeout=60).status is ActionStatus.TIMEOUT
