@@ -214,11 +214,26 @@ class VerifierPool:
             if v.key == key and not v.dead:
                 return v
             self.discard(v)  # other limits: the pool keeps only what the actions ask for now
+        return self._new(spec, key)
+
+    def prime(self, spec: dict[str, Any]) -> int:
+        """Make sure one verifier with these limits is idle: start one now (off an action's
+        critical path) unless there is. Returns how many were started. Raises SpawnFailed."""
+        self.prune()
+        key = json.dumps(spec, sort_keys=True)
+        if any(v.key == key and not v.dead for v in self.idle):
+            return 0
+        self.idle.append(self._new(spec, key, warm=True))
+        return 1
+
+    def _new(self, spec: dict[str, Any], key: str, warm: bool = False) -> Verifier:
+        """Fork a verifier; with `warm`, it runs a test of its own before it waits for jobs
+        (`_tangram_verifier.warm_up`: its first job then costs what any other does)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [memfd(b"", "null") for _ in range(3)]
         try:
             started, errors = self.zygote.spawn(
-                [{**spec, "mode": "verifier", "fds": 4}], [*fds, theirs.fileno()]
+                [{**spec, "mode": "verifier", "fds": 4, "warm": warm}], [*fds, theirs.fileno()]
             )
         finally:
             for fd in fds:
