@@ -4,8 +4,8 @@ against an action in a warm trajectory sandbox, side by side in one run.
 No scheduler, broker or worker: `open_sandbox` (namespace backend, 2 ready sandboxes) as a CPU
 worker holds it, so that only the sandbox layer is measured.
 
-1. latency, one action at a time, every variant once per round in a rotating order (a think
-   time between actions lets the background refill and scrubs finish, as a caller's would):
+1. latency, one action at a time, every variant once per round in a shuffled order (before
+   each action the background refill and scrubs have finished, then a think time passes):
    - warm: an action in an existing trajectory sandbox;
    - fresh: the first action of a new trajectory in a ready sandbox that never ran code (a
      backend with `recycle: false`: the pool refills by starting sandboxes, as when nothing is
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import statistics
 import sys
 import threading
@@ -74,15 +75,18 @@ def summary(ms: list[float]) -> dict[str, float]:
     }
 
 
-def settle(*boxes: Any, timeout_s: float = 30.0) -> None:
-    """Until every ready pool is full and nothing is being scrubbed or started."""
+def settle(*boxes: Any, pause_s: float = 0.3, timeout_s: float = 30.0) -> None:
+    """Until every ready pool is full and nothing is being scrubbed or started, then `pause_s`
+    (the runner primes a verifier after answering a scrub)."""
     deadline = time.monotonic() + timeout_s
     for box in boxes:
         box.ready.wait_full(max(0.1, deadline - time.monotonic()))
-    time.sleep(0.3)
+    time.sleep(pause_s)
 
 
-def latency(rec: Sandbox, fresh: Sandbox, problems: list[Problem], rounds: int, think_s: float) -> dict[str, Any]:
+def latency(
+    rec: Sandbox, fresh: Sandbox, problems: list[Problem], rounds: int, think_s: float
+) -> dict[str, Any]:
     """Wall ms per call of each variant and kind, alternating; the first 3 rounds warm up."""
     ms: dict[str, dict[str, list[float]]] = {k: {v: [] for v in VARIANTS} for k in KINDS}
     tag = uuid.uuid4().hex[:6]
@@ -102,12 +106,13 @@ def latency(rec: Sandbox, fresh: Sandbox, problems: list[Problem], rounds: int, 
     settle(rec, fresh)
     counters0: dict[str, int] = {}
     order = [(k, v) for k in KINDS for v in VARIANTS]
+    shuffle = random.Random(12).shuffle
     for r in range(rounds + 3):
         if r == 3:
             counters0 = {"fresh_started": fresh.ready.started, "recycled_started": rec.ready.started}
         p = problems[r % len(problems)]
-        shift = r % len(order)
-        for kind, variant in order[shift:] + order[:shift]:
+        shuffle(order)  # a new order each round: no variant always follows the same one
+        for kind, variant in order:
             fn = call(variant, p if kind == "humaneval" else None)
             t0 = time.perf_counter()
             res = fn()
@@ -115,7 +120,9 @@ def latency(rec: Sandbox, fresh: Sandbox, problems: list[Problem], rounds: int, 
             assert res.status is ActionStatus.OK and not res.sandbox_reset, (variant, kind, res)
             if r >= 3:
                 ms[kind][variant].append(took)
-            time.sleep(think_s)
+            # the caller's think time, after the refill or scrub this action caused is done:
+            # each sample sees the same quiet pools
+            settle(rec, fresh, pause_s=think_s)
     out: dict[str, Any] = {k: {v: summary(ms[k][v]) for v in VARIANTS} for k in KINDS}
     for k in KINDS:
         warm = out[k]["warm"]["p50_ms"]
@@ -172,7 +179,9 @@ def throughput(box: Sandbox, problems: list[Problem], rounds: int) -> dict[str, 
             settle(box)
             out = through(box, problems, variant, tag)
             runs[variant].append(out)
-            print(f"  round {r + 1} {variant:8s} {out['wall_s']:.2f} s, {out['passed']}/{out['n']} passed, load {out['load']}")
+            print(
+                f"  round {r + 1} {variant:8s} {out['wall_s']:.2f} s, {out['passed']}/{out['n']} passed, load {out['load']}"
+            )
     best = {n: min(x["wall_s"] for x in runs[n]) for n in names}
     median = {n: statistics.median(x["wall_s"] for x in runs[n]) for n in names}
     return {
@@ -260,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     res["checks"] = {
         "all_passed": tp["all_passed"],
         "new_and_one_shot_within_1_ms_of_warm": all(
-            res["latency"][k]["minus_warm_p50_ms"][v] <= 1.0 for k in KINDS for v in ("fresh", "recycled", "one-shot")
+            res["latency"][k]["minus_warm_p50_ms"][v] <= 1.0
+            for k in KINDS
+            for v in ("fresh", "recycled", "one-shot")
         ),
         "new_trajectories_within_10_percent_of_warm": tp["ratio_new_vs_warm_best"] <= 1.1,
     }
