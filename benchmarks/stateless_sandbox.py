@@ -22,8 +22,8 @@ worker holds it, so that only the sandbox layer is measured.
    Target: new trajectories within 10% of 2 warm trajectories.
 The load average is recorded with every section: the machine is shared.
 
-Run: .venv/bin/python benchmarks/stateless_sandbox.py [--rounds 60] [--tp-rounds 5]
-Writes benchmarks/results/stateless_sandbox.json and stateless_sandbox.png.
+Run: .venv/bin/python benchmarks/stateless_sandbox.py [--rounds 60] [--tp-rounds 5] [--name N]
+Writes benchmarks/results/stateless_sandbox.json and stateless_sandbox.png (N.json, N.png).
 """
 
 from __future__ import annotations
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=60, help="latency samples per variant and kind")
     ap.add_argument("--tp-rounds", type=int, default=5, help="throughput rounds per variant")
     ap.add_argument("--think", type=float, default=0.12, help="s between latency samples")
+    ap.add_argument("--name", default="stateless_sandbox", help="results/<name>.json and .png")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     problems = humaneval_problems()
@@ -281,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load {res['load_start']} -> {res['load_end']}"
     )
     print(f"checks: {res['checks']}")
-    path = write_json("stateless_sandbox", res)
-    plot(res, RESULTS / "stateless_sandbox.png")
+    path = write_json(args.name, res)
+    plot(res, RESULTS / f"{args.name}.png")
     print(f"wrote {path}")
     return 0
 
