@@ -144,7 +144,10 @@ class WarmPool(ABC):
         self._recycling = cfg.recycle and cfg.prewarm > 0
         self._disposer: Disposer[Handle] = Disposer(self._retire)
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
-        self._started = 0  # ready sandboxes started, to bind each to the next core in turn
+        # where the next ready sandbox starts: the cores the last taker asked for (a new
+        # trajectory will likely run where the last one did), one core in turn before any did
+        self._taken_cores: tuple[int, ...] | None = None
+        self._started = 0
         self.ready = ReadyPool(
             cfg.prewarm, self._start_ready, self._destroy_ready, self._alive, starved=self._disposer.hurry
         )
@@ -255,10 +258,12 @@ class WarmPool(ABC):
 
     def _start_ready(self) -> Handle:
         """A started sandbox for the ready pool, with the default memory limit and a verifier
-        waiting in it, bound to one of the worker's cores in turn: an action on that core
-        takes it as it is (`_bound_for`), any other one binds its own cores at hand-out."""
-        cores = self._prewarm_cores
-        h = self._new_handle("ready", self.cfg.default_memory_mb, (cores[self._started % len(cores)],))
+        waiting in it, bound to the cores the last taker asked for (before any did, to one of
+        the worker's cores in turn): an action on those cores takes it as it is (`_bound_for`),
+        any other one binds its own at hand-out. Its warm-up ran on the cores it is bound to,
+        whose caches then hold it."""
+        cores = self._taken_cores or (self._prewarm_cores[self._started % len(self._prewarm_cores)],)
+        h = self._new_handle("ready", self.cfg.default_memory_mb, cores)
         self._started += 1
         h.trajectory_id = f"ready-{h.state_dir.name}"
         try:
@@ -406,11 +411,12 @@ class WarmPool(ABC):
             raise
         return h, reset
 
-    @staticmethod
-    def _bound_for(req: ExecRequest) -> Callable[[Handle], bool]:
+    def _bound_for(self, req: ExecRequest) -> Callable[[Handle], bool]:
         """Whether a ready sandbox is bound to `req`'s cores already (handing it out then
-        rewrites no cpuset or quota)."""
+        rewrites no cpuset or quota); also where the next ready sandbox will start."""
         cores = tuple(req.cores)
+        if set(cores) <= set(self._prewarm_cores):
+            self._taken_cores = cores
         return lambda h: h.cores == cores
 
     def _adopt(self, h: Handle, ready: Handle) -> None:
