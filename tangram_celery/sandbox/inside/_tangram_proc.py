@@ -429,7 +429,7 @@ class Action:
                 break
             if time.monotonic() > deadline or not self.zygote.poll(0.5):
                 self._zygote_gone()
-                pool.dying.clear()
+                pool.clear_dying()
         _reap()
         if not _strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
             return False

@@ -81,14 +81,16 @@ def sysv_objects() -> list[str]:
 
 
 def _drop_verifiers(zygote: Any) -> set[int]:
-    """SIGKILL every pooled verifier (by pidfd); their pids. They are not waited for: a
-    process with a SIGKILL pending never runs user-space code again, and the zygote's reports
-    of their exits are taken with the next action's (`VerifierPool.prune`)."""
+    """SIGKILL every pooled verifier (by pidfd); the pids of those not yet exited. They are
+    not waited for: a process with a SIGKILL pending never runs user-space code again, and the
+    zygote's reports of their exits are taken with the next action's (`VerifierPool.prune`).
+    A verifier that has exited no longer holds its pid, so that pid is not left out of the
+    check for strays."""
     pool = zygote.verifiers
     pool.prune()
     for v in list(pool.live.values()):
         pool.discard(v)
-    return set(pool.dying)
+    return set(pool.still_dying())
 
 
 def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any, strays: Any) -> dict[str, Any]:

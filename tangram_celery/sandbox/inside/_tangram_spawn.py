@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -191,10 +192,24 @@ class VerifierPool:
         self.zygote = zygote
         self.idle: list[Verifier] = []
         self.live: dict[int, Verifier] = {}
-        self.dying: set[int] = set()  # killed, exit not reported yet
+        self.dying: dict[int, int] = {}  # killed, exit not reported yet: pid -> its pidfd
 
     def pids(self) -> set[int]:
-        return set(self.live) | self.dying
+        return set(self.live) | set(self.dying)
+
+    def still_dying(self) -> set[int]:
+        """Killed verifiers that have not exited yet (their pidfd is not readable): only these
+        still hold their pid; a pid whose verifier has exited may be anyone's by now."""
+        poll = select.poll()
+        for fd in self.dying.values():
+            poll.register(fd, select.POLLIN)
+        exited = {fd for fd, _ in poll.poll(0)}
+        return {pid for pid, fd in self.dying.items() if fd not in exited}
+
+    def clear_dying(self) -> None:
+        for fd in self.dying.values():
+            os.close(fd)
+        self.dying.clear()
 
     def prune(self) -> None:
         """Drop verifiers whose exit the zygote reported."""
@@ -203,7 +218,7 @@ class VerifierPool:
             self.died(self.live[pid])
         for pid in [p for p in self.dying if p in self.zygote.exits]:
             self.zygote.exits.pop(pid)
-            self.dying.discard(pid)
+            os.close(self.dying.pop(pid))
 
     def get(self, spec: dict[str, Any]) -> Verifier:
         """An idle verifier with these limits, or a new one. Raises SpawnFailed."""
@@ -265,7 +280,7 @@ class VerifierPool:
                 signal.pidfd_send_signal(v.pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.dying.add(v.pid)
+            self.dying[v.pid], v.pidfd = v.pidfd, -1  # kept until its exit is reported
         if v in self.idle:
             self.idle.remove(v)
         v.close()
@@ -280,4 +295,4 @@ class VerifierPool:
             v.close()
         self.live.clear()
         self.idle.clear()
-        self.dying.clear()
+        self.clear_dying()
