@@ -185,6 +185,7 @@ def throughput(box: Sandbox, problems: list[Problem], rounds: int) -> dict[str, 
     best = {n: min(x["wall_s"] for x in runs[n]) for n in names}
     median = {n: statistics.median(x["wall_s"] for x in runs[n]) for n in names}
     return {
+        "rounds": rounds,
         "runs": runs,
         "best_wall_s": best,
         "median_wall_s": median,
