@@ -19,7 +19,9 @@ worker holds it, so that only the sandbox layer is measured.
    new trajectories, each closed after its action (what the worker's eviction does to a
    never-closed trajectory), against the same programs over 2 warm trajectories (one per
    thread), and as 164 one-shot actions; rounds alternate, best and median wall time of each.
-   Target: new trajectories within 10% of 2 warm trajectories.
+   Target: new trajectories within 10% of 2 warm trajectories. The CPU time of the worker's
+   process and of the sandboxes' processes per program is recorded too (what each variant
+   costs the cores, whatever the load of others).
 The load average is recorded with every section: the machine is shared.
 
 Run: .venv/bin/python benchmarks/stateless_sandbox.py [--rounds 60] [--tp-rounds 5] [--name N]
@@ -136,8 +138,29 @@ def latency(
     return out
 
 
+def cpu_s(box: Any) -> float:
+    """CPU seconds used so far by this process (the worker's side) and by the processes in the
+    backend's sandbox cgroups (runners, zygotes and, once reaped, their children: user processes
+    and verifiers). Clock ticks: meaningful over many actions."""
+    from tangram_celery.sandbox import cgroups
+
+    tick = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    total = t.user + t.system
+    for name in cgroups.children(box.who.prefix):
+        cg = cgroups.CgroupSet.existing(name)
+        for pid in cg.procs() if cg is not None else []:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
 def through(box: Sandbox, problems: list[Problem], variant: str, tag: str) -> dict[str, Any]:
-    """The programs on 2 threads (cores 0 and 1): wall s and how many passed."""
+    """The programs on 2 threads (cores 0 and 1): wall s, CPU ms per program, how many passed."""
     nxt = iter(range(len(problems)))
     lock = threading.Lock()
     passed = [0, 0]
@@ -160,12 +183,21 @@ def through(box: Sandbox, problems: list[Problem], variant: str, tag: str) -> di
             passed[k] += res.status is ActionStatus.OK
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
-    t0 = time.perf_counter()
+    c0, t0 = cpu_s(box), time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return {"wall_s": time.perf_counter() - t0, "passed": sum(passed), "n": len(problems), "load": load()}
+    wall_s = time.perf_counter() - t0
+    settle(box)  # the scrubs this variant caused are part of its cost
+    cpu_ms = (cpu_s(box) - c0) * 1000 / len(problems)
+    return {
+        "wall_s": wall_s,
+        "cpu_ms_per_program": cpu_ms,
+        "passed": sum(passed),
+        "n": len(problems),
+        "load": load(),
+    }
 
 
 def throughput(box: Sandbox, problems: list[Problem], rounds: int) -> dict[str, Any]:
@@ -180,10 +212,12 @@ def throughput(box: Sandbox, problems: list[Problem], rounds: int) -> dict[str, 
             out = through(box, problems, variant, tag)
             runs[variant].append(out)
             print(
-                f"  round {r + 1} {variant:8s} {out['wall_s']:.2f} s, {out['passed']}/{out['n']} passed, load {out['load']}"
+                f"  round {r + 1} {variant:8s} {out['wall_s']:.2f} s, {out['cpu_ms_per_program']:.1f} ms CPU "
+                f"per program, {out['passed']}/{out['n']} passed, load {out['load']}"
             )
     best = {n: min(x["wall_s"] for x in runs[n]) for n in names}
     median = {n: statistics.median(x["wall_s"] for x in runs[n]) for n in names}
+    cpu = {n: statistics.median(x["cpu_ms_per_program"] for x in runs[n]) for n in names}
     return {
         "rounds": rounds,
         "runs": runs,
@@ -192,6 +226,8 @@ def throughput(box: Sandbox, problems: list[Problem], rounds: int) -> dict[str, 
         "ratio_new_vs_warm_best": best["new"] / best["warm"],
         "ratio_new_vs_warm_median": median["new"] / median["warm"],
         "ratio_one_shot_vs_warm_best": best["one-shot"] / best["warm"],
+        "median_cpu_ms_per_program": cpu,
+        "ratio_new_vs_warm_cpu": cpu["new"] / cpu["warm"],
         "all_passed": all(x["passed"] == x["n"] for rs in runs.values() for x in rs),
     }
 
