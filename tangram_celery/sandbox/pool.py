@@ -336,10 +336,14 @@ class WarmPool(ABC):
     def _prime(self) -> dict[str, Any]:
         """What the runner needs to start a verifier like the ones actions will ask for, in a
         ready sandbox (`prime` in a ping or a scrub); nothing in the rlimit fallback, where a
-        verifier's limits follow each action's memory and cores."""
+        verifier's limits follow each action's memory and cores. The verifier warms itself up
+        (about as much CPU as its first test saves) only while `prewarm` sandboxes are ready:
+        when the pool is short, new trajectories arrive faster than it refills, and the cores
+        are better spent on their actions."""
         if self.limits.use_rlimits:
             return {}
-        return {"prime": {"nofile": self.limits.nofile, "pythonpath": self.pythonpath}}
+        warm = len(self.ready) >= self.ready.size
+        return {"prime": {"nofile": self.limits.nofile, "pythonpath": self.pythonpath, "warm_verifier": warm}}
 
     def _tampered(self, h: Handle) -> str:
         """What, seen from outside, rules out reusing a scrubbed sandbox ("" when nothing): the

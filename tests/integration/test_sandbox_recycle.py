@@ -260,3 +260,17 @@ def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup
         del fresh.cgroups._write
     assert (res.status, res.stdout.strip()) == (ActionStatus.OK, "1"), res
     box._teardown(fresh)
+
+
+def test_a_primed_verifier_warms_up_only_while_the_pool_is_full(box: Any) -> None:
+    """Given a worker's ready pool, when a scrub asks for a verifier, then the verifier warms
+    itself up while the pool holds `prewarm` sandboxes, and not while it is short (new
+    trajectories then arrive faster than it refills; the CPU goes to their actions)."""
+    assert box.ready.wait_full(60)
+    full = box._prime()["prime"]["warm_verifier"]
+    h = box.ready.take()
+    try:
+        short = box._prime()["prime"]["warm_verifier"]
+    finally:
+        box.ready.give_back(h)
+    assert (full, short) == (True, False)

@@ -49,12 +49,13 @@ def verifier_spec(req: dict) -> dict[str, Any]:
     return {**user_limits(req), "uid": int(req["uid"]) + 1, "oom_score_adj": 500}
 
 
-def prime(req: dict, zygote: Zygote) -> int:
+def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
     """Start an idle verifier with the spec a request like `req` (uid, workdir, nofile) will ask
-    for, unless one is idle: forked from the zygote now, it never talked to any user process.
-    How many were started (0 also when the zygote could not fork one)."""
+    for, unless one is idle: forked from the zygote now, it never talked to any user process;
+    with `warm`, it warms itself up before it waits. How many were started (0 also when the
+    zygote could not fork one)."""
     try:
-        return zygote.verifiers.prime(verifier_spec(req))
+        return zygote.verifiers.prime(verifier_spec(req), warm)
     except SpawnFailed:
         return 0
 

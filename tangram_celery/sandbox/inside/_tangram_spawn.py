@@ -231,14 +231,15 @@ class VerifierPool:
             self.discard(v)  # other limits: the pool keeps only what the actions ask for now
         return self._new(spec, key)
 
-    def prime(self, spec: dict[str, Any]) -> int:
+    def prime(self, spec: dict[str, Any], warm: bool = True) -> int:
         """Make sure one verifier with these limits is idle: start one now (off an action's
-        critical path) unless there is. Returns how many were started. Raises SpawnFailed."""
+        critical path) unless there is; with `warm`, it warms itself up (`_new`). Returns how
+        many were started. Raises SpawnFailed."""
         self.prune()
         key = json.dumps(spec, sort_keys=True)
         if any(v.key == key and not v.dead for v in self.idle):
             return 0
-        self.idle.append(self._new(spec, key, warm=True))
+        self.idle.append(self._new(spec, key, warm=warm))
         return 1
 
     def _new(self, spec: dict[str, Any], key: str, warm: bool = False) -> Verifier:

@@ -106,14 +106,16 @@ def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, warm: bool) -> No
     zygote, so no user code has talked to it, and warmed up (its first-use costs paid here,
     off that test's path). With `warm` (a new sandbox, before it is offered), through one test
     of the harness's own with a user process, which also warms the runner and the zygote
-    (`warm_up`); after a scrub, inside the verifier only (`_tangram_verifier.warm_up`): a user
-    process, of the user code's uid, would race the host's check for processes of that uid."""
+    (`warm_up`); after a scrub, inside the verifier only (`_tangram_verifier.warm_up`), unless
+    the host says `warm_verifier: false` (its pool is short: the CPU goes to actions then): a
+    user process, of the user code's uid, would race the host's check for processes of that
+    uid."""
     base = {"uid": uid, "workdir": workdir, "nofile": spec.get("nofile")}
     try:
         if warm and zygote.alive():
             warm_up({**base, "pythonpath": [str(p) for p in spec.get("pythonpath", [])]}, zygote)
         elif zygote.alive():
-            prime(base, zygote)
+            prime(base, zygote, warm=bool(spec.get("warm_verifier", True)))
     except Exception:
         pass  # the first assert test starts a verifier, as without
 
