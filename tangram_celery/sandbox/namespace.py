@@ -300,9 +300,13 @@ class NamespaceSandbox(WarmPool):
         for pid in h.cgroups.procs():
             try:
                 ns = os.readlink(f"/proc/{pid}/ns/pid")
-                with open(f"/proc/{pid}/status") as f:
-                    uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
-            except (OSError, StopIteration):
+                fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    status = os.read(fd, 1 << 16)
+                finally:
+                    os.close(fd)
+                uids = status.split(b"\nUid:", 1)[1].split(b"\n", 1)[0].decode().split()
+            except (OSError, IndexError):
                 continue  # exited meanwhile
             if str(SANDBOX_UID) in uids:
                 return f"pid {pid} runs as the sandbox uid"

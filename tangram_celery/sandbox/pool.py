@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,17 @@ class WarmPool(ABC):
         self._recycling = cfg.recycle and cfg.prewarm > 0
         self._disposer: Disposer[Handle] = Disposer(self._retire)
         self._prewarm_cores = tuple(sorted(os.sched_getaffinity(0)))
+        # where the next ready sandbox starts: the cores the last taker asked for (a new
+        # trajectory will likely run where the last one did), one core in turn before any did
+        self._taken_cores: tuple[int, ...] | None = None
+        self._started = 0
         self.ready = ReadyPool(
-            cfg.prewarm, self._start_ready, self._destroy_ready, self._alive, keep=cfg.ready_max
+            cfg.prewarm,
+            self._start_ready,
+            self._destroy_ready,
+            self._alive,
+            keep=cfg.ready_max,
+            starved=self._disposer.hurry,
         )
         # running actions a core loan can resize (`resize`)
         self._resizing = Resizing(self._bind, lambda h, req: call_runner(h.socket_path, req, 5.0))
@@ -175,7 +185,7 @@ class WarmPool(ABC):
         if h.cgroups is None:
             return
         if cores != h.cores:
-            h.cgroups.bind_cores(cores)
+            h.cgroups.bind_cores(cores, was=h.cores)
         if memory_mb != h.memory_mb:
             h.cgroups.set_memory(memory_mb)
 
@@ -195,7 +205,7 @@ class WarmPool(ABC):
 
     def run_once(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a sandbox of its own (a ready one if any), discarded afterwards."""
-        h = self.ready.take()
+        h = self.ready.take(self._bound_for(request))
         if h is None:
             h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
             h.trajectory_id = f"one-shot-{h.state_dir.name}"  # unique: Docker names containers by it
@@ -255,19 +265,24 @@ class WarmPool(ABC):
         d.mkdir(mode=0o700)
         return Handle(tid, d, memory_mb, cores)
 
-    def _start_and_wait(self, h: Handle) -> None:
+    def _start_and_wait(self, h: Handle, prime: bool = False) -> None:
         t0 = time.monotonic()
         self._start(h)
-        self._wait_ready(h)
+        self._wait_ready(h, prime)
         log.debug("%s sandbox %s ready in %.3f s", self.name, h.trajectory_id, time.monotonic() - t0)
 
     def _start_ready(self) -> Handle:
-        """A started sandbox for the ready pool: all of the worker's cores (it is bound to the
-        action's at hand-out) and the default memory limit."""
-        h = self._new_handle("ready", self.cfg.default_memory_mb, self._prewarm_cores)
+        """A started sandbox for the ready pool, with the default memory limit and a verifier
+        waiting in it, bound to the cores the last taker asked for (before any did, to one of
+        the worker's cores in turn): an action on those cores takes it as it is (`_bound_for`),
+        any other one binds its own at hand-out. Its warm-up ran on the cores it is bound to,
+        whose caches then hold it."""
+        cores = self._taken_cores or (self._prewarm_cores[self._started % len(self._prewarm_cores)],)
+        h = self._new_handle("ready", self.cfg.default_memory_mb, cores)
+        self._started += 1
         h.trajectory_id = f"ready-{h.state_dir.name}"
         try:
-            self._start_and_wait(h)
+            self._start_and_wait(h, prime=True)
         except BaseException:
             self._teardown(h)
             raise
@@ -282,9 +297,9 @@ class WarmPool(ABC):
         delay_s = None
         if self._recycling:
             self.ready.expect()
-            # at once when no sandbox is ready (a taker may be waiting for this one); else a
-            # little later, off the cores of the action that caused it
-            delay_s = 0.0 if len(self.ready) == 0 else BACKGROUND_DELAY_S
+            # at once while the pool is short (the next new trajectory may need this one); a
+            # little later when it is full, off the cores of the action that caused it
+            delay_s = 0.0 if len(self.ready) < self.ready.size else BACKGROUND_DELAY_S
         self._disposer.put(h, delay_s)
 
     def _teardown_locked(self, h: Handle) -> None:
@@ -319,7 +334,7 @@ class WarmPool(ABC):
         """Scrub the sandbox for another occupant; a new handle for it, or None when the scrub
         failed or anything looks tampered with (the caller destroys it then)."""
         t0 = time.monotonic()
-        facts = call_runner(h.socket_path, {"op": "scrub"}, SCRUB_TIMEOUT_S)
+        facts = call_runner(h.socket_path, {"op": "scrub", **self._prime()}, SCRUB_TIMEOUT_S)
         if not facts.get("scrubbed") or facts.get("pid") != 1:
             log.warning("sandbox %s: scrub incomplete (%s); destroyed", h.trajectory_id, facts)
             return None
@@ -327,13 +342,23 @@ class WarmPool(ABC):
         if problem:
             log.warning("sandbox %s looks tampered with (%s); destroyed", h.trajectory_id, problem)
             return None
-        cores, memory_mb = self._prewarm_cores, self.cfg.default_memory_mb
-        if h.cgroups is not None:  # limits back to a ready sandbox's
-            h.cgroups.set_pids(self.limits.pids_limit)
-        self._bind(h, cores, memory_mb)
-        fresh = Handle(f"ready-{h.state_dir.name}", h.state_dir, memory_mb, cores, h.ref, h.cgroups)
+        # It keeps its cores and memory limit: the next occupant's action binds its own, and a
+        # taker on the same cores (`take(prefer=...)`) then writes no cgroup file at all.
+        fresh = Handle(f"ready-{h.state_dir.name}", h.state_dir, h.memory_mb, h.cores, h.ref, h.cgroups)
         log.debug("sandbox %s scrubbed in %.3f s", h.trajectory_id, time.monotonic() - t0)
         return fresh
+
+    def _prime(self) -> dict[str, Any]:
+        """What the runner needs to start a verifier like the ones actions will ask for, in a
+        ready sandbox (`prime` in a ping or a scrub); nothing in the rlimit fallback, where a
+        verifier's limits follow each action's memory and cores. The verifier warms itself up
+        (about as much CPU as its first test saves) only while `prewarm` sandboxes are ready:
+        when the pool is short, new trajectories arrive faster than it refills, and the cores
+        are better spent on their actions."""
+        if self.limits.use_rlimits:
+            return {}
+        warm = len(self.ready) >= self.ready.size
+        return {"prime": {"nofile": self.limits.nofile, "pythonpath": self.pythonpath, "warm_verifier": warm}}
 
     def _tampered(self, h: Handle) -> str:
         """What, seen from outside, rules out reusing a scrubbed sandbox ("" when nothing): the
@@ -348,7 +373,9 @@ class WarmPool(ABC):
                 h = self._handles.get(tid)
             found = h is not None
             if h is None:  # a new trajectory (or one whose sandbox is gone): a ready sandbox
-                new = self.ready.take() or self._new_handle(tid, req.memory_mb, tuple(req.cores))
+                new = self.ready.take(self._bound_for(req)) or self._new_handle(
+                    tid, req.memory_mb, tuple(req.cores)
+                )
                 new.trajectory_id, new.gen = tid, req.sandbox_gen
                 new.last_used_s = time.monotonic()  # not reaped before its first action
                 with self._lock:
@@ -386,7 +413,7 @@ class WarmPool(ABC):
         try:
             if h.ref is not None:  # a ready sandbox that died while it waited
                 self._teardown_in_place(h)
-            ready = self.ready.take()
+            ready = self.ready.take(self._bound_for(req))
             if ready is not None:
                 self._adopt(h, ready)
             else:
@@ -403,6 +430,14 @@ class WarmPool(ABC):
             raise
         return h, reset
 
+    def _bound_for(self, req: ExecRequest) -> Callable[[Handle], bool]:
+        """Whether a ready sandbox is bound to `req`'s cores already (handing it out then
+        rewrites no cpuset or quota); also where the next ready sandbox will start."""
+        cores = tuple(req.cores)
+        if set(cores) <= set(self._prewarm_cores):
+            self._taken_cores = cores
+        return lambda h: h.cores == cores
+
     def _adopt(self, h: Handle, ready: Handle) -> None:
         """Move a ready sandbox into `h` (whose own is gone)."""
         old_dir = h.state_dir
@@ -411,12 +446,15 @@ class WarmPool(ABC):
         if old_dir != h.state_dir:
             shutil.rmtree(old_dir, ignore_errors=True)
 
-    def _wait_ready(self, h: Handle) -> None:
+    def _wait_ready(self, h: Handle, prime: bool = False) -> None:
+        """Until the runner answers; with `prime` (a ready sandbox), it first starts a verifier
+        and runs one test of its own through it (`runner._prime`)."""
+        ping = {"op": "ping", **(self._prime() if prime else {})}
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if h.socket_path.exists():
                 try:
-                    if call_runner(h.socket_path, {"op": "ping"}, 5.0).get("pong"):
+                    if call_runner(h.socket_path, ping, max(5.0, deadline - time.monotonic())).get("pong"):
                         return
                 except (RunnerGone, RunnerTimeout):
                     pass

@@ -51,12 +51,14 @@ class ReadyPool(Generic[H]):
         destroy: Callable[[H], None],
         alive: Callable[[H], bool],
         keep: int | None = None,
+        starved: Callable[[], None] | None = None,
     ) -> None:
         self.size = size
         self.keep = max(2 * size, keep or 0)
         self._start = start
         self._destroy = destroy
         self._alive = alive
+        self._starved = starved  # a taker waits for a sandbox being scrubbed: hurry it
         self._ready: collections.deque[H] = collections.deque()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a sandbox came back or a scrub ended
@@ -79,21 +81,28 @@ class ReadyPool(Generic[H]):
             self._thread = threading.Thread(target=self._fill, name="sandbox-prewarm", daemon=True)
             self._thread.start()
 
-    def take(self) -> H | None:
-        """A ready sandbox, or None when none is (the caller starts its own). When a sandbox is
-        being scrubbed for the pool, waits for it (up to `SCRUB_WAIT_S`): a scrub takes a few
-        ms, a start tens to hundreds."""
+    def take(self, prefer: Callable[[H], bool] | None = None) -> H | None:
+        """A ready sandbox, or None when none is (the caller starts its own); the first one
+        `prefer` accepts if any (e.g. one already bound to the action's cores). When a sandbox
+        is being scrubbed for the pool, waits for it (up to `SCRUB_WAIT_S`): a scrub takes a
+        few ms, a start tens to hundreds."""
         if self._thread is None:
             self.start()
         while True:
             with self._lock:
                 deadline = time.monotonic() + SCRUB_WAIT_S
+                if not self._ready and self._pending and self._starved is not None:
+                    self._starved()
                 while not self._ready and self._pending and time.monotonic() < deadline:
                     self._changed.wait(deadline - time.monotonic())
                 if not self._ready:
                     self._wanted.set()
                     return None
-                h = self._ready.popleft()
+                h = next((x for x in self._ready if prefer(x)), None) if prefer else None
+                if h is None:
+                    h = self._ready.popleft()
+                else:
+                    self._ready.remove(h)
             self._wanted.set()
             if self._alive(h):
                 with self._lock:
@@ -139,13 +148,14 @@ class ReadyPool(Generic[H]):
             return len(self._ready)
 
     def wait_full(self, timeout_s: float) -> bool:
-        """Block until `size` sandboxes are ready (for tests and benchmarks)."""
+        """Block until `size` sandboxes are ready and none is being scrubbed (for tests and
+        benchmarks)."""
         self.start()
         deadline = time.monotonic() + timeout_s
-        while len(self) < self.size:
+        while len(self) < self.size or self._pending:
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.02)
+            time.sleep(0.005)
         return True
 
     def close(self) -> None:
@@ -177,6 +187,9 @@ class ReadyPool(Generic[H]):
                 continue
             if left and self.started:  # one is still ready: let the taker's action run first
                 self._stop.wait(BACKGROUND_DELAY_S)
+                with self._lock:  # a sandbox given up meanwhile is being scrubbed for the pool
+                    if self.size - len(self._ready) - self._pending <= 0:
+                        continue
             try:
                 h = self._start()
             except Exception:
@@ -201,6 +214,7 @@ class Disposer(Generic[H]):
         self.delay_s = delay_s
         self._queue: queue.SimpleQueue[tuple[float, H] | None] = queue.SimpleQueue()
         self._closed = False
+        self._hurry = threading.Event()  # someone waits for what is queued: no more delays
         self._thread = threading.Thread(target=self._run, name="sandbox-disposer", daemon=True)
         self._thread.start()
 
@@ -211,9 +225,14 @@ class Disposer(Generic[H]):
             return
         self._queue.put((time.monotonic() + (self.delay_s if delay_s is None else delay_s), h))
 
+    def hurry(self) -> None:
+        """Handle what is queued now, without waiting for its delay (a taker waits for it)."""
+        self._hurry.set()
+
     def close(self) -> None:
         """Remove everything still queued (at once), then stop."""
         self._closed = True
+        self._hurry.set()
         self._queue.put(None)
         self._thread.join(timeout=120)
 
@@ -224,9 +243,11 @@ class Disposer(Generic[H]):
                 return
             due_s, h = item
             wait_s = due_s - time.monotonic()
-            if wait_s > 0 and not self._closed:
-                time.sleep(wait_s)
+            if wait_s > 0:
+                self._hurry.wait(wait_s)
             try:
                 self._destroy(h)
             except Exception:
                 log.exception("removing a sandbox failed")
+            if self._queue.empty() and not self._closed:
+                self._hurry.clear()

@@ -25,7 +25,7 @@ def req(code: str, **kw: Any) -> ExecRequest:
 
 
 def test_a_new_trajectory_gets_a_ready_sandbox_bound_at_hand_out(sandbox_factory: Any) -> None:
-    """Given a worker with two ready sandboxes (started on every core, default memory), when a
+    """Given a worker with two ready sandboxes (each on one core, default memory), when a
     new trajectory runs on core 1 with 48 MiB, then it runs in a ready one, sees only core 1,
     cannot use more than its memory, and the pool is refilled in the background."""
     box = sandbox_factory(prewarm=2)

@@ -160,3 +160,117 @@ def test_a_sandbox_with_a_surviving_user_process_is_destroyed_not_recycled(box: 
         os.kill(proc.pid, 9)
         proc.wait()
         box._teardown(h)
+
+
+# What user code sees of the harness's verifiers (uid VERIFIER_UID) and of other user processes
+PROCS = r"""
+import os
+def procs(uid):
+    out = []
+    for p in os.listdir('/proc'):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                u = open('/proc/%s/status' % p).read().split('Uid:')[1].split()[0]
+                state = open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]
+            except OSError:
+                continue
+            if u == str(uid) and state not in ('Z', 'X'):
+                out.append(int(p))
+    return sorted(out)
+def f():
+    return 1
+print((procs(os.getuid() + 1), procs(os.getuid()), sorted(os.listdir('/work'))))
+"""
+
+
+def with_test(code: str) -> ExecRequest:
+    from tangram_celery.actions import TestCase
+
+    r = req(code)
+    r.test_cases = [TestCase(name="t", assert_code="assert f() == 1")]
+    return r
+
+
+def seen(res: Any) -> tuple[list[int], list[int], list[str]]:
+    """(verifier pids, other user pids, /work listing) as the action's code printed them."""
+    import ast
+
+    verifiers, users, work = ast.literal_eval(res.stdout.strip())
+    return verifiers, users, work
+
+
+def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up(box: Any) -> None:
+    """Given a freshly started ready sandbox, when its first action looks around, then one
+    verifier is already waiting, no other process of the user's uid runs, and the workdir holds
+    only the action's own main.py (the warm-up test wrote nothing)."""
+    from tangram_celery.config import SandboxConfig
+    from tangram_celery.sandbox import open_sandbox
+
+    fresh = open_sandbox(SandboxConfig.model_validate({"backend": "namespace", **SMALL_LIMITS, "prewarm": 1}))
+    try:
+        assert fresh.ready.wait_full(60)
+        h = fresh.ready.take()
+        res = fresh._exec(h, req(PROCS))
+        verifiers, users, work = seen(res)
+        assert (res.status, len(verifiers), users, work) == (ActionStatus.OK, 1, [], ["main.py"]), res
+        fresh._teardown(h)
+    finally:
+        fresh.close()
+
+
+def test_a_scrub_kills_the_verifiers_of_the_previous_occupant_and_primes_a_new_one(box: Any) -> None:
+    """Given an occupant whose assert test was judged by a verifier, when its sandbox is
+    scrubbed, then the next occupant finds exactly one verifier waiting, not that one, and its
+    own first assert test is judged by the waiting one (no verifier started on its path)."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    first = box._exec(h, with_test(PROCS))
+    assert first.status is ActionStatus.OK and first.tests[0].passed, first
+    before, _, _ = seen(first)
+    assert len(before) == 1
+    fresh = box._recycle(h)
+    assert fresh is not None
+    look = box._exec(fresh, req(PROCS))
+    waiting, users, _ = seen(look)
+    assert len(waiting) == 1 and set(waiting).isdisjoint(before) and users == [], look
+    judged = box._exec(fresh, with_test(PROCS))
+    assert judged.status is ActionStatus.OK and seen(judged)[0] == waiting, judged
+    box._teardown(fresh)
+
+
+def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup_write(box: Any) -> None:
+    """Given a sandbox that ran an action on core 1 with 128 MiB, when it is scrubbed, then it
+    stays bound to core 1 and 128 MiB, and the next action on core 1 writes no cgroup file."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    on1 = req("print(1)")
+    on1.cores = (1,)
+    assert box._exec(h, on1).status is ActionStatus.OK
+    fresh = box._recycle(h)
+    assert fresh is not None and (fresh.cores, fresh.memory_mb) == ((1,), 128)
+    assert fresh.cgroups._read("cpuset", "cpuset.cpus").strip() == "1"
+
+    def no_write(*args: Any) -> None:
+        raise AssertionError("a cgroup file was written")
+
+    fresh.cgroups._write = no_write
+    try:
+        res = box._exec(fresh, on1)
+    finally:
+        del fresh.cgroups._write
+    assert (res.status, res.stdout.strip()) == (ActionStatus.OK, "1"), res
+    box._teardown(fresh)
+
+
+def test_a_primed_verifier_warms_up_only_while_the_pool_is_full(box: Any) -> None:
+    """Given a worker's ready pool, when a scrub asks for a verifier, then the verifier warms
+    itself up while the pool holds `prewarm` sandboxes, and not while it is short (new
+    trajectories then arrive faster than it refills; the CPU goes to their actions)."""
+    assert box.ready.wait_full(60)
+    full = box._prime()["prime"]["warm_verifier"]
+    h = box.ready.take()
+    try:
+        short = box._prime()["prime"]["warm_verifier"]
+    finally:
+        box.ready.give_back(h)
+    assert (full, short) == (True, False)

@@ -134,6 +134,23 @@ def test_cgroup_v1_counters_and_binding(tmp_path: Path) -> None:
     assert cg.counters() == {"oom_kill": 3, "pids_max": 7}
 
 
+def test_rebinding_writes_only_what_changes(tmp_path: Path) -> None:
+    """Given a v1 set bound to core 0, when it is bound to core 1 (as many cores), then only
+    the cpuset is written; when bound to cores 0 and 1, the quota follows."""
+    dirs = {c: tmp_path / c for c in ("cpu", "cpuset", "memory", "pids")}
+    for d in dirs.values():
+        d.mkdir()
+    cg = CgroupSet(1, dirs)
+    cg.bind_cores((0,))
+    (dirs["cpu"] / "cpu.cfs_quota_us").unlink()
+    cg.bind_cores((1,), was=(0,))
+    assert (dirs["cpuset"] / "cpuset.cpus").read_text() == "1"
+    assert not (dirs["cpu"] / "cpu.cfs_quota_us").exists()
+    cg.bind_cores((0, 1), was=(1,))
+    assert (dirs["cpuset"] / "cpuset.cpus").read_text() == "0,1"
+    assert (dirs["cpu"] / "cpu.cfs_quota_us").read_text() == "200000"
+
+
 def test_cgroup_v2_binding(tmp_path: Path) -> None:
     """Given a fake v2 cgroup dir, when bound to 1 core with 256 MiB, then cpu.max and memory.max."""
     cg = CgroupSet(2, dict.fromkeys(("cpu", "cpuset", "memory", "pids"), tmp_path))

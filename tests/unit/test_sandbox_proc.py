@@ -91,3 +91,24 @@ def test_a_dead_zygote_is_restarted_on_the_next_spawn(tmp_path: Path, zygote: Zy
         assert zygote.pid not in (None, old)
     finally:
         act.close()
+
+
+def test_a_killed_verifier_counts_as_dying_only_while_it_holds_its_pid(zygote: Zygote) -> None:
+    """Given a pooled verifier killed by the pool (as a scrub does) whose exit the zygote has
+    not reported yet, when it has exited, then `still_dying` no longer names it (its pid may be
+    reused), while the pool still waits for its report; once the report is taken, it is gone."""
+    import time
+
+    from tangram_celery.sandbox.inside._tangram_proc import verifier_spec
+
+    pool = zygote.verifiers
+    v = pool.get(verifier_spec({"uid": 10001, "workdir": "/", "nofile": 64}))
+    pool.discard(v)
+    deadline = time.monotonic() + 10
+    while pool.still_dying() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.still_dying() == set() and v.pid in pool.dying
+    while v.pid in pool.dying and time.monotonic() < deadline:
+        zygote.poll(0.1)
+        pool.prune()
+    assert pool.dying == {}

@@ -211,3 +211,17 @@ def test_a_verifier_error_message_names_the_test_line() -> None:
     """Given a failing assert, when verified, then the detail names the test line and source."""
     ok, why = judge(ADD, "x = 1\nassert add(1, 1) == 3, 'sum'")
     assert not ok and "test line 2" in why and "AssertionError: sum" in why
+
+
+def test_a_verifier_warm_up_passes_and_leaves_the_interpreter_as_it_was() -> None:
+    """Given a fresh verifier process state, when it warms up (a test of the harness's own
+    against a server thread of its own), then the test passes and builtins, sys.path and
+    sys.meta_path are as before."""
+    import builtins
+    import sys
+
+    from tangram_celery.sandbox.inside._tangram_verifier import warm_up
+
+    before = (dict(vars(builtins)), list(sys.path), list(sys.meta_path))
+    assert warm_up() is True
+    assert (dict(vars(builtins)), list(sys.path), list(sys.meta_path)) == before

@@ -87,6 +87,34 @@ def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None =
     return facts
 
 
+WARM_UP_CODE = "def f(x):\n    return [x, str(x)]\n"
+WARM_UP_TEST = "assert f(1) == [1, '1'] and len(f(2)) == 2"
+
+
+def warm_up(base: dict, zygote: Zygote) -> bool:
+    """One assert test of the harness's own (no user's code, no file written) through a pooled
+    verifier: starts one if none is idle, and takes the first-use costs of the runner, the
+    zygote and the verifier (copy-on-write faults, cold paths) off the next occupant's first
+    action. True when it passed."""
+    req = {
+        **base,
+        "language": "python",
+        "timeout_s": 10.0,
+        "max_output_bytes": 4096,
+        "cores": [],
+        "test_cases": [{"name": "warm-up", "assert_code": WARM_UP_TEST}],
+    }
+    act = Action(req, zygote)
+    code_fd = memfd(WARM_UP_CODE.encode(), "main.py")
+    try:
+        tests, _ = run_tests(req, act, 1, code_fd, trusted_path(req), None)
+    finally:
+        act.end()
+        act.close()
+        os.close(code_fd)
+    return bool(tests) and bool(tests[0]["passed"])
+
+
 def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     why = fs.write_files(req)

@@ -22,11 +22,42 @@ try:
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     from _tangram_spawn import SpawnFailed, Verifier, Zygote, memfd  # type: ignore[no-redef]
 
-__all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd"]
+__all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd", "prime", "verifier_spec"]
 
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
 DEFAULT_NOFILE = 1024
 EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
+
+
+def user_limits(req: dict) -> dict[str, Any]:
+    """The limits every process of a request is spawned with (a user process's spec)."""
+    # the cgroup cpuset binds the cores; only without cgroups (rlimit fallback) does each
+    # process pin itself
+    cores = [int(c) for c in req.get("cores", [])] if req.get("rlimits") else []
+    return {
+        "uid": int(req["uid"]),
+        "workdir": req["workdir"],
+        "cores": cores,
+        "rlimits": dict(req.get("rlimits", {})),
+        "nofile": int(req.get("nofile") or DEFAULT_NOFILE),
+    }
+
+
+def verifier_spec(req: dict) -> dict[str, Any]:
+    """The spec of a verifier for a request's assert tests; pooled verifiers are reused while
+    it stays the same (with cgroups it does not depend on the request's cores or memory)."""
+    return {**user_limits(req), "uid": int(req["uid"]) + 1, "oom_score_adj": 500}
+
+
+def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
+    """Start an idle verifier with the spec a request like `req` (uid, workdir, nofile) will ask
+    for, unless one is idle: forked from the zygote now, it never talked to any user process;
+    with `warm`, it warms itself up before it waits. How many were started (0 also when the
+    zygote could not fork one)."""
+    try:
+        return zygote.verifiers.prime(verifier_spec(req), warm)
+    except SpawnFailed:
+        return 0
 
 
 class Proc:
@@ -114,16 +145,7 @@ class Action:
         self.timed_out = False
 
     def limits(self) -> dict[str, Any]:
-        # the cgroup cpuset binds the cores; only without cgroups (rlimit fallback) does each
-        # process pin itself
-        cores = [int(c) for c in self.req.get("cores", [])] if self.req.get("rlimits") else []
-        return {
-            "uid": self.uid,
-            "workdir": self.workdir,
-            "cores": cores,
-            "rlimits": dict(self.req.get("rlimits", {})),
-            "nofile": int(self.req.get("nofile") or DEFAULT_NOFILE),
-        }
+        return user_limits(self.req)
 
     # -- starting processes ------------------------------------------------------------------
     def user_launch(
@@ -194,7 +216,7 @@ class Action:
         at `sock_fd`; the record is the job's stream "record". None if no verifier could start."""
         pool = self.zygote.verifiers
         try:
-            v = pool.get({**self.limits(), "uid": self.uid + 1, "oom_score_adj": 500})
+            v = pool.get(verifier_spec(self.req))
         except SpawnFailed as e:
             self.fork_failed, self.spawn_error = True, str(e)
             return None
@@ -413,7 +435,7 @@ class Action:
                 break
             if time.monotonic() > deadline or not self.zygote.poll(0.5):
                 self._zygote_gone()
-                pool.dying.clear()
+                pool.clear_dying()
         _reap()
         if not _strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
             return False

@@ -4,9 +4,10 @@ ran one trajectory's code to another trajectory instead of building a new one.
 The previous occupant's code was written by a policy paid for passing and may have tried to
 leave something for the next one. The runner (PID 1, root in the sandbox) therefore:
 1. kills the pooled verifiers (they judged the previous occupant's tests, talking to its code
-   through proxies) and waits for their exits; then, if any process but itself and the zygote
-   is alive (nothing should be: every action ends with the runner killing what it left), or the
-   zygote is gone, kills every process but itself with `kill(-1)` and exec's a fresh zygote.
+   through proxies; SIGKILL by pidfd, so none of them runs again); then, if any process but
+   itself, the zygote and those verifiers is alive (nothing should be: every action ends with
+   the runner killing what it left), or the zygote is gone, kills every process but itself
+   with `kill(-1)` and exec's a fresh zygote.
    The zygote is root, never sees a request or user data, and user code cannot signal, trace or
    message it (another uid, seccomp, a socket only the runner holds): it is kept otherwise, as
    it is between the actions of one trajectory;
@@ -17,7 +18,9 @@ leave something for the next one. The runner (PID 1, root in the sandbox) theref
 3. puts both mount points back to their owner and mode;
 4. checks that no SysV IPC object exists in the sandbox's IPC namespace (user code cannot create
    one: the seccomp filter refuses shmget/semget/msgget and mq_open; one found means tampering).
-It answers what it could not remove; the host then checks from outside (no process of the
+It answers what it could not remove, and afterwards (when the host asks) forks one verifier
+from the zygote for the next occupant's first assert test: a new process no user code has
+talked to (`runner.py`, `_tangram_proc.prime`). The host then checks from outside (no process of the
 sandbox uid in the sandbox's cgroup, every process in the sandbox's pid namespace) and destroys
 the sandbox instead of recycling it when anything is off. See docs/sandbox.md, "Recycling".
 """
@@ -27,7 +30,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import time
 from typing import Any
 
 try:
@@ -78,25 +80,22 @@ def sysv_objects() -> list[str]:
     return found
 
 
-VERIFIER_EXIT_TIMEOUT_S = 5.0
-
-
-def _drop_verifiers(zygote: Any) -> bool:
-    """Kill every pooled verifier; True once the zygote reported all their exits."""
+def _drop_verifiers(zygote: Any) -> set[int]:
+    """SIGKILL every pooled verifier (by pidfd); the pids of those not yet exited. They are
+    not waited for: a process with a SIGKILL pending never runs user-space code again, and the
+    zygote's reports of their exits are taken with the next action's (`VerifierPool.prune`).
+    A verifier that has exited no longer holds its pid, so that pid is not left out of the
+    check for strays."""
     pool = zygote.verifiers
+    pool.prune()
     for v in list(pool.live.values()):
         pool.discard(v)
-    deadline = time.monotonic() + VERIFIER_EXIT_TIMEOUT_S
-    while pool.dying and time.monotonic() < deadline:
-        if not zygote.poll(0.2):
-            return False
-        pool.prune()
-    return not pool.dying
+    return set(pool.still_dying())
 
 
 def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any, strays: Any) -> dict[str, Any]:
     """Make the sandbox as a fresh one is for its next occupant; the facts for the host."""
-    quiet = zygote.alive() and _drop_verifiers(zygote) and not strays({1, os.getpid(), zygote.pid})
+    quiet = zygote.alive() and not strays({1, os.getpid(), zygote.pid, *_drop_verifiers(zygote)})
     if not quiet:
         kill_all()
         zygote.lost()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -191,10 +192,24 @@ class VerifierPool:
         self.zygote = zygote
         self.idle: list[Verifier] = []
         self.live: dict[int, Verifier] = {}
-        self.dying: set[int] = set()  # killed, exit not reported yet
+        self.dying: dict[int, int] = {}  # killed, exit not reported yet: pid -> its pidfd
 
     def pids(self) -> set[int]:
-        return set(self.live) | self.dying
+        return set(self.live) | set(self.dying)
+
+    def still_dying(self) -> set[int]:
+        """Killed verifiers that have not exited yet (their pidfd is not readable): only these
+        still hold their pid; a pid whose verifier has exited may be anyone's by now."""
+        poll = select.poll()
+        for fd in self.dying.values():
+            poll.register(fd, select.POLLIN)
+        exited = {fd for fd, _ in poll.poll(0)}
+        return {pid for pid, fd in self.dying.items() if fd not in exited}
+
+    def clear_dying(self) -> None:
+        for fd in self.dying.values():
+            os.close(fd)
+        self.dying.clear()
 
     def prune(self) -> None:
         """Drop verifiers whose exit the zygote reported."""
@@ -203,7 +218,7 @@ class VerifierPool:
             self.died(self.live[pid])
         for pid in [p for p in self.dying if p in self.zygote.exits]:
             self.zygote.exits.pop(pid)
-            self.dying.discard(pid)
+            os.close(self.dying.pop(pid))
 
     def get(self, spec: dict[str, Any]) -> Verifier:
         """An idle verifier with these limits, or a new one. Raises SpawnFailed."""
@@ -214,11 +229,27 @@ class VerifierPool:
             if v.key == key and not v.dead:
                 return v
             self.discard(v)  # other limits: the pool keeps only what the actions ask for now
+        return self._new(spec, key)
+
+    def prime(self, spec: dict[str, Any], warm: bool = True) -> int:
+        """Make sure one verifier with these limits is idle: start one now (off an action's
+        critical path) unless there is; with `warm`, it warms itself up (`_new`). Returns how
+        many were started. Raises SpawnFailed."""
+        self.prune()
+        key = json.dumps(spec, sort_keys=True)
+        if any(v.key == key and not v.dead for v in self.idle):
+            return 0
+        self.idle.append(self._new(spec, key, warm=warm))
+        return 1
+
+    def _new(self, spec: dict[str, Any], key: str, warm: bool = False) -> Verifier:
+        """Fork a verifier; with `warm`, it runs a test of its own before it waits for jobs
+        (`_tangram_verifier.warm_up`: its first job then costs what any other does)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fds = [memfd(b"", "null") for _ in range(3)]
         try:
             started, errors = self.zygote.spawn(
-                [{**spec, "mode": "verifier", "fds": 4}], [*fds, theirs.fileno()]
+                [{**spec, "mode": "verifier", "fds": 4, "warm": warm}], [*fds, theirs.fileno()]
             )
         finally:
             for fd in fds:
@@ -250,7 +281,7 @@ class VerifierPool:
                 signal.pidfd_send_signal(v.pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.dying.add(v.pid)
+            self.dying[v.pid], v.pidfd = v.pidfd, -1  # kept until its exit is reported
         if v in self.idle:
             self.idle.remove(v)
         v.close()
@@ -265,4 +296,4 @@ class VerifierPool:
             v.close()
         self.live.clear()
         self.idle.clear()
-        self.dying.clear()
+        self.clear_dying()

@@ -33,16 +33,18 @@ try:
         RemoteModule,
         install_importer,
     )
+    from tangram_celery.sandbox.inside._tangram_serve import Server
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     import _tangram_child as child  # type: ignore[no-redef]
     from _tangram_proxy import TEST_FILENAME, Conn, RemoteModule, install_importer  # type: ignore[no-redef]
+    from _tangram_serve import Server  # type: ignore[no-redef]
 
 
 CTL_FD = 3
 MAX_JOBS = 1000  # then a fresh verifier takes over (bounds what tests leave behind)
 
 
-def serve_jobs() -> None:
+def serve_jobs(warm: bool = False) -> None:
     """In a verifier process, after `_tangram_child.setup` (uid, limits, seccomp), with the
     runner's control socket at descriptor 3: judge one test per job until the socket closes.
     Never returns.
@@ -50,7 +52,8 @@ def serve_jobs() -> None:
     A job brings [the connection to the user process, the record's write end, stdout, stderr, the
     assert code as a memfd]. Each test runs in a fresh namespace; what a test changes in
     builtins, sys.path, sys.meta_path, the recursion limit and the standard streams is put back,
-    and modules imported from the user process are dropped."""
+    and modules imported from the user process are dropped. With `warm`, one test of the
+    harness's own runs first (`warm_up`)."""
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 1)
     os.dup2(null, 2)
@@ -58,6 +61,9 @@ def serve_jobs() -> None:
     err = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
     ctl = socket.socket(fileno=CTL_FD)
     clean = _Clean()
+    if warm:
+        warm_up()
+        clean.restore()
     for _ in range(MAX_JOBS):
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 8)
@@ -99,6 +105,42 @@ def serve_jobs() -> None:
         except OSError:
             break
     os._exit(0)
+
+
+WARM_UP_TEST = "assert f(1) == [1, '1'] and len(f(2)) == 2 and 'x' not in f(3)"
+
+
+def warm_up() -> bool:
+    """Judge one test of the harness's own against a server of the harness's own (a thread of
+    this process, no user process involved): a freshly forked verifier pays its first-use
+    costs (copy-on-write faults on the pages a job touches) here, before it waits for the
+    next occupant's first test, instead of during it. True when the test passed."""
+    import _thread
+
+    mine, theirs = socket.socketpair()
+    served = _thread.allocate_lock()
+    served.acquire()
+
+    def serve() -> None:
+        try:
+            srv = Server(theirs)
+            srv.ready({"f": lambda x: [x, str(x)]})
+            srv.serve()
+        except Exception:
+            pass
+        finally:
+            served.release()
+
+    _thread.start_new_thread(serve, ())
+    try:
+        passed, _ = verify(Conn(mine), WARM_UP_TEST, None)
+    except Exception:
+        passed = False
+    finally:
+        mine.close()
+        served.acquire(timeout=5.0)
+        theirs.close()
+    return passed
 
 
 class _Clean:

@@ -82,7 +82,7 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
         mode = spec["mode"]
         if mode == "verifier":
             seccomp.set_name(b"tangram-verify")
-            verifier.serve_jobs()  # never returns
+            verifier.serve_jobs(warm=bool(spec.get("warm")))  # never returns
         env = {str(k): str(v) for k, v in spec["env"].items()}
         if mode == "exec":
             child.default_signals()

@@ -25,14 +25,14 @@ import traceback
 try:
     from tangram_celery.sandbox.inside._tangram_control import Control
     from tangram_celery.sandbox.inside._tangram_fs import reset_tops
-    from tangram_celery.sandbox.inside._tangram_jobs import handle
-    from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all
+    from tangram_celery.sandbox.inside._tangram_jobs import handle, warm_up
+    from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all, prime
     from tangram_celery.sandbox.inside._tangram_scrub import scrub
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     from _tangram_control import Control  # type: ignore[no-redef]
     from _tangram_fs import reset_tops  # type: ignore[no-redef]
-    from _tangram_jobs import handle  # type: ignore[no-redef]
-    from _tangram_proc import Zygote, _strays, kill_all  # type: ignore[no-redef]
+    from _tangram_jobs import handle, warm_up  # type: ignore[no-redef]
+    from _tangram_proc import Zygote, _strays, kill_all, prime  # type: ignore[no-redef]
     from _tangram_scrub import scrub  # type: ignore[no-redef]
 
 _PR_SET_DUMPABLE = 4
@@ -66,6 +66,7 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
     control = Control(srv)  # the host's requests while an action runs (_tangram_control)
     while True:
         conn, _ = srv.accept()
+        primed: dict | None = None  # a verifier to start once answered (after a scrub)
         with conn:
             try:
                 data = b""
@@ -76,16 +77,20 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
                     data += chunk
                 req = json.loads(data)
                 out: dict
-                if req.get("op") == "ping":
+                if req.get("op") == "ping":  # the host's, when the sandbox has started
+                    if req.get("prime"):  # a ready sandbox: warm, before the host offers it
+                        _prime(req["prime"], uid, workdir, zygote, warm=True)
                     out = {"pong": True}
                 elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
                     out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
+                    primed = req.get("prime") if out["scrubbed"] else None
                 elif req.get("op") == "dop":  # for an action that is not running (any more)
                     out = {"applied": False}
                 else:
                     out = handle({**req, "uid": uid, "workdir": workdir}, zygote, control.attach)
             except Exception as e:
                 out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}
+                primed = None
             try:
                 conn.sendall(json.dumps(out).encode() + b"\n")
             except OSError:
@@ -96,6 +101,28 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
                 zygote.wait_ready()
             except Exception:
                 zygote.stop()  # the next spawn tries again
+        if primed is not None:
+            _prime(primed, uid, workdir, zygote, warm=False)
+
+
+def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, warm: bool) -> None:
+    """Have a verifier waiting for the next occupant's first assert test, with the limits its
+    actions will ask for (`spec`: the host's `nofile` and `pythonpath`): forked now from the
+    zygote, so no user code has talked to it, and warmed up (its first-use costs paid here,
+    off that test's path). With `warm` (a new sandbox, before it is offered), through one test
+    of the harness's own with a user process, which also warms the runner and the zygote
+    (`warm_up`); after a scrub, inside the verifier only (`_tangram_verifier.warm_up`), unless
+    the host says `warm_verifier: false` (its pool is short: the CPU goes to actions then): a
+    user process, of the user code's uid, would race the host's check for processes of that
+    uid."""
+    base = {"uid": uid, "workdir": workdir, "nofile": spec.get("nofile")}
+    try:
+        if warm and zygote.alive():
+            warm_up({**base, "pythonpath": [str(p) for p in spec.get("pythonpath", [])]}, zygote)
+        elif zygote.alive():
+            prime(base, zygote, warm=bool(spec.get("warm_verifier", True)))
+    except Exception:
+        pass  # the first assert test starts a verifier, as without
 
 
 def main() -> None:
