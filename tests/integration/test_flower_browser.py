@@ -156,7 +156,9 @@ def test_flower_requires_login_and_shows_workers_tasks_and_queues(
                 lambda t: (
                     "tangram.cpu.n0" in t
                     and "tangram.gpu.g0" in t
-                    and _queue_rows(page).get("tangram.api.calc", "0") not in ("0", "")
+                    # The scheduler may send the three API actions over more than one round:
+                    # wait for all of them rather than for the first.
+                    and _queue_rows(page).get("tangram.api.calc", "0") == "3"
                 ),
             )
             shot = tmp_path / "flower-broker.png"
