@@ -19,7 +19,9 @@ side by side in one run, through `TangramClient`:
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
 and a Python speed yardstick are recorded, since other jobs share the machine. Beside the wall
 times, each run's CPU seconds (every process involved: the client or the harness and its
-interpreters, Redis, scheduler, workers, sandboxes) per program: other jobs barely move it.
+interpreters, Redis, scheduler, workers, sandboxes) per program: other jobs barely move it;
+and the same split by part (client, scheduler, Redis, CPU worker, its sandboxes, the rest),
+which tells where a new trajectory's extra cost goes.
 
 Run: .venv/bin/python benchmarks/stateless.py [--rounds 3] [--backend namespace|docker]
 Writes benchmarks/results/stateless.json and stateless.png.
@@ -123,20 +125,45 @@ def own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def stack_pids(dep: Deployment) -> list[int]:
-    """The deployment's processes (workers' sandboxes are their descendants), and Redis."""
-    pids = [c.proc.pid for c in dep.children.values()]
+def stack_parts(dep: Deployment) -> dict[str, list[int]]:
+    """The deployment's processes by part: the CPU worker's own processes apart from its
+    sandboxes (their runners, zygotes, verifiers and user processes), the scheduler, Redis, and
+    the rest (API workers, HTTP front end)."""
+    parts: dict[str, list[int]] = {"cpu worker": [], "sandboxes": [], "scheduler": [], "redis": [], "rest": []}
+    for name, child in dep.children.items():
+        pid = child.proc.pid
+        if name.startswith("worker-cpu"):
+            parts["cpu worker"].append(pid)
+        else:
+            parts["scheduler" if name == "scheduler" else "rest"].append(pid)
     if dep.redis is not None and dep.redis.proc is not None:
-        pids.append(dep.redis.proc.pid)
-    return pids
+        parts["redis"].append(dep.redis.proc.pid)
+    return parts
 
 
-def with_cpu(pids: list[int], run: Any) -> dict[str, Any]:
+def _part_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    """CPU seconds per process of each part (a CPU worker's sandboxes apart from the worker)."""
+    out = {name: tree_cpu_s(pids) for name, pids in parts.items() if name != "sandboxes"}
+    if "cpu worker" in out:
+        worker_pids = set(parts["cpu worker"])
+        tree = out["cpu worker"]
+        out["sandboxes"] = {p: c for p, c in tree.items() if p not in worker_pids}
+        out["cpu worker"] = {p: c for p, c in tree.items() if p in worker_pids}
+    return out
+
+
+def with_cpu(parts: dict[str, list[int]], run: Any) -> dict[str, Any]:
     """`run()`'s result with `cpu_s`: what it cost in CPU, in this process (the client, or the
-    plain harness and its interpreters) and in the trees under `pids` (the deployment)."""
-    before, mine = tree_cpu_s(pids), own_cpu_s()
+    plain harness and its interpreters) and in the deployment's processes; and `cpu_parts`, the
+    same split by part (`stack_parts`; "client" is this process). A sandbox destroyed during
+    the run counts in the CPU worker, which reaps it (recycled ones, the usual case, do not)."""
+    before, mine = _part_cpu(parts), own_cpu_s()
     out: dict[str, Any] = run()
-    out["cpu_s"] = cpu_between(before, tree_cpu_s(pids)) + own_cpu_s() - mine
+    after = _part_cpu(parts)
+    split = {name: cpu_between(before.get(name, {}), after[name]) for name in after}
+    split["client"] = own_cpu_s() - mine
+    out["cpu_s"] = sum(split.values())
+    out["cpu_parts"] = split
     return out
 
 
@@ -257,7 +284,7 @@ def main() -> int:
             for variant in runs:
                 time.sleep(1.0)  # let the ready pool refill and evictions settle
                 out = with_cpu(
-                    [] if variant == "plain" else stack_pids(dep),
+                    {} if variant == "plain" else stack_parts(dep),
                     (lambda: plain(problems))
                     if variant == "plain"
                     else (lambda v=variant: through_client(client, problems, v)),
@@ -266,7 +293,8 @@ def main() -> int:
                 runs[variant].append(out)
                 print(
                     f"round {r + 1} {variant:9s} {out['wall_s']:6.2f} s  cpu {out['cpu_s']:5.2f} s  "
-                    f"passed {out['passed']}/{out['n']}  load {out['load']:.1f}"
+                    f"passed {out['passed']}/{out['n']}  load {out['load']:.1f}  ms/program: "
+                    + ", ".join(f"{k} {1000 * c / len(problems):.1f}" for k, c in out["cpu_parts"].items())
                 )
         log = (Path(dep.state_dir) / "logs" / "scheduler.log").read_text(errors="replace")
         res["scheduler_stalls_logged"] = log.count("no progress")
@@ -279,6 +307,13 @@ def main() -> int:
     if args.backend == "namespace":
         res["cpu_ms_per_program"] = {
             v: 1000 * statistics.median(x["cpu_s"] for x in rs) / len(problems) for v, rs in runs.items()
+        }
+        res["cpu_ms_per_program_by_part"] = {
+            v: {
+                part: 1000 * statistics.median(x["cpu_parts"][part] for x in rs) / len(problems)
+                for part in rs[0]["cpu_parts"]
+            }
+            for v, rs in runs.items()
         }
         res["cpu_ratio_fresh_vs_plain"] = (
             res["cpu_ms_per_program"]["fresh"] / res["cpu_ms_per_program"]["plain"]
