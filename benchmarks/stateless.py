@@ -129,7 +129,13 @@ def stack_parts(dep: Deployment) -> dict[str, list[int]]:
     """The deployment's processes by part: the CPU worker's own processes apart from its
     sandboxes (their runners, zygotes, verifiers and user processes), the scheduler, Redis, and
     the rest (API workers, HTTP front end)."""
-    parts: dict[str, list[int]] = {"cpu worker": [], "sandboxes": [], "scheduler": [], "redis": [], "rest": []}
+    parts: dict[str, list[int]] = {
+        "cpu worker": [],
+        "sandboxes": [],
+        "scheduler": [],
+        "redis": [],
+        "rest": [],
+    }
     for name, child in dep.children.items():
         pid = child.proc.pid
         if name.startswith("worker-cpu"):
