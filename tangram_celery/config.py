@@ -1,5 +1,5 @@
 """Typed deployment config, loaded from YAML (the HTTP server's and the payload caps' models are in
-`config_front`).
+`config_front`, the scheduler's in `config_scheduler`).
 
 One root `TangramConfig`; every model forbids unknown keys, and `load_config` turns pydantic's
 errors into messages that name the key, the bad value and the fix (the field's description).
@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from scheduler.pools import numa_split
-from tangram_celery.config_front import HttpConfig, LimitsConfig, expand_env
+from tangram_celery.config_front import HttpConfig, LimitsConfig, StrictModel, expand_env
+from tangram_celery.config_scheduler import CpuBatchConfig, FairShareConfig, PriorConfig, SchedulerConfig
 from tangram_celery.errors import ConfigError
 
-if TYPE_CHECKING:
-    from scheduler.policies.cpu_batch import CpuBatchSpec
-
-__all__ = [  # the front door's models live in config_front; they are part of this config
+__all__ = [  # the front door's and the scheduler's models live in their own modules
+    "CpuBatchConfig",
+    "FairShareConfig",
     "HttpConfig",
     "LimitsConfig",
+    "PriorConfig",
+    "SchedulerConfig",
     "TangramConfig",
     "expand_env",
     "load_config",
@@ -39,11 +41,7 @@ Name = Annotated[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BrokerConfig(_Model):
+class BrokerConfig(StrictModel):
     url: str = Field(
         "embedded",
         description="'embedded' to start a private redis-server, or a redis://[:password@]host:port/db URL",
@@ -84,7 +82,7 @@ class BrokerConfig(_Model):
         return v
 
 
-class CpuNodeConfig(_Model):
+class CpuNodeConfig(StrictModel):
     name: Name
     cores: int = Field(ge=1, le=4096, description="number of cores this node lends to actions")
     numa_groups: int = Field(1, ge=1, description="NUMA groups; elastic actions stay in one")
@@ -104,7 +102,7 @@ class CpuNodeConfig(_Model):
         return numa_split(self.cores, self.numa_groups, self.core_offset)
 
 
-class GpuNodeConfig(_Model):
+class GpuNodeConfig(StrictModel):
     name: Name
     num_gpus: int = Field(description="GPUs on the node: 1, 2, 4 or 8 (buddy chunks)")
     gpu_memory_mb: int = Field(ge=256, description="memory per GPU, in MiB")
@@ -126,7 +124,7 @@ class GpuNodeConfig(_Model):
         return v
 
 
-class ApiConfig(_Model):
+class ApiConfig(StrictModel):
     name: Name
     handler: str = Field(
         description="'module:function' called with the request dict, or 'http' to POST to base_url"
@@ -148,7 +146,7 @@ class ApiConfig(_Model):
         return self
 
 
-class SandboxConfig(_Model):
+class SandboxConfig(StrictModel):
     backend: Literal["auto", "docker", "namespace"] = Field(
         "auto",
         description="'docker', 'namespace' (Linux namespaces + cgroups), or 'auto' (docker if reachable)",
@@ -209,7 +207,7 @@ class SandboxConfig(_Model):
     )
 
 
-class RewardModelConfig(_Model):
+class RewardModelConfig(StrictModel):
     name: Name
     backend: Literal["hf-seq-cls", "embedding-sim", "teacher-logprobs", "rule"] = Field(
         description="reward backend kind"
@@ -252,107 +250,23 @@ class RewardModelConfig(_Model):
         return self
 
 
-class PriorConfig(_Model):
-    t1_s: float = Field(gt=0, description="expected duration at one unit, seconds")
-    parallel_fraction: float = Field(0.0, ge=0, le=1, description="Amdahl p of the action kind")
-
-
-class FairShareConfig(_Model):
-    enabled: bool = Field(True, description="order jobs by priority, then weighted share (FCFS within a job)")
-    weights: dict[str, float] = Field(default_factory=dict, description="share weight per job_id (default 1)")
-    aging_s: float = Field(60.0, gt=0, description="a waiting job gains one priority level per aging_s")
-
-
-class CpuBatchConfig(_Model):
-    """Short CPU actions ride in batches on an allocation's cores under saturation
-    (`scheduler.policies.cpu_batch`): one message, one round, back to back on the cores."""
-
-    enabled: bool = Field(True, description="let short CPU actions ride behind an allocation")
-    max_actions: int = Field(8, ge=2, le=256, description="actions per batch, the first one included")
-    max_action_ms: float = Field(
-        50.0, gt=0, le=60_000, description="only kinds measured to take at most this long ride"
-    )
-    max_batch_ms: float = Field(200.0, gt=0, le=600_000, description="measured work per batch, in all")
-    hand_back_after_ms: float = Field(
-        2000.0,
-        ge=0,
-        le=3_600_000,
-        description="a batch still running after this long (an action hung until its limit) hands "
-        "its riders not yet started back to be placed again (0: never)",
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> CpuBatchConfig:
-        if self.max_batch_ms < self.max_action_ms:
-            raise ValueError(
-                f"cpu_batch.max_batch_ms ({self.max_batch_ms}) is below max_action_ms "
-                f"({self.max_action_ms}): no rider would ever fit; raise max_batch_ms"
-            )
-        return self
-
-    def spec(self) -> CpuBatchSpec | None:
-        """The round's bounds (None when off)."""
-        from scheduler.policies.cpu_batch import CpuBatchSpec
-
-        if not self.enabled:
-            return None
-        return CpuBatchSpec(self.max_actions, self.max_action_ms / 1000, self.max_batch_ms / 1000)
-
-
-class SchedulerConfig(_Model):
-    policy: str = Field(
-        "tangram-fast", description="a live policy (the other baselines run in `tangram sim`)"
-    )
-    max_queued: int = Field(100_000, ge=1, description="intake bound; beyond it submit fails fast")
-    batch_size: int = Field(512, ge=1, description="intake messages read per loop iteration")
-    priors: dict[str, PriorConfig] = Field(
-        default_factory=dict, description="duration priors per action kind"
-    )
-    fair_share: FairShareConfig = FairShareConfig()
-    cpu_batch: CpuBatchConfig = CpuBatchConfig()
-    run_log_max_mb: int = Field(
-        256, ge=1, le=1 << 20, description="the run log (<state_dir>/actions.jsonl) is rotated at this size"
-    )
-    run_log_keep: int = Field(4, ge=0, le=1000, description="rotated run logs kept (actions.jsonl.1 ...)")
-    check_invariants: bool = Field(
-        False, description="debug: assert after every round that the round's core loans conserve work"
-    )
-
-    @field_validator("policy")
-    @classmethod
-    def _policy(cls, v: str) -> str:
-        from scheduler.policies import get_policy, live_policies
-
-        try:
-            policy = get_policy(v)
-        except KeyError as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        gaps = policy.execution.live_gaps()
-        if gaps:
-            live = ", ".join("fixed-dop-K" if p == "fixed-dop" else p for p in live_policies())
-            raise ValueError(
-                f"policy {v!r} runs in the simulator only ({'; '.join(gaps)}); the live service runs {live}"
-            )
-        return v
-
-
-class FlowerConfig(_Model):
+class FlowerConfig(StrictModel):
     port: int = Field(5555, ge=0, le=65535, description="0 picks a free port")
     address: str = Field("127.0.0.1", description="listen address (0.0.0.0 only behind a trusted network)")
     user: str = Field("tangram", description="basic-auth user")
     password: str | None = Field(None, description="basic-auth password; generated when empty")
 
 
-class MetricsConfig(_Model):
+class MetricsConfig(StrictModel):
     enabled: bool = Field(True, description="serve Prometheus metrics from every process on 127.0.0.1")
 
 
-class NodesConfig(_Model):
+class NodesConfig(StrictModel):
     cpu: tuple[CpuNodeConfig, ...] = ()
     gpu: tuple[GpuNodeConfig, ...] = ()
 
 
-class TangramConfig(_Model):
+class TangramConfig(StrictModel):
     broker: BrokerConfig = BrokerConfig()
     nodes: NodesConfig = NodesConfig()
     apis: tuple[ApiConfig, ...] = ()

@@ -11,11 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tangram_celery.errors import ConfigError
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every config model: unknown keys are refused, values are frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class HttpConfig(_Model):
+class HttpConfig(StrictModel):
     """The HTTP front door (`tangram serve`): SandboxFusion-compatible and native endpoints."""
 
     enabled: bool = Field(True, description="`tangram up` starts the HTTP server (needs the 'http' extra)")
@@ -100,7 +102,7 @@ def expand_env(value: str, key: str) -> str:
     return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", sub, value)
 
 
-class LimitsConfig(_Model):
+class LimitsConfig(StrictModel):
     """Caps on what one action may carry, checked at submit (ActionRejected, nothing enqueued).
 
     Payloads go to Redis as they are, so these bound the broker's memory per action; the
