@@ -65,12 +65,15 @@ class ClientSide(StoreBase):
             raise AdmissionError(why)
 
     def control(self, fields: dict[str, str]) -> None:
-        self.r.xadd(INTAKE, dict(fields.items()))
+        # sent again after a lost reply: a control (close) applied twice changes nothing more
+        self.retrying("control", lambda: self.r.xadd(INTAKE, dict(fields.items())))
 
     def cancel(self, action_id: str, result_json: str) -> str:
         """Cancel an action that no scheduler has dispatched yet; 'cancelled' if it was, else
         its state ('dispatched', 'running', 'done', 'cancelled', or 'missing'), untouched."""
-        return str(self._cancel(keys=cancel_keys(action_id), args=cancel_args(action_id, result_json)))
+        keys, args = cancel_keys(action_id), cancel_args(action_id, result_json)
+        # a second run after a lost reply finds it 'cancelled' already, which is the answer
+        return str(self.retrying("cancel", lambda: self._cancel(keys=keys, args=args)))
 
     def wait_result(self, action_id: str, timeout_s: float | None, poll_s: float = 2.0) -> str | None:
         """Block until the action's result exists; return its JSON, or None on timeout.
@@ -98,20 +101,20 @@ class ClientSide(StoreBase):
                 return None
 
     def action_state(self, action_id: str) -> str | None:
-        s = self.r.hget(akey(action_id), "state")
+        s = self.retrying("read state", lambda: self.r.hget(akey(action_id), "state"))
         return None if s is None else str(s)
 
     def pool_view(self) -> PoolView | None:
         """The pools the scheduler published (None before any scheduler has)."""
-        raw = self.r.get(CONFIG)
+        raw = self.retrying("read config", lambda: self.r.get(CONFIG))
         return None if raw is None else PoolView.model_validate_json(str(raw))
 
     def languages(self) -> dict[str, list[str]]:
         """CPU node -> the languages its sandboxes run, as its worker reported them."""
-        return languages_of(self.r.hgetall(LANGS))
+        return languages_of(self.retrying("read languages", lambda: self.r.hgetall(LANGS)))
 
     def queued_count(self) -> int:
-        return int(self.r.xlen(INTAKE))
+        return int(self.retrying("queue length", lambda: self.r.xlen(INTAKE)))
 
 
 class SubmitBatch:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -180,3 +181,38 @@ def test_redis_killed_and_restarted_loses_nothing(deployment, client, tmp_path: 
     assert client.submit(ApiAction(trajectory_id="after", api="calc", request={"expr": "6*7"})).result(
         timeout=120
     ).output == {"value": 42}
+
+
+@pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
+def test_a_new_client_rides_out_a_redis_restart(deployment) -> None:
+    """Given Redis down, when a client that has read nothing yet submits (it first reads the
+    published pools and the workers' languages) and waits, then it retries until Redis is back
+    instead of raising, and its action completes. (A soak's trajectory thread died of exactly
+    that: the languages read had no retry.)"""
+    import threading
+
+    from tangram_celery import TangramClient
+
+    out: dict[str, Any] = {}
+
+    def use() -> None:
+        try:
+            with TangramClient(deployment.url) as c:
+                h = c.submit(ApiAction(trajectory_id="late", api="calc", request={"expr": "6*7"}))
+                out["state"] = h.client.store.action_state(h.id)
+                out["result"] = h.result(timeout=120)
+        except BaseException as e:  # what the caller would have seen
+            out["error"] = e
+
+    deployment.redis.kill()
+    user = threading.Thread(target=use)
+    try:
+        user.start()
+        time.sleep(1.5)
+        assert user.is_alive() and not out, out  # waiting for Redis, not failed
+    finally:
+        deployment.redis.restart()
+    user.join(180)
+    assert "error" not in out, out
+    assert out["state"] in ("queued", "dispatched", "running", "done"), out
+    assert out["result"].output == {"value": 42}
