@@ -46,7 +46,8 @@ present() {
   esac
 }
 
-# demo: the venv, and bubblewrap for the sandbox (without it the built-in launcher is used)
+# demo: the venv, and bubblewrap (the sandbox's fallback launcher, used when the built-in one
+# cannot build a sandbox here; sandbox.namespace_launcher: bwrap asks for it)
 packages=(python3 python3-venv bubblewrap)
 if [ "$profile" = test ]; then
   # tests: a private dockerd (Docker backend), network namespaces (multi-node test), the Flower
@@ -102,9 +103,6 @@ if [ "$profile" = demo ]; then
     say "the sandbox needs root (Linux namespaces and cgroups) or a Docker engine you can reach:"
     say "run 'sudo make demo', or start Docker and set sandbox.backend: docker in configs/local.yaml"
     exit 1
-  fi
-  if still_missing bubblewrap; then
-    say "no bubblewrap: sandboxes use the built-in launcher (sandbox.namespace_launcher: auto)"
   fi
 else
   if [ "$(id -u)" != 0 ]; then

@@ -5,7 +5,10 @@ Same layout as the Docker backend: fresh mount/pid/net/ipc/uts/cgroup namespaces
 read-only root, size- and inode-limited tmpfs at /work and /tmp, nothing else of the host (no
 /etc, no /home, no worker env), and the same resident runner as PID 1. Two launchers build it
 (`sandbox.namespace_launcher`): bubblewrap (`bwrap`), or `launcher.py` (`builtin`: direct
-syscalls, stdlib only, for machines without bubblewrap); `auto` takes bubblewrap when installed.
+syscalls, stdlib only); `auto` takes the built-in launcher, and bubblewrap only when the built-in
+one cannot build a sandbox here. (bubblewrap's child waits on an eventfd for its parent before it
+arms its own parent-death signal, so a bwrap killed in that window leaves that child blocked
+forever; the built-in launcher arms every hop before it waits on anything.)
 
 Limits come from a cgroup set per sandbox (v1 or v2, created here); when no cgroup hierarchy is
 writable, memory and process count fall back to RLIMIT_AS and RLIMIT_NPROC inside the runner and
@@ -78,7 +81,14 @@ def bwrap_path() -> str | None:
 def resolve_launcher(choice: str) -> str:
     """'bwrap' or 'builtin' for the configured `namespace_launcher`; raises when impossible."""
     if choice == "auto":
-        choice = "bwrap" if bwrap_path() else "builtin"
+        if not pretend_missing("builtin"):
+            return "builtin"
+        if bwrap_path() is None:
+            raise SandboxError(
+                "bubblewrap is not installed and the built-in launcher is disabled "
+                "(TANGRAM_PRETEND_MISSING=builtin): apt-get install bubblewrap"
+            )
+        return "bwrap"
     if choice == "bwrap" and bwrap_path() is None:
         raise SandboxError(
             "sandbox.namespace_launcher is 'bwrap' but bubblewrap is not installed: "
@@ -86,8 +96,8 @@ def resolve_launcher(choice: str) -> str:
         )
     if choice == "builtin" and pretend_missing("builtin"):
         raise SandboxError(
-            "bubblewrap is not installed and the built-in launcher is disabled "
-            "(TANGRAM_PRETEND_MISSING=builtin): apt-get install bubblewrap"
+            "sandbox.namespace_launcher is 'builtin' but the built-in launcher is disabled "
+            "(TANGRAM_PRETEND_MISSING=builtin): set it to 'bwrap' or 'auto'"
         )
     return choice
 
@@ -124,12 +134,10 @@ class NamespaceSandbox(WarmPool):
             try:
                 self._probe()
             except SandboxError as e:
-                if cfg.namespace_launcher != "auto" or self.launcher != "bwrap" or pretend_missing("builtin"):
+                if cfg.namespace_launcher != "auto" or self.launcher != "builtin" or bwrap_path() is None:
                     raise
-                # e.g. Docker's default seccomp profile forbids bwrap's pivot_root; the built-in
-                # launcher works there
-                log.warning("bubblewrap cannot run here (%s); using the built-in launcher", e)
-                self.launcher, self.bwrap = "builtin", None
+                log.warning("the built-in launcher cannot run here (%s); using bubblewrap", e)
+                self.launcher, self.bwrap = "bwrap", bwrap_path()
                 self._probe()
         except BaseException:
             self.close()

@@ -195,9 +195,10 @@ while True:  # a new sandbox every time: the worker dies in the middle of some s
             "bwrap",
             marks=pytest.mark.xfail(
                 strict=False,
-                reason="known gap (README, Known limits): with bubblewrap a process of a sandbox "
-                "being started when its worker is SIGKILLed has been seen to outlive it "
-                "(about one CI run in three); the built-in launcher has no such window",
+                reason="bubblewrap's gap (README, Known limits; docs/sandbox.md, Lifetime): its "
+                "child blocks on an eventfd for its parent before it arms --die-with-parent, so a "
+                "bwrap killed in between leaves that child asleep forever (about one run in "
+                "three); the built-in launcher, auto's choice, has no such window",
             ),
         ),
         "builtin",

@@ -110,14 +110,22 @@ def test_child_of_tangram_up_exits_when_its_parent_is_already_gone() -> None:
 
 
 def test_launcher_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """'auto' takes bubblewrap when installed, else the built-in launcher; asking for bwrap
-    without it says what to install."""
+    """'auto' takes the built-in launcher (its start has no window where a killed parent leaves a
+    child behind), bubblewrap only when the built-in one is unavailable; asking for a launcher
+    that is missing says what to do."""
+    from tangram_celery.sandbox import namespace
     from tangram_celery.sandbox.namespace import resolve_launcher
 
+    assert resolve_launcher("auto") == "builtin"
     monkeypatch.setenv("TANGRAM_PRETEND_MISSING", "bwrap")
     assert resolve_launcher("auto") == "builtin"
     with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
         resolve_launcher("bwrap")
+    monkeypatch.setenv("TANGRAM_PRETEND_MISSING", "builtin")
+    with pytest.raises(SandboxError, match="built-in launcher is disabled"):
+        resolve_launcher("builtin")
+    monkeypatch.setattr(namespace.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert resolve_launcher("auto") == "bwrap"
     monkeypatch.setenv("TANGRAM_PRETEND_MISSING", "bwrap,builtin")
     with pytest.raises(SandboxError, match="built-in launcher is disabled"):
         resolve_launcher("auto")
