@@ -18,13 +18,15 @@ run again after a kill), ACT percentiles; and the kills table.
 
 Run: .venv/bin/python benchmarks/soak.py --minutes 30 [--kill-every-s 60] [--trajectories 16]
 Writes benchmarks/results/soak.json and soak.png. Exit status 1 if anything was lost, wrong or
-duplicated.
+duplicated, or if a client call raised anything but Tangram's own errors (`client_errors`: a
+caller could not have handled it; the trajectory's thread ends there).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 import tempfile
@@ -42,6 +44,8 @@ from tangram_celery.actions import TestCase
 from tangram_celery.config import parse_config
 from tangram_celery.deploy import Deployment, write_config
 from tangram_celery.errors import TangramError
+
+logger = logging.getLogger("soak")
 
 # pairs for the rule verifiers: (rule, response, reference, expected score)
 RULE_CASES = [
@@ -121,12 +125,21 @@ def main() -> int:
     in_flight: dict[str, str] = {}  # action id -> kind
     by_time: list[tuple[float, str]] = []  # (submitted at, id)
     submit_errors: list[str] = []
+    client_errors: list[str] = []  # a call that raised what a caller cannot handle: a client bug
     lock = threading.Lock()
     stop = threading.Event()
     kills: list[Kill] = []
     t_start = time.monotonic()
 
     def trajectory(k: int) -> None:
+        try:
+            drive(k)
+        except Exception as e:  # the thread ends: its action in flight counts as lost too
+            logger.exception("trajectory %d died", k)
+            with lock:
+                client_errors.append(f"trajectory {k}: {e!r}")
+
+    def drive(k: int) -> None:
         client = TangramClient(dep.url)
         trng = random.Random(rng.random())
         step = 0
@@ -255,6 +268,7 @@ def main() -> int:
         "seed": args.seed,
         "sandbox_backend": cfg.sandbox.backend,
         "submit_errors": submit_errors[:20],
+        "client_errors": client_errors[:20],
         "leftover_notifications": dict(sorted(leftover.items())[:20]),
         "p99_act_s_first_third": p99_first,
         "p99_act_s_last_third": p99_last,
@@ -263,7 +277,12 @@ def main() -> int:
     }
     write_json(args.out, data)
     plot(acts, kills, RESULTS / f"{args.out}.png")
-    print(json.dumps({"totals": totals, "submit_errors": len(submit_errors)}, indent=1))
+    print(
+        json.dumps(
+            {"totals": totals, "submit_errors": len(submit_errors), "client_errors": client_errors},
+            indent=1,
+        )
+    )
     for kind, row in summary["kinds"].items():
         print(
             f"{kind:6s} submitted {row['submitted']}, completed {row['completed']}, lost {row['lost']}, "
@@ -276,6 +295,7 @@ def main() -> int:
         + totals["wrong"]
         + totals["duplicated_completions"]
         + (totals["duplicated_executions"] or 0)
+        + len(client_errors)
     )
     return 0 if bad == 0 else 1
 
