@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from celery import Celery
 
+from tangram_celery.kombu_redis import guard_connparams
+
 TASK_CPU = "tangram.run_cpu"
 TASK_CPU_BATCH = "tangram.run_cpu_batch"  # [[action id, order], ...]: run one after another
 TASK_GPU = "tangram.run_gpu"
@@ -28,6 +30,7 @@ def make_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
 
     `memory://` (kombu's in-process transport, for tests) gets an in-memory result backend."""
     backend = "cache+memory://" if broker_url.startswith("memory://") else broker_url
+    guard_connparams()  # a Redis restart must not stop a worker (see kombu_redis)
     app = Celery("tangram", broker=broker_url, backend=backend, set_as_current=False)
     app.conf.update(
         task_serializer="json",

@@ -177,10 +177,42 @@ def test_redis_killed_and_restarted_loses_nothing(deployment, client, tmp_path: 
     print(f"submitted={n} completed={len(results)} executions={sum(executed.values())}")
     assert all(r.status is ActionStatus.OK for r in results)
     assert sorted(executed) == list(range(n)), "an action was lost"
+    # No worker stopped on the way (kombu's close of a lost connection used to stop the one
+    # holding unacknowledged messages: tangram_celery/kombu_redis.py).
+    restarted = {name: len(c.restarts) for name, c in deployment.children.items() if c.restarts}
+    assert not restarted, restarted
     # And the system still serves new work.
     assert client.submit(ApiAction(trajectory_id="after", api="calc", request={"expr": "6*7"})).result(
         timeout=120
     ).output == {"value": 42}
+
+
+def test_a_redis_restart_keeps_the_cpu_worker_and_its_sandboxes(deployment, client) -> None:
+    """Given a CPU action running (its Celery message not yet acknowledged: late acks) when
+    Redis is SIGKILLed and restarted from its AOF, then the CPU worker does not stop (kombu's
+    close of the lost connection used to stop it: tangram_celery/kombu_redis.py), the action
+    completes once, and the trajectory keeps its sandbox: its files are there and nothing says
+    `sandbox_reset`."""
+    tid = "keeps-its-files"
+    first = client.submit(CodeAction(trajectory_id=tid, code="open('/work/mark', 'w').write('kept')"))
+    assert first.result(timeout=120).ok
+    slow = client.submit(
+        CodeAction(trajectory_id=tid, code="import time; time.sleep(4); print(open('/work/mark').read())")
+    )
+    deadline = time.monotonic() + 60
+    while client.store.action_state(slow.id) != "running":
+        assert time.monotonic() < deadline, "the action never started"
+        time.sleep(0.05)
+    deployment.redis.kill()
+    time.sleep(1.0)
+    deployment.redis.restart()
+    res = slow.result(timeout=300)
+    assert res.ok and res.stdout.strip() == "kept" and not res.sandbox_reset, res
+    after = client.submit(CodeAction(trajectory_id=tid, code="print(open('/work/mark').read())"))
+    again = after.result(timeout=120)
+    assert again.stdout.strip() == "kept" and not again.sandbox_reset, again
+    restarted = {name: len(c.restarts) for name, c in deployment.children.items() if c.restarts}
+    assert not restarted, restarted
 
 
 @pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
