@@ -252,8 +252,21 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def group_alive(pgid: int) -> bool:
+    """True while a process of the process group `pgid` exists (a zombie counts)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def stop_pid(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Stop the tritonserver `pid` (SIGTERM, then SIGKILL), and its Python stubs with it."""
+    """Stop the tritonserver `pid` (SIGTERM, then SIGKILL), and its Python stubs with it: it
+    returns once the whole process group is gone (the stubs exit after the server, so waiting
+    for the server alone left them running after a `tangram up` had ended)."""
     if not pid_alive(pid):
         kill_group(pid)  # leftover stubs of a crashed server
         if proc is not None:
@@ -262,9 +275,8 @@ def stop_pid(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | 
     kill_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            return
-        if proc is None and not pid_alive(pid):
+        server_gone = proc.poll() is not None if proc is not None else not pid_alive(pid)
+        if server_gone and not group_alive(pid):
             return
         time.sleep(0.05)
     kill_group(pid)
