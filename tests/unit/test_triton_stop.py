@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from reward_servers.triton import group_alive, stop_pid
+from tests.integration.lifecycle_support import proc_stat
 
 pytestmark = pytest.mark.unit
 
@@ -32,17 +33,9 @@ while True:
 
 
 def _group_members(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
+    """Live (not zombie) processes of the process group `pgid`."""
+    pids = (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
+    return [p for p in pids if (st := proc_stat(p)) is not None and int(st[2]) == pgid and st[0] != "Z"]
 
 
 def test_stop_waits_for_the_stubs_of_the_server() -> None:
