@@ -101,7 +101,7 @@ def percentile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
+def proc_table() -> dict[int, tuple[int, float]]:
     """pid -> (parent pid, CPU seconds of the process and of its reaped children)."""
     hz = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[int, float]] = {}
@@ -117,12 +117,13 @@ def _proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
-def tree_cpu_s(roots: list[int]) -> dict[int, float]:
+def tree_cpu_s(roots: list[int], table: dict[int, tuple[int, float]] | None = None) -> dict[int, float]:
     """CPU seconds of each process in the trees under `roots` (their reaped children included).
 
     Two readings around a run give what the run cost in CPU (`cpu_between`): unlike its wall
-    time, that barely moves when other jobs share the machine's cores."""
-    table = _proc_table()
+    time, that barely moves when other jobs share the machine's cores. `table`: one
+    `proc_table()` reading shared by several calls."""
+    table = proc_table() if table is None else table
     kids: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         kids.setdefault(ppid, []).append(pid)

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
 
-from benchmarks.common import RESULTS, cpu_between, percentile, tree_cpu_s, write_json
+from benchmarks.common import RESULTS, cpu_between, percentile, proc_table, tree_cpu_s, write_json
 from tangram_celery import ActionStatus, CodeAction, TangramClient
 from tangram_celery.config import load_config
 from tangram_celery.deploy import Deployment
@@ -149,7 +149,8 @@ def stack_parts(dep: Deployment) -> dict[str, list[int]]:
 
 def _part_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
     """CPU seconds per process of each part (a CPU worker's sandboxes apart from the worker)."""
-    out = {name: tree_cpu_s(pids) for name, pids in parts.items() if name != "sandboxes"}
+    table = proc_table()  # one reading of /proc for every part
+    out = {name: tree_cpu_s(pids, table) for name, pids in parts.items() if name != "sandboxes"}
     if "cpu worker" in out:
         worker_pids = set(parts["cpu worker"])
         tree = out["cpu worker"]
