@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from scheduler.policies.time_share import TimeShareSpec
     from scheduler.resources import ClusterState
 
 Slot = tuple[str, tuple[int, ...]]  # (GPU node, chunk)
@@ -84,6 +85,11 @@ class ExecutionModel:
     warm_gpu: services are restored onto free GPU memory ahead of their calls while no GPU call
         waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`, `Round.retire`). Both executors
         carry them out (live: the GPU worker loads the replica on the chunk).
+    time_share: short rigid CPU actions time-share cores held by a running action, within these
+        bounds (`scheduler.policies.time_share`; `RoundPlan.sharers`, `Allocation.shares`); None:
+        never. Both executors carry them out with the spec's CPU weights: the simulator shares
+        the cores by them, the CPU worker binds the sharer to the held cores and writes the two
+        sandboxes' cgroup CPU weights for as long as they share.
     """
 
     cpu_sharing: bool = False
@@ -98,12 +104,15 @@ class ExecutionModel:
     retries: ClientRetries = ClientRetries()
     lend_cores: bool = False
     warm_gpu: bool = False
+    time_share: TimeShareSpec | None = None
 
     def live_gaps(self) -> list[str]:
         """Why the live service cannot execute this model ([] when it can)."""
         gaps = []
         if self.cpu_sharing:
             gaps.append("it time-shares cores between pods, and its allocations name no cores")
+        if self.time_share is not None and self.cpu_sharing:
+            gaps.append("it time-shares pods' cores and bounded sharers at once")
         if self.gpu_residency is not GpuResidency.CACHE:
             gaps.append(f"its GPU services are {self.gpu_residency.value!r}, the GPU workers only cache")
         if self.gpu_sharing:

@@ -116,6 +116,8 @@ class Allocation:
     `evict` names idle trajectories pinned to the CPU node `pool` whose sandboxes are removed,
     and their memory reservations released, to make room for this action (memory is a cache:
     `ClusterState.apply` does it; the executor removes the sandboxes).
+    `shares`: a CPU action that time-shares `unit_ids`, cores held by a running action, beside
+    it (`scheduler.policies.time_share`; `ClusterState.share_cores` applies it).
     A value: never changed once made (hashable for that reason). Not `frozen=True` only because
     a frozen dataclass costs 4x as much to build, and a round builds one per decision.
     """
@@ -126,6 +128,7 @@ class Allocation:
     units: int
     unit_ids: tuple[int, ...] = ()
     evict: tuple[str, ...] = ()
+    shares: bool = False
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -137,6 +140,8 @@ class Allocation:
         }
         if self.evict:
             out["evict"] = list(self.evict)
+        if self.shares:
+            out["shares"] = True
         return out
 
     @classmethod
@@ -151,4 +156,5 @@ class Allocation:
             units=int(str(d["units"])),
             unit_ids=tuple(int(i) for i in ids),
             evict=tuple(str(t) for t in evict),
+            shares=d.get("shares") is True,
         )

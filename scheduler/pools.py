@@ -59,6 +59,10 @@ class CpuNode:
     # cores (tuple of ids) -> actions queued behind the action they were allocated to, to run
     # on them one after another (short CPU actions in one batch, see `ClusterState.share`)
     riders: dict[tuple[int, ...], int] = field(default_factory=dict)
+    # core -> actions time-sharing it beside the action that holds it (`ClusterState.share_cores`)
+    sharers: dict[int, int] = field(default_factory=dict)
+    # cores whose holder ended while sharers still run there: free once the last of them ends
+    vacated: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -206,6 +210,8 @@ def copy_cpu(n: CpuNode) -> CpuNode:
     out.trajectory_memory_mb = dict(n.trajectory_memory_mb)
     out.online = n.online
     out.riders = dict(n.riders)
+    out.sharers = dict(n.sharers)
+    out.vacated = set(n.vacated)
     return out
 
 

@@ -300,9 +300,37 @@ class ClusterState:
         self._busy(alloc.action_id, action.trajectory_id)
         self.expected_end_s[alloc.action_id] = start_s + action.duration_s(alloc.units)
 
+    def share_cores(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
+        """Start `action` on CPU cores held by a running action, time-sharing them beside it
+        (`alloc.shares`, `scheduler.policies.time_share`): its trajectory is pinned and its
+        memory reserved (evicting `alloc.evict` first) as by `apply`. A core stays held until
+        its holder and every sharer on it ended. The sharer's expected end is its duration
+        from now, as if alone (no decision reads it: estimates leave sharers out, as riders).
+        Raises ValueError if a core is free or its holder is gone."""
+        node = self.cpu[alloc.pool] if alloc.kind is ResourceKind.CPU else None
+        if node is None or not alloc.shares or alloc.action_id in self.running:
+            raise ValueError(f"cannot time-share {alloc}")
+        ids = alloc.unit_ids
+        if not ids or node.free.intersection(ids) or node.vacated.intersection(ids):
+            raise ValueError(f"cores {ids} on {alloc.pool} are not held by a running action")
+        if alloc.evict:
+            self._evict(alloc)
+        if action.cost.sandbox:
+            self._reserve(node, action, now_s)
+        for c in ids:
+            node.sharers[c] = node.sharers.get(c, 0) + 1
+        self.shared.add(alloc.action_id)
+        self.running[alloc.action_id] = alloc
+        self._track(alloc)
+        self._busy(alloc.action_id, action.trajectory_id)
+        self.expected_end_s[alloc.action_id] = now_s + action.duration_s(alloc.units)
+
     def hold(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
         """`apply`, or `share` when its GPU chunk or CPU cores are already held (rebuilding
-        state after a restart)."""
+        state after a restart); `share_cores` for a sharer."""
+        if alloc.shares:
+            self.share_cores(alloc, action, now_s)
+            return
         pools: dict[str, CpuNode] | dict[str, GpuNode] = (
             self.gpu if alloc.kind is ResourceKind.GPU else self.cpu
         )
@@ -336,6 +364,8 @@ class ClusterState:
         gone = bool(self.offline) and f"{alloc.kind}:{alloc.pool}" in self.offline
         if alloc.kind is ResourceKind.API:
             self.api[alloc.pool].in_flight -= 1
+        elif alloc.kind is ResourceKind.CPU and (alloc.shares or self.cpu[alloc.pool].sharers):
+            _release_shared(self.cpu[alloc.pool], alloc, gone)
         else:
             node: CpuNode | GpuNode = (self.cpu if alloc.kind is ResourceKind.CPU else self.gpu)[alloc.pool]
             riders = node.riders.get(alloc.unit_ids, 0)
@@ -428,3 +458,33 @@ class ClusterState:
         from scheduler.snapshot import restore
 
         restore(self, d)
+
+
+def _release_shared(node: CpuNode, alloc: Allocation, gone: bool) -> None:
+    """Give back the cores of a CPU allocation on a node where cores are time-shared: a core
+    is free once its holder and every sharer on it ended (`ClusterState.share_cores`)."""
+    sharers = node.sharers
+    if alloc.shares:
+        for c in alloc.unit_ids:
+            left = sharers[c] - 1
+            if left:
+                sharers[c] = left
+                continue
+            del sharers[c]
+            if c in node.vacated:  # its holder ended before it
+                node.vacated.discard(c)
+                if not gone:
+                    node.free.add(c)
+        return
+    riders = node.riders.get(alloc.unit_ids, 0)
+    if riders:  # a batch's riders take its cores over (none shares them: `time_share`)
+        if riders > 1:
+            node.riders[alloc.unit_ids] = riders - 1
+        else:
+            del node.riders[alloc.unit_ids]
+        return
+    for c in alloc.unit_ids:
+        if c in sharers:
+            node.vacated.add(c)
+        elif not gone:
+            node.free.add(c)

@@ -1,14 +1,15 @@
 """One scheduling round, the same for the simulator and the live service.
 
     fair ordering -> policy.decide -> one action per sandbox -> GPU batch riders -> CPU batch
-        riders -> eviction plan -> core loans -> warm GPU placements
+        riders -> time sharers -> eviction plan -> core loans -> warm GPU placements
 
 A `Round` wraps a policy the way Ray Serve's `_apply_autoscaling_config` wraps an autoscaling
 policy: the rules every policy runs under are applied in one place, so that the simulator
 (`scheduler.sim.engine`) and the live loop (`scheduler.service.loop`) cannot drift apart.
 Both call `Round.plan(queue, state, now_s)` and carry the returned `RoundPlan` out in its
-order: `ClusterState.apply` per allocation, `ClusterState.share` per rider, the GPU loads on
-the state's residency (`ClusterState.load_gpu`), and whatever their executor does besides
+order: `ClusterState.apply` per allocation, `ClusterState.share` per rider,
+`ClusterState.share_cores` per time sharer, the GPU loads on the state's residency
+(`ClusterState.load_gpu`), and whatever their executor does besides
 (starting simulated work, or persisting and sending Celery messages).
 
 - **Fair ordering** (`scheduler.fairshare.order_queue`) across the jobs sharing the pools. With
@@ -25,6 +26,10 @@ the state's residency (`ClusterState.load_gpu`), and whatever their executor doe
   that would run on its node next; the worker runs them back to back on its cores, from one
   message. A rider is pinned and reserves memory (evicting idle trajectories) like any CPU
   action; it needs no cores of its own.
+- **Time sharers** (policies whose execution model has `time_share`,
+  `scheduler.policies.time_share`): under saturation, short rigid CPU actions start on cores
+  held by a running action (preferably a wide, long one), time-sharing them at bounded CPU
+  weights; they take no free core. A sharer is pinned and reserves memory like any CPU action.
 - **Eviction plan**: CPU memory is a cache (`scheduler.eviction`): the idle trajectories the
   allocations evict, per node. GPU services are evicted on execution (`scheduler.gpu_cache`):
   for each GPU allocation, a hit or a restore with its victims, planned in order on copies of
@@ -57,6 +62,7 @@ from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
+from scheduler.policies.time_share import time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
@@ -80,7 +86,8 @@ class RoundPlan:
     `allocs`: the policy's allocations (apply each with `ClusterState.apply`); `riders`: GPU
     actions joining an allocation's chunk, then CPU actions queued on an allocation's cores,
     each batch's in the order they run (`ClusterState.share`, after the allocations, in order);
-    `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
+    `sharers`: CPU actions time-sharing cores held by running actions (`ClusterState.share_cores`,
+    last, in order); `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
     the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
     `lends`: borrower -> (its node, every core lent to it now), for the borrowers whose loan
     changed this round (an empty set: all taken back); `decision_s`: seconds the fair ordering
@@ -89,6 +96,7 @@ class RoundPlan:
 
     allocs: list[Allocation] = field(default_factory=list)
     riders: list[Allocation] = field(default_factory=list)
+    sharers: list[Allocation] = field(default_factory=list)
     evicted: dict[str, str] = field(default_factory=dict)
     gpu_loads: dict[str, GpuLoad] = field(default_factory=dict)
     lends: Lent = field(default_factory=dict)
@@ -97,8 +105,8 @@ class RoundPlan:
 
     @property
     def started(self) -> list[Allocation]:
-        """Every allocation of the round, riders last."""
-        return self.allocs + self.riders
+        """Every allocation of the round, riders then sharers last."""
+        return self.allocs + self.riders + self.sharers
 
 
 class Round:
@@ -158,11 +166,15 @@ class Round:
             if cpu:
                 out.riders += cpu
                 out.decision_s = time.perf_counter() - t0
+        share = self.execution.time_share
+        if share is not None and self.observed is not None and state.cpu:
+            out.sharers = time_sharers(out.started, ordered, queue, state, share, self.observed, now_s)
+            out.decision_s = time.perf_counter() - t0
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)
         if out.lends or out.warm:
             out.decision_s = time.perf_counter() - t0  # loans and placements are decisions too
-        if not allocs:
+        if not allocs and not out.sharers:
             return out
         if self.fair is not None:
             for a in out.started:

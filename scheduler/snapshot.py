@@ -31,19 +31,29 @@ def snapshot(state: ClusterState) -> dict[str, Any]:
 
 def restore(state: ClusterState, d: dict[str, Any]) -> None:
     """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape:
-    pins first, then each running allocation (units already held are a rider's)."""
+    pins first, then each running allocation (units already held are a rider's), sharers of
+    time-shared cores last."""
     state.trajectory_node = dict(d.get("trajectory_node", {}))
     state.pin_epoch += 1
     for name, mem in d.get("trajectory_memory_mb", {}).items():
         if name in state.cpu:
             state.cpu[name].trajectory_memory_mb = {k: int(v) for k, v in mem.items()}
-    for raw in d.get("running", []):
-        alloc = Allocation.from_dict(raw)
+    allocs = [Allocation.from_dict(raw) for raw in d.get("running", [])]
+    # sharers last: the cores they time-share are their holders' (`ClusterState.share_cores`)
+    for alloc in sorted(allocs, key=lambda a: a.shares):
         pools: dict[str, CpuNode] | dict[str, GpuNode] = (
             state.cpu if alloc.kind is ResourceKind.CPU else state.gpu
         )
         node = pools.get(alloc.pool) if alloc.kind is not ResourceKind.API else None
-        if node is not None:
+        if alloc.shares and alloc.pool in state.cpu:
+            cpu = state.cpu[alloc.pool]
+            for c in alloc.unit_ids:
+                cpu.sharers[c] = cpu.sharers.get(c, 0) + 1
+                if c in cpu.free:  # its holder ended before the restart
+                    cpu.free.discard(c)
+                    cpu.vacated.add(c)
+            state.shared.add(alloc.action_id)
+        elif node is not None:
             if alloc.unit_ids and not node.free.issuperset(alloc.unit_ids):
                 # a rider: on a GPU chunk held by its batch, or on CPU cores after another action
                 node.riders[alloc.unit_ids] = node.riders.get(alloc.unit_ids, 0) + 1

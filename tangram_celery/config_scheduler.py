@@ -10,7 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from tangram_celery.config_front import StrictModel
 
 if TYPE_CHECKING:
+    from scheduler.policies.base import Policy
     from scheduler.policies.cpu_batch import CpuBatchSpec
+    from scheduler.policies.time_share import TimeShareSpec
 
 
 class PriorConfig(StrictModel):
@@ -60,6 +62,36 @@ class CpuBatchConfig(StrictModel):
         return CpuBatchSpec(self.max_actions, self.max_action_ms / 1000, self.max_batch_ms / 1000)
 
 
+class TimeShareConfig(StrictModel):
+    """Short rigid CPU actions time-share cores held by a running action under saturation
+    (`scheduler.policies.time_share`), for the policies that share (`tangram-fast`)."""
+
+    enabled: bool = Field(True, description="let short rigid CPU actions share held cores")
+    max_action_ms: float = Field(
+        5000.0, gt=0, le=600_000, description="only kinds measured to take at most this long share"
+    )
+    per_core: int = Field(1, ge=1, le=8, description="sharers on one held core at once")
+    weight: float = Field(
+        0.25, gt=0, le=1, description="a sharer's sandbox CPU weight relative to its host's (the default)"
+    )
+    min_share: float = Field(
+        0.5, gt=0, le=1, description="a sharer gets at least this share of each core it shares"
+    )
+    max_holder_loss: float = Field(
+        0.125, gt=0, lt=1, description="sharers take at most this fraction of a host's cores' worth"
+    )
+
+    def spec(self) -> TimeShareSpec | None:
+        """The round's bounds (None when off)."""
+        from scheduler.policies.time_share import TimeShareSpec
+
+        if not self.enabled:
+            return None
+        return TimeShareSpec(
+            self.max_action_ms / 1000, self.per_core, self.weight, self.min_share, self.max_holder_loss
+        )
+
+
 class SchedulerConfig(StrictModel):
     policy: str = Field(
         "tangram-fast", description="a live policy (the other baselines run in `tangram sim`)"
@@ -71,13 +103,26 @@ class SchedulerConfig(StrictModel):
     )
     fair_share: FairShareConfig = FairShareConfig()
     cpu_batch: CpuBatchConfig = CpuBatchConfig()
+    time_share: TimeShareConfig = TimeShareConfig()
     run_log_max_mb: int = Field(
         256, ge=1, le=1 << 20, description="the run log (<state_dir>/actions.jsonl) is rotated at this size"
     )
     run_log_keep: int = Field(4, ge=0, le=1000, description="rotated run logs kept (actions.jsonl.1 ...)")
     check_invariants: bool = Field(
-        False, description="debug: assert after every round that the round's core loans conserve work"
+        False,
+        description="debug: assert after every round that the round's core loans conserve work "
+        "and time sharing keeps its bounds",
     )
+
+    def make_policy(self) -> Policy:
+        """The configured policy; one that time-shares cores (its execution model has
+        `time_share`) gets the bounds of `time_share` (off: it never shares)."""
+        from scheduler.policies import get_policy
+
+        policy = get_policy(self.policy)
+        if policy.execution.time_share is not None:
+            policy = get_policy(self.policy, share=self.time_share.spec() or False)
+        return policy
 
     @field_validator("policy")
     @classmethod

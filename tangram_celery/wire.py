@@ -186,7 +186,8 @@ class SandboxOrder(_Wire):
 
 
 class AllocationWire(_Wire):
-    """A `scheduler.model.Allocation` on the wire."""
+    """A `scheduler.model.Allocation` on the wire (`shares`: it time-shares `unit_ids`, cores
+    held by a running action)."""
 
     action_id: str
     kind: Literal["cpu", "gpu", "api"]
@@ -194,6 +195,7 @@ class AllocationWire(_Wire):
     units: int = Field(ge=1)
     unit_ids: tuple[int, ...] = ()
     evict: tuple[str, ...] = ()
+    shares: bool = False
 
 
 class TaskOrder(AllocationWire):
@@ -202,12 +204,14 @@ class TaskOrder(AllocationWire):
     chunk: one batch), for code actions the sandbox to use, and the sandboxes of evicted
     trajectories the CPU worker removes first ((trajectory, generation) each, as a close
     message would: carried by the round's first message to the node, to save one message per
-    eviction)."""
+    eviction). A time sharer (`shares`) runs on its cores beside the action that holds them,
+    its sandbox at `cpu_weight` times the default CPU weight while it runs."""
 
     attempt: int = Field(1, ge=1)
     batch: int = Field(1, ge=1)
     sandbox: SandboxOrder | None = None
     closes: tuple[tuple[str, str], ...] = ()
+    cpu_weight: float | None = Field(None, gt=0, le=1)
 
 
 class CoreLoan(_Wire):

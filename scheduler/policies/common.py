@@ -58,7 +58,9 @@ def busy_by_pool(
 ) -> dict[PoolKey, list[Busy]]:
     """Running allocations per pool (of `pools`, or all) as (expected end, units), in start order.
 
-    Unknown ends count as `now_s`. Pools without a running allocation are left out.
+    Unknown ends count as `now_s`. Pools without a running allocation are left out. Riders and
+    time sharers hold no units of their own, but a core whose holder ended while sharers run
+    on it comes back when the last of them ends (`ClusterState.share_cores`).
     """
     if pools is None:
         pools = {pool_of(a, state) for a in state.running.values() if a.kind is not ResourceKind.API}
@@ -68,11 +70,20 @@ def busy_by_pool(
     kinds = {"cpu": ResourceKind.CPU, "gpu": ResourceKind.GPU}
     for key in pools:
         bucket = []
+        vacated = state.cpu[key[1]].vacated if key[0] == "cpu" else None
+        back: dict[int, float] = {}  # vacated core -> when its last sharer ends
         for aid, alloc in state.running_in(kinds[key[0]], key[1], key[2]).items():
-            if not alloc.unit_ids or aid in shared:
+            if not alloc.unit_ids:
                 continue
             end_s = ends.get(aid, now_s)
-            bucket.append((end_s if end_s > now_s else now_s, alloc.units))
+            end_s = end_s if end_s > now_s else now_s
+            if aid in shared:
+                if vacated and alloc.shares:
+                    for c in vacated.intersection(alloc.unit_ids):
+                        back[c] = max(back.get(c, now_s), end_s)
+                continue
+            bucket.append((end_s, alloc.units))
+        bucket += [(end_s, 1) for end_s in back.values()]
         if bucket:
             out[key] = bucket
     return out

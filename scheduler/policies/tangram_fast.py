@@ -39,6 +39,7 @@ from scheduler.policies.elastic import (
 )
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.policies.gpu_aware import gpu_candidates, residency_gpu_solver
+from scheduler.policies.time_share import TimeShareSpec
 from scheduler.resources import ClusterState
 
 
@@ -288,17 +289,28 @@ class TangramFast:
 
     `lend`: spare cores are lent to running malleable actions (`scheduler.policies.malleable`);
     `warm`: GPU services are restored onto free GPU memory ahead of demand
-    (`scheduler.policies.warm_gpu`).
+    (`scheduler.policies.warm_gpu`); `share`: short rigid CPU actions time-share cores held by
+    a running action under saturation (`scheduler.policies.time_share`; True: the default
+    bounds, or a `TimeShareSpec`; False: never).
     """
 
     name = "tangram-fast"
 
-    def __init__(self, depth: int = 2, defer: bool = True, lend: bool = True, warm: bool = True) -> None:
+    def __init__(
+        self,
+        depth: int = 2,
+        defer: bool = True,
+        lend: bool = True,
+        warm: bool = True,
+        share: bool | TimeShareSpec = True,
+    ) -> None:
         self.depth = depth
         self.defer = defer
         self.lend = lend
         self.warm = warm
-        self.execution = ExecutionModel(lend_cores=lend, warm_gpu=warm)
+        spec = TimeShareSpec() if share is True else share or None
+        self.share = spec
+        self.execution = ExecutionModel(lend_cores=lend, warm_gpu=warm, time_share=spec)
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands, known = fast_candidates(queue, state, now_s)

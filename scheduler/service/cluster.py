@@ -87,8 +87,9 @@ def alloc_to_wire(alloc: Allocation) -> AllocationWire:
         units=alloc.units,
         unit_ids=alloc.unit_ids,
         evict=alloc.evict,
+        shares=alloc.shares,
     )
 
 
 def alloc_from_wire(w: AllocationWire) -> Allocation:
-    return Allocation(w.action_id, ResourceKind(w.kind), w.pool, w.units, w.unit_ids, w.evict)
+    return Allocation(w.action_id, ResourceKind(w.kind), w.pool, w.units, w.unit_ids, w.evict, w.shares)

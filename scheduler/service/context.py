@@ -34,7 +34,11 @@ class Sender:
         self.app = app
 
     def send(
-        self, allocs: Iterable[Allocation], books: Books, closes: Iterable[tuple[str, str, str]] = ()
+        self,
+        allocs: Iterable[Allocation],
+        books: Books,
+        closes: Iterable[tuple[str, str, str]] = (),
+        share_weight: float | None = None,
     ) -> None:
         """Publish the allocations' messages, pipelined into one Redis round trip.
 
@@ -48,7 +52,8 @@ class Sender:
 
         `closes` (node, trajectory, generation): sandboxes of evicted trajectories, carried by
         the first message to their node (`TaskOrder.closes`), or sent as close messages when
-        no action goes there."""
+        no action goes there. A time sharer (`Allocation.shares`) goes on its own, its sandbox
+        at `share_weight` times the default CPU weight (the policy's `TimeShareSpec.weight`)."""
         groups: dict[tuple[str, str, tuple[int, ...]], list[Allocation]] = {}
         for alloc in allocs:
             groups.setdefault(_batch_key(alloc), []).append(alloc)
@@ -57,7 +62,7 @@ class Sender:
             pending.setdefault(node, []).append((tid, gen))
         with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
             for key, group in groups.items():
-                orders = [self._order(a, books, len(group)) for a in group]
+                orders = [self._order(a, books, len(group), share_weight) for a in group]
                 if key[0] == ResourceKind.CPU.value and key[1] in pending:
                     orders[0] = orders[0].model_copy(update={"closes": tuple(pending.pop(key[1]))})
                 if key[0] == ResourceKind.CPU.value and len(group) > 1:
@@ -72,7 +77,7 @@ class Sender:
         self.close_many((node, tid, gen) for node, left in pending.items() for tid, gen in left)
 
     @staticmethod
-    def _order(alloc: Allocation, books: Books, batch: int) -> TaskOrder:
+    def _order(alloc: Allocation, books: Books, batch: int, share_weight: float | None) -> TaskOrder:
         aid = alloc.action_id
         return TaskOrder(
             action_id=aid,
@@ -81,9 +86,11 @@ class Sender:
             units=alloc.units,
             unit_ids=alloc.unit_ids,
             evict=alloc.evict,
+            shares=alloc.shares,
             attempt=books.attempt[aid],
             batch=batch,
             sandbox=books.sandbox_of.get(aid),
+            cpu_weight=share_weight if alloc.shares else None,
         )
 
     def _publish(
@@ -130,7 +137,9 @@ class Sender:
 def _batch_key(alloc: Allocation) -> tuple[str, str, tuple[int, ...]]:
     """Actions with one key were sent as one batch: same pool, and the same GPU chunk or the
     same CPU cores (one allocation and its riders; other CPU actions each have cores of their
-    own); API calls of a pool count as one batch."""
+    own, a time sharer's a key of its own); API calls of a pool count as one batch."""
+    if alloc.shares:
+        return f"{alloc.kind}:shares:{alloc.action_id}", alloc.pool, alloc.unit_ids
     return str(alloc.kind), alloc.pool, alloc.unit_ids
 
 

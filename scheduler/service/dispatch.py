@@ -14,6 +14,7 @@ from typing import Any
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.malleable import idle_while_malleable
+from scheduler.policies.time_share import oversubscribed
 from scheduler.round import Round
 from scheduler.service import elastic, trajectories
 from scheduler.service.cluster import alloc_to_wire
@@ -35,7 +36,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
     elastic.retire(ctx, rnd, now)
     plan = rnd.plan(ctx.waiting, ctx.state, now)
     ctx.metrics.decision.observe(plan.decision_s)
-    if not plan.allocs:
+    if not plan.allocs and not plan.sharers:
         elastic.carry_out(ctx, plan, now)
         _check(ctx, rnd)
         return 0
@@ -53,7 +54,9 @@ def schedule(ctx: Context, rnd: Round) -> int:
         fresh = tid not in state.trajectory_node
         sandboxed = alloc.kind is ResourceKind.CPU and qa.cost.sandbox
         held = 0 if fresh or not sandboxed else state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0)
-        if (
+        if alloc.shares:  # last: time-shares cores held by a running action
+            state.share_cores(alloc, qa, now)
+        elif (
             rider
         ):  # after every allocation (a GPU rider joins its batch's chunk, a CPU one queues on its cores)
             state.share(alloc, qa, now)
@@ -93,7 +96,10 @@ def schedule(ctx: Context, rnd: Round) -> int:
         for action_id in skipped:
             undo(ctx, action_id)
         started = [a for a in started if a.action_id not in skipped]
-    ctx.sender.send(started, books, closes=to_close)  # evicted whether or not their evicter was cancelled
+    share = rnd.execution.time_share
+    ctx.sender.send(  # evicted whether or not their evicter was cancelled
+        started, books, closes=to_close, share_weight=share.weight if share is not None else None
+    )
     ctx.recorder.dispatched(started)
     ctx.dispatched_total += len(started)
     ctx.progress_s = time.monotonic()
@@ -102,11 +108,16 @@ def schedule(ctx: Context, rnd: Round) -> int:
 
 def _check(ctx: Context, rnd: Round) -> None:
     """Debug mode (`scheduler.check_invariants`): the round's core loans conserve work (no core
-    idles on a node while a malleable action running there could use it)."""
-    if ctx.cfg.scheduler.check_invariants and rnd.execution.lend_cores:
-        bad = idle_while_malleable(rnd.borrowers(), rnd.lent, ctx.state)
-        if bad:
-            raise AssertionError(f"work conservation: {bad}")
+    idles on a node while a malleable action running there could use it), and time sharing
+    keeps its bounds (`time_share.oversubscribed`)."""
+    if not ctx.cfg.scheduler.check_invariants:
+        return
+    bad = idle_while_malleable(rnd.borrowers(), rnd.lent, ctx.state) if rnd.execution.lend_cores else []
+    share = rnd.execution.time_share
+    if share is not None:
+        bad += oversubscribed(ctx.state, share)
+    if bad:
+        raise AssertionError(f"work conservation and sharing bounds: {bad}")
 
 
 def _record(

@@ -26,7 +26,7 @@ from kombu.exceptions import KombuError
 
 from scheduler.estimator import DurationEstimator
 from scheduler.model import ResourceKind
-from scheduler.policies import Policy, get_policy
+from scheduler.policies import Policy
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 from scheduler.round import FairShareSpec, Round
@@ -83,7 +83,7 @@ class SchedulerService:
     ) -> None:
         self.cfg = cfg
         self.view = PoolView.of(cfg)
-        self.policy = policy or get_policy(cfg.scheduler.policy)
+        self.policy = policy or cfg.scheduler.make_policy()
         fair = cfg.scheduler.fair_share
         batch = {m.name: m.max_batch for m in cfg.reward_models}
         priors = {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
@@ -196,7 +196,8 @@ class SchedulerService:
         books.sandboxes.restore_resets(store.load_resets())
         if plan.resend:
             log.info("re-sending %d dispatched action(s) after restart", len(plan.resend))
-            ctx.sender.send(plan.resend, books)
+            share = self.round.execution.time_share
+            ctx.sender.send(plan.resend, books, share_weight=share.weight if share is not None else None)
         # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
         for page in store.read_pending(EVENTS):
             self.on_events(page)

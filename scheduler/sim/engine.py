@@ -10,10 +10,13 @@ exclusive cores, time-shared pods, GPU residency, API control, and cores lent to
 malleable actions (`lend_cores`): a loan changes the action's speed from that instant, by the
 same duration curve, applied to the work it has left. CPU riders (`cpu_batch`) are dispatched
 with their leader (pinned, memory reserved) and start one after another on its cores, each
-when the one before it ends.
+when the one before it ends. Time sharers (`time_share`) start at once on cores held by a
+running action, which CFS splits by the sandboxes' weights (`scheduler.sim.shared_cores`):
+each tenant's speed changes whenever a tenant of its cores comes or goes.
 
 `check_invariants` (a debug mode, used by the tests) asserts after every round that work is
-conserved: no core idles on a node while a malleable action running there could use it.
+conserved (no core idles on a node while a malleable action running there could use it) and
+that time sharing keeps its bounds (`scheduler.policies.time_share.oversubscribed`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from scheduler.policies.base import Policy
 from scheduler.policies.cpu_batch import CpuBatchSpec
 from scheduler.policies.dedicated_gpu import dedicated_groups
 from scheduler.policies.malleable import idle_while_malleable
+from scheduler.policies.time_share import oversubscribed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
 from scheduler.round import FairShareSpec, Round
@@ -38,6 +42,7 @@ from scheduler.sim.gpu_share import BatchedGroup
 from scheduler.sim.pods import PodStarts
 from scheduler.sim.results import ActionRecord, SimResult
 from scheduler.sim.scenarios import Scenario
+from scheduler.sim.shared_cores import SharedCores
 from scheduler.sim.workload import SimAction
 
 _FINISH, _SHARED, _SUBMIT, _WAKE, _JOIN = 0, 1, 2, 3, 4
@@ -59,12 +64,14 @@ class _Running:
     started_s: float
     setup_s: float
     rejected: bool = False
-    # exclusive CPU work (lent cores change its speed): its finish time, the share of its work
-    # left at `seg_s`, and the cores it runs on since then (its own + lent)
+    # exclusive CPU work (lent cores and time sharing change its speed): its finish time, the
+    # share of its work left at `seg_s`, and the cores' worth it runs on since then (its own +
+    # lent, less what sharers take; a sharer's share of the cores it shares)
     end_s: float | None = None
     left: float = 1.0
     seg_s: float = 0.0
-    units_now: int = 0
+    units_now: float = 0.0
+    lent: int = 0  # cores on loan to it now
     lent_max: int = 0  # most cores it ever had on loan
 
 
@@ -135,6 +142,7 @@ class Simulator:
         self._last_round_s = -1e18
         self._wakes: set[float] = set()
         self._lending = ex.lend_cores and not ex.cpu_sharing
+        self.time_shared = SharedCores(ex.time_share) if ex.time_share is not None else None
         self._ready_at: dict[tuple[str, tuple[int, ...], str], float] = {}  # warm restores' ends
         self._warming = ex.warm_gpu and self.residency is GpuResidency.CACHE and bool(self.state.gpu)
 
@@ -155,7 +163,9 @@ class Simulator:
                 dirty |= self._handle(now, kind, data)
             if dirty and (self.queue or self._lending or self._warming):
                 dirty = self._maybe_round(now)
-        self.result.makespan_s = now
+        # the last completion: the heap may still hold finish events that a loan or a sharer
+        # superseded, which end no action
+        self.result.makespan_s = max((r.ended_s for r in self.result.records), default=now)
         self.result.wall_s = time.perf_counter() - wall0
         self.result.unfinished = len(self.queue) + len(self.running)
         return self.result
@@ -251,6 +261,8 @@ class Simulator:
             self._next_cpu.setdefault(lead[(r.kind, r.pool, r.unit_ids)], []).append((qa, r))
         for aid, (_, ids) in plan.lends.items():
             self._resize(now, aid, len(ids))
+        for r in plan.sharers:
+            self._start_sharer(now, self.queue.pop(r.action_id), r)
         for load in plan.warm:
             self._warm(now, load)
         self._check(now)
@@ -273,6 +285,9 @@ class Simulator:
         if self.check_invariants and self._lending:
             bad = idle_while_malleable(self.round.borrowers(), self.round.lent, self.state)
             assert not bad, f"work conservation at t={now:.3f}: {bad}"
+        if self.check_invariants and self.model.time_share is not None:
+            bad = oversubscribed(self.state, self.model.time_share)
+            assert not bad, f"time sharing at t={now:.3f}: {bad}"
 
     def _wake(self, t_s: float) -> None:
         if t_s not in self._wakes:
@@ -389,17 +404,53 @@ class Simulator:
         run = self.running.get(aid)
         if run is None or run.end_s is None:
             return
-        sa = self._sim_action(aid)
-        units = run.alloc.units + lent
+        run.lent = lent
+        run.lent_max = max(run.lent_max, lent)
+        self._rerate(now, aid)
+        if self.time_shared is not None:  # its weight per core changed: so did its sharers' speed
+            for other in self.time_shared.reweigh(aid, run.alloc.units + lent):
+                self._rerate(now, other)
+
+    def _rerate(self, now: float, aid: str) -> None:
+        """The cores' worth running CPU action `aid` gets may have changed (a loan, a sharer
+        came or went): the work it has left runs from now at the new worth."""
+        run = self.running.get(aid)
+        if run is None or run.end_s is None:
+            return
+        own = float(run.alloc.units + run.lent)
+        units = self.time_shared.worth(aid, own) if self.time_shared is not None else own
         if units == run.units_now:
             return
+        sa = self._sim_action(aid)
         if now > run.seg_s:  # still in its setup: no work done yet
             run.left = max(0.0, run.left - (now - run.seg_s) / sa.true_duration_s(run.units_now))
             run.seg_s = now
         run.units_now = units
-        run.lent_max = max(run.lent_max, lent)
         run.end_s = run.seg_s + run.left * sa.true_duration_s(units)
         self._push(run.end_s, _FINISH, aid)
+
+    def _start_sharer(self, now: float, qa: QueuedAction, alloc: Allocation) -> None:
+        """A time sharer starts on cores held by a running action, beside it (see the module
+        doc): its holder and the cores' other tenants slow down from now."""
+        assert self.time_shared is not None
+        holders = [
+            a
+            for aid, a in self.state.running_in(
+                ResourceKind.CPU, alloc.pool, self.state.pool_key(alloc)[2]
+            ).items()
+            if not a.shares and aid not in self.state.shared and alloc.unit_ids[0] in a.unit_ids
+        ]
+        self.state.share_cores(alloc, qa, now)
+        self._evicted(alloc)
+        run = _Running(qa, alloc, now, 0.0)
+        self.running[qa.action_id] = run
+        self._begin_cpu(now, run, self._sim_action(qa.action_id))
+        holder = holders[0].action_id if holders else None
+        held = self.running[holder].alloc.units + self.running[holder].lent if holder else 1
+        touched = self.time_shared.join(qa.action_id, alloc.pool, alloc.unit_ids, holder, held)
+        self.result.time_shared += 1
+        for aid in (qa.action_id, *touched):
+            self._rerate(now, aid)
 
     def _join_shared(self, now: float, aid: str) -> None:
         """A pod's action starts using its node's time-shared cores."""
@@ -468,6 +519,9 @@ class Simulator:
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
         self.state.release(aid, now)
+        if self.time_shared is not None and aid in self.time_shared.cores:
+            for other in self.time_shared.leave(aid):  # the other tenants of its cores speed up
+                self._rerate(now, other)
         if self._next_cpu:
             self._next_rider(now, aid)
         if self.residency is GpuResidency.KEEPALIVE and run.alloc.kind is ResourceKind.GPU:
@@ -485,9 +539,19 @@ class Simulator:
                 self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
                 return
         exec_s = now - run.started_s - run.setup_s
+        slowed_s = 0.0
+        if run.alloc.kind is ResourceKind.CPU:  # by time sharing (pods: by contention)
+            own = min(run.alloc.units, self.model.cap_cores) if self.cpu_sharing else run.alloc.units
+            slowed_s = max(0.0, exec_s - sa.true_duration_s(own))
         if run.lent_max:  # learn what it takes on its own cores, as for any other run
             exec_s = sa.true_duration_s(run.alloc.units)
-        if self.learn and not run.rejected and not self.cpu_sharing and not self.gpu_sharing:
+        if (  # a sharer's time is not its kind's: the live service does not learn it either
+            self.learn
+            and not run.rejected
+            and not self.cpu_sharing
+            and not self.gpu_sharing
+            and not run.alloc.shares
+        ):
             assert self.estimator is not None
             self.estimator.observe(sa.kind, run.alloc.units, exec_s)
         self.result.records.append(
@@ -503,6 +567,7 @@ class Simulator:
                 setup_s=run.setup_s,
                 retries=pend.retries,
                 failed=run.rejected,
+                slowed_s=slowed_s,
             )
         )
         del self.pending[aid]

@@ -12,7 +12,9 @@ class ActionRecord:
     """One completed (or finally failed) action. Times in simulated seconds.
 
     `submitted_s` is the first submission (retries included in the ACT); `setup_s` is the
-    part of the execution spent on sandbox start, exec overhead, restore or cold load.
+    part of the execution spent on sandbox start, exec overhead, restore or cold load;
+    `slowed_s` how much longer its work ran than it would have alone on its own units (time
+    sharing: a sharer's, or its holder's; a pod's contention), never below 0.
     """
 
     action_id: str
@@ -26,6 +28,7 @@ class ActionRecord:
     setup_s: float = 0.0
     retries: int = 0
     failed: bool = False
+    slowed_s: float = 0.0
 
     @property
     def act_s(self) -> float:
@@ -56,6 +59,7 @@ class SimResult:
     unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
     evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
     sandbox_resets: int = 0  # actions that found their trajectory's sandbox evicted: a fresh one
+    time_shared: int = 0  # actions started time-sharing cores held by a running action
     makespan_s: float = 0.0
     wall_s: float = 0.0
     unfinished: int = 0
@@ -84,6 +88,8 @@ class SimResult:
             "avg_queue_s": statistics.fmean(r.queue_s for r in recs) if recs else float("nan"),
             "max_wait_s": max((r.queue_s for r in recs), default=float("nan")),
             "max_trajectory_wait_s": self.max_trajectory_wait_s(),
+            "max_trajectory_stall_s": self.max_trajectory_wait_s(slowed=True),
+            "time_shared": self.time_shared,
             "avg_act_by_kind_s": {k: self.avg_act_s(kind=k) for k in kinds},
             "failed_actions": sum(r.failed for r in recs),
             "rejected_calls": self.rejected_calls,
@@ -108,12 +114,13 @@ class SimResult:
             "unfinished": self.unfinished,
         }
 
-    def max_trajectory_wait_s(self) -> float:
+    def max_trajectory_wait_s(self, slowed: bool = False) -> float:
         """The longest a trajectory spent waiting in queues, summed over its actions (FCFS's
-        argument: a starved action stalls its whole trajectory)."""
+        argument: a starved action stalls its whole trajectory); with `slowed`, plus the time
+        its actions ran slower than alone (a time sharer starts at once, but slowed)."""
         per: dict[str, float] = {}
         for r in self.records:
-            per[r.trajectory_id] = per.get(r.trajectory_id, 0.0) + r.queue_s
+            per[r.trajectory_id] = per.get(r.trajectory_id, 0.0) + r.queue_s + (r.slowed_s if slowed else 0.0)
         return max(per.values(), default=float("nan"))
 
     def act_over_time(self, bucket_s: float) -> list[tuple[float, float]]:

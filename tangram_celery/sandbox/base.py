@@ -39,6 +39,9 @@ class ExecRequest:
     new_sandbox: bool = False
     # names the action while it runs, for `Sandbox.resize` ("": it cannot be resized)
     action_id: str = ""
+    # a time sharer's sandbox CPU weight relative to the default while it runs, restored after
+    # (`scheduler.policies.time_share`: it shares `cores` with the action that holds them)
+    cpu_weight: float | None = None
 
 
 @dataclass

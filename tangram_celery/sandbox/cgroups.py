@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
 CPU_PERIOD_US = 100_000
+# the default CPU weight of a cgroup and its bounds: v2 `cpu.weight`, v1 `cpu.shares`
+CPU_WEIGHT = {2: (100, 1, 10_000), 1: (1024, 2, 262_144)}
 
 
 def version(root: Path = ROOT) -> int | None:
@@ -162,6 +164,20 @@ class CgroupSet:
         else:
             self._write("cpu", "cpu.cfs_period_us", str(CPU_PERIOD_US))
             self._write("cpu", "cpu.cfs_quota_us", str(quota_us))
+
+    def set_cpu_weight(self, relative: float | None = None) -> None:
+        """CPU weight of the whole set relative to the default (None: the default again), which
+        CFS spreads over the cores the set runs on: a time sharer's sandbox beside the action
+        that holds its cores (`scheduler.policies.time_share`). v2 `cpu.weight`, v1
+        `cpu.shares`, clamped to the kernel's range."""
+        default, lo, hi = CPU_WEIGHT[self.version]
+        value = default if relative is None else min(hi, max(lo, round(default * relative)))
+        self._write("cpu", "cpu.weight" if self.version == 2 else "cpu.shares", str(value))
+
+    def cpu_weight(self) -> float:
+        """The set's CPU weight relative to the default (1.0 when unreadable)."""
+        raw = self._read("cpu", "cpu.weight" if self.version == 2 else "cpu.shares").strip()
+        return int(raw) / CPU_WEIGHT[self.version][0] if raw.isdigit() else 1.0
 
     def counters(self) -> dict[str, int]:
         """Monotonic counters: `oom_kill` (OOM kills) and `pids_max` (forks refused at the limit)."""

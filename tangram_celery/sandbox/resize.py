@@ -11,6 +11,11 @@ finishes on the cores left.
 Every binding of a sandbox that runs a resizable action (its start and each resize) happens under
 one lock, so a resize never interleaves with the action's own binding: a resize that comes before
 the action started is kept and is what the action starts with.
+
+A time sharer (`ExecRequest.cpu_weight`, `scheduler.policies.time_share`) is bound to cores held
+by another action; its sandbox's CPU weight is set with its binding, so that it never runs at the
+default weight beside the holder, and restored when it leaves (the sandbox lives on for the
+trajectory's next actions, which do not share).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class Resizing:
         self._lock = threading.Lock()
         self._running: dict[str, Handle] = {}
         self._early: dict[str, tuple[tuple[int, ...], float]] = {}  # action -> (cores, when)
+        self._weighted: dict[int, Handle] = {}  # id of a sharer's request -> its sandbox
 
     def enter(self, h: Handle, req: ExecRequest) -> tuple[int, ...]:
         """Bind `h` for `req` and, if it names its action, make it resizable; returns its cores
@@ -55,15 +61,25 @@ class Resizing:
             cores = early[0] if early is not None else tuple(req.cores)
             self._bind(h, cores, req.memory_mb)
             h.cores, h.memory_mb = cores, req.memory_mb
+            if req.cpu_weight is not None and h.cgroups is not None:
+                h.cgroups.set_cpu_weight(req.cpu_weight)
+                self._weighted[id(req)] = h
             if aid:
                 self._running[aid] = h
         return cores
 
     def leave(self, req: ExecRequest) -> None:
-        """The action ended: no resize reaches its sandbox any more."""
-        if req.action_id:
-            with self._lock:
+        """The action ended: no resize reaches its sandbox any more, and a time sharer's
+        sandbox has the default CPU weight again."""
+        with self._lock:
+            if req.action_id:
                 self._running.pop(req.action_id, None)
+            h = self._weighted.pop(id(req), None)
+            if h is not None and h.cgroups is not None:
+                try:
+                    h.cgroups.set_cpu_weight(None)
+                except OSError as e:  # torn down meanwhile (it died): nothing left to restore
+                    log.debug("restoring the CPU weight of %s: %s", req.action_id, e)
 
     def resize(self, action_id: str, cores: tuple[int, ...]) -> bool:
         """See `Sandbox.resize`."""

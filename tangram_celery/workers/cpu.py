@@ -88,6 +88,9 @@ class CpuHandler:
             sandbox_gen=sandbox.gen,
             new_sandbox=sandbox.new,
             action_id=action_id,
+            # a time sharer: on cores another action holds, at a lower CPU weight than its
+            # (`scheduler.policies.time_share`); the sandbox's weight is restored after
+            cpu_weight=order.cpu_weight if order.shares else None,
         )
         if action.one_shot or action.trajectory_id is None:
             res = self.sandbox.run_once(req)

@@ -40,6 +40,13 @@ def ready_for_batches(cfg: TangramConfig, cores: int) -> SandboxConfig:
     return box.model_copy(update={"ready_max": cores * batch.max_actions})
 
 
+def sharers_per_core(cfg: TangramConfig) -> int:
+    """How many time sharers the scheduler may run on one core beside its holder (0 when its
+    policy never shares, `scheduler.time_share`)."""
+    spec = cfg.scheduler.make_policy().execution.time_share
+    return spec.per_core if spec is not None else 0
+
+
 def run_worker(
     cfg: TangramConfig,
     kind: Literal["cpu", "api", "gpu"],
@@ -75,10 +82,11 @@ def run_worker(
         runtime.closer = handler.close_trajectory  # evictions carried by the task orders
         runtime.batch_hand_back_s = cfg.scheduler.cpu_batch.hand_back_after_ms / 1000
         # One thread per core for the actions (the scheduler never sends more than the node's
-        # cores can run: a batch of riders is one message), and two more so that sandbox closes
+        # cores can run: a batch of riders is one message), as many more as time sharers may
+        # run beside them (`per_core` per core), and two more so that sandbox closes
         # (evictions) are taken while every core is busy: their sandboxes are scrubbed and
         # ready for the next new trajectories instead of waiting behind the running batches.
-        slots = concurrency or node.cores + 2
+        slots = concurrency or node.cores * (1 + sharers_per_core(cfg)) + 2
     elif kind == "api":
         api = cfg.api(name)
         if api is None:
