@@ -1,4 +1,4 @@
-"""Live A/B on real execution: one agentic coding workload, run four ways one after another, same cores.
+"""Live A/B on real execution: one agentic coding workload, run five ways one after another, same cores.
 
 The workload: `--trajectories` multi-turn trajectories started together, as in one rollout
 step. Each turn is a think time (the policy generating its next message; lognormal, median
@@ -8,7 +8,10 @@ third turn and the last one run a test suite (`test_cases`, elastic `cpus="1..N"
 is known in advance and checked.
 
 1. `tangram`: the live stack (`tangram up`-style deployment: Redis, scheduler, CPU worker) with
-   `tangram-fast`, on a CPU node of `--cores` cores.
+   `tangram-fast`, on a CPU node of `--cores` cores, with the duration priors and the time
+   sharing bounds `configs/local.yaml` ships (`--time-share` overrides the bounds).
+1b. `tangram_exclusive`: the same with time sharing off (`scheduler.time_share.enabled: false`):
+   every action on cores of its own.
 2. `fixed-dop`: the same stack with `fixed-dop-K` (every elastic action at DoP K, FCFS; its
    execution model is Tangram's own, so the live service runs it).
 3. `pod`: the pod-per-trajectory model with no scheduler: one long-lived sandbox (the same
@@ -24,7 +27,10 @@ is known in advance and checked.
    cluster sized for the whole batch): no admission wait, all pods time-share the cores.
 
 ACT is measured by the caller in every setup: from the moment the action is ready (end of its
-think time) to the moment its result is in hand. For Tangram the scheduling overhead is split
+think time) to the moment its result is in hand. Beside the averages: the p99 ACT, the longest
+total wait of one trajectory (ACT minus execution, summed over its actions) and the longest
+total time of one trajectory in its actions (ACT summed: a time sharer waits little but runs
+slower). For Tangram the scheduling overhead is split
 out per action: the decision (the scheduler's busy share of the action's wait, from its
 `tangram_decision_seconds` metric, plus the mean round), and the dispatch hop (persisted as
 dispatched -> claimed by the worker); worker-side preparation (sandbox lookup and binding) and
@@ -32,6 +38,7 @@ result delivery are reported beside it.
 
 Run: .venv/bin/python benchmarks/live_ab.py [--trajectories 12 --turns 6 --think-s 1.5 --size 1000000]
     [--repeat N: N repetitions, every other one in reverse order, samples pooled]
+    [--time-share '{"weight": 0.5}': time sharing bounds other than the shipped ones]
 Writes benchmarks/results/live_ab.json and live_ab.png (about 2-4 minutes with the defaults; more
 trajectories, turns or --size for a longer, more loaded run).
 """
@@ -56,7 +63,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, write_json
-from benchmarks.live_ab_stats import PodGate, act_stats, overhead_breakdown, pod_capacity
+from benchmarks.live_ab_stats import PodGate, act_stats, overhead_breakdown, pod_capacity, trajectory_waits
 from tangram_celery import CodeAction, TangramClient
 from tangram_celery.actions import TestCase
 
@@ -157,7 +164,9 @@ def checked(stdout: str, status: str, tests: list[Any], turn: Turn) -> bool:
     return status == "ok" and stdout == turn.expect_stdout and len(tests) == len(turn.tests)
 
 
-def run_tangram(policy: str, jobs: list[list[Turn]], args: argparse.Namespace, tag: str) -> dict[str, Any]:
+def run_tangram(
+    policy: str, jobs: list[list[Turn]], args: argparse.Namespace, tag: str, share: bool = True
+) -> dict[str, Any]:
     from tangram_celery.config import parse_config
     from tangram_celery.deploy import Deployment, write_config
     from tangram_celery.store import akey
@@ -168,7 +177,11 @@ def run_tangram(policy: str, jobs: list[list[Turn]], args: argparse.Namespace, t
             "state_dir": str(tmp / "state"),
             "nodes": {"cpu": [{"name": "n0", "cores": args.cores, "memory_mb": args.memory_mb}]},
             "sandbox": {"backend": "namespace"},
-            "scheduler": {"policy": policy, "priors": shipped_priors()},
+            "scheduler": {
+                "policy": policy,
+                "priors": shipped_priors(),
+                "time_share": time_share(args) if share else {"enabled": False},
+            },
         }
     )
     dep = Deployment(cfg, write_config(cfg, tmp / "tangram.yaml"), with_flower=False)
@@ -197,29 +210,42 @@ def run_tangram(policy: str, jobs: list[list[Turn]], args: argparse.Namespace, t
     return {"policy": policy, "samples": samples, "wall_s": wall, "decision": decision}
 
 
-def shipped_priors() -> dict[str, Any]:
-    """The duration priors configs/local.yaml ships (what `tangram up` starts with): without a
-    prior an elastic kind is believed serial (p = 0) and no policy ever grants it a second core."""
+def shipped(key: str) -> dict[str, Any]:
+    """A `scheduler:` block configs/local.yaml ships (what `tangram up` starts with)."""
     import yaml
 
     from benchmarks.common import ROOT
 
-    return dict(yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["scheduler"]["priors"])
+    return dict(yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["scheduler"].get(key) or {})
+
+
+def shipped_priors() -> dict[str, Any]:
+    """The duration priors configs/local.yaml ships: without a prior an elastic kind is believed
+    serial (p = 0) and no policy ever grants it a second core."""
+    return shipped("priors")
+
+
+def time_share(args: argparse.Namespace) -> dict[str, Any]:
+    """The time sharing bounds under test: the shipped ones, with `--time-share` laid over them."""
+    return shipped("time_share") | json.loads(args.time_share or "{}")
 
 
 def scrape_decision(port: int | None) -> dict[str, float]:
-    """The scheduler's `tangram_decision_seconds` sum and count, and the core loans it sent
-    (`loans`: changes of a running suite's lent cores, `tangram_core_loans_total`)."""
+    """The scheduler's `tangram_decision_seconds` sum and count, the core loans it sent
+    (`loans`: changes of a running suite's lent cores, `tangram_core_loans_total`) and the
+    actions it started time-sharing held cores (`time_shares`, `tangram_time_shares_total`)."""
     if port is None:
         return {}
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {"loans": 0.0}
+    out = {"loans": 0.0, "time_shares": 0.0}
     for line in text.splitlines():
         for name in ("sum", "count"):
             if line.startswith(f"tangram_decision_seconds_{name} "):
                 out[name] = float(line.split()[-1])
         if line.startswith("tangram_core_loans_total{"):
             out["loans"] += float(line.split()[-1])
+        if line.startswith("tangram_time_shares_total{"):
+            out["time_shares"] += float(line.split()[-1])
     return out
 
 
@@ -294,6 +320,7 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
     makespans: list[float] = run["makespans_s"]
     return {
         "act_s": act_stats([s.act_s for s in samples]),
+        **trajectory_waits([(s.trajectory, s.act_s, s.exec_s) for s in samples]),
         "exec_s_avg": sum(s.exec_s for s in samples) / len(samples),
         "actions": len(samples),
         "wrong": sum(1 for s in samples if not s.ok),
@@ -313,7 +340,7 @@ def merge(into: dict[str, Any] | None, run: dict[str, Any], load: list[float]) -
     into["makespans_s"].append(makespan)
     into["load_avg_1m"].append(load)
     into["wall_s"] += run["wall_s"]
-    for key in ("sum", "count", "loans"):
+    for key in ("sum", "count", "loans", "time_shares"):
         if "decision" in into:
             into["decision"][key] = into["decision"].get(key, 0.0) + run["decision"].get(key, 0.0)
     return into
@@ -338,6 +365,12 @@ def main() -> int:
     ap.add_argument("--max-pods", type=int, default=110)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1, help="repetitions, alternating the setups' order")
+    ap.add_argument(
+        "--time-share", default=None, help="JSON laid over the shipped scheduler.time_share bounds (tangram)"
+    )
+    ap.add_argument(
+        "--setups", default=None, help="comma-separated setups to run (default: all; tangram always)"
+    )
     ap.add_argument("--out", default="live_ab")
     args = ap.parse_args()
     args.fixed_dop = args.fixed_dop or args.cores
@@ -345,10 +378,14 @@ def main() -> int:
     jobs = workload(args.trajectories, args.turns, args.think_s, args.size, args.seed)
     setups_fn: dict[str, Callable[[], dict[str, Any]]] = {
         "tangram": lambda: run_tangram("tangram-fast", jobs, args, "tg"),
+        "tangram_exclusive": lambda: run_tangram("tangram-fast", jobs, args, "tx", share=False),
         "fixed_dop": lambda: run_tangram(f"fixed-dop-{args.fixed_dop}", jobs, args, "fd"),
         "pod": lambda: run_pods(jobs, args),
         "pod_all": lambda: run_pods(jobs, args, every_trajectory=True),
     }
+    if args.setups:
+        keep = {"tangram", *args.setups.split(",")}
+        setups_fn = {name: fn for name, fn in setups_fn.items() if name in keep}
     runs: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     for rep in range(args.repeat):
@@ -371,7 +408,8 @@ def main() -> int:
             "p99_act": setups[base]["act_s"]["p99"] / tg["act_s"]["p99"],
             "throughput": tg["throughput_per_s"] / setups[base]["throughput_per_s"],
         }
-        for base in ("fixed_dop", "pod", "pod_all")
+        for base in ("tangram_exclusive", "fixed_dop", "pod", "pod_all")
+        if base in setups
     }
     tg_run = runs["tangram"]
     overhead = overhead_breakdown([s.parts for s in tg_run["samples"]], tg_run["decision"], tg_run["wall_s"])
@@ -389,25 +427,31 @@ def main() -> int:
         "order": order,
         "policies": {
             "tangram": "tangram-fast",
+            "tangram_exclusive": "tangram-fast (time sharing off)",
             "fixed_dop": f"fixed-dop-{args.fixed_dop}",
             "pod": "none",
             "pod_all": "none",
         },
         "priors": shipped_priors(),
+        "time_share": time_share(args),
         "pod": {
             "cap_cores": args.pod_cap_cores,
             "request_cores": args.pod_request_cores,
             "memory_mb": args.memory_per_trajectory_mb,
             "max_pods": args.max_pods,
-            "capacity": runs["pod"]["capacity"],
-            "start_s_p50": runs["pod"]["pod_start_s_p50"],
-            "start_failures": runs["pod"]["pod_start_failures"],
-            "all_capacity": runs["pod_all"]["capacity"],
-            "all_start_s_p50": runs["pod_all"]["pod_start_s_p50"],
+            "capacity": runs.get("pod", {}).get("capacity"),
+            "start_s_p50": runs.get("pod", {}).get("pod_start_s_p50"),
+            "start_failures": runs.get("pod", {}).get("pod_start_failures"),
+            "all_capacity": runs.get("pod_all", {}).get("capacity"),
+            "all_start_s_p50": runs.get("pod_all", {}).get("pod_start_s_p50"),
         },
         "setups": setups,
         # core loans the scheduler sent (every repetition): how often a suite was resized
         "loans": {name: run["decision"].get("loans", 0.0) for name, run in runs.items() if "decision" in run},
+        # actions started beside a running one on its cores (every repetition)
+        "time_shares": {
+            name: run["decision"].get("time_shares", 0.0) for name, run in runs.items() if "decision" in run
+        },
         "ratios_vs_tangram": ratios,
         "tangram_overhead": overhead,
         "samples": {

@@ -59,6 +59,21 @@ def act_stats(xs: Sequence[float]) -> dict[str, float]:
     return {"n": len(s), "avg": sum(s) / len(s), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1]}
 
 
+def trajectory_waits(samples: Sequence[tuple[int, float, float]]) -> dict[str, float]:
+    """The longest a trajectory spent waiting, summed over its actions (ACT minus execution;
+    FCFS's argument: a starved action stalls its whole trajectory), and the longest a
+    trajectory spent in its actions in all (ACT summed: a time sharer waits little but runs
+    slower). `samples`: (trajectory, ACT, execution) per action, seconds."""
+    if not samples:
+        raise ValueError("no samples")
+    wait: dict[int, float] = {}
+    act: dict[int, float] = {}
+    for k, act_s, exec_s in samples:
+        wait[k] = wait.get(k, 0.0) + max(0.0, act_s - exec_s)
+        act[k] = act.get(k, 0.0) + act_s
+    return {"max_trajectory_wait_s": max(wait.values()), "max_trajectory_act_s": max(act.values())}
+
+
 def overhead_breakdown(
     parts: Sequence[Mapping[str, float]], decision: Mapping[str, float], wall_s: float
 ) -> dict[str, float | int | None]:

@@ -63,6 +63,9 @@ class CpuNode:
     sharers: dict[int, int] = field(default_factory=dict)
     # cores whose holder ended while sharers still run there: free once the last of them ends
     vacated: set[int] = field(default_factory=set)
+    # grows whenever an allocation on the node starts or ends (what caches of its running
+    # allocations key on: `scheduler.policies.time_share`)
+    version: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -212,6 +215,7 @@ def copy_cpu(n: CpuNode) -> CpuNode:
     out.riders = dict(n.riders)
     out.sharers = dict(n.sharers)
     out.vacated = set(n.vacated)
+    out.version = n.version
     return out
 
 

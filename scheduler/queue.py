@@ -55,6 +55,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._seq: dict[str, int] = {}
         self._per_trajectory: dict[str, int] = {}  # trajectory -> actions queued
         self._per_job: dict[str, int] = {}  # job -> actions queued (fair share needs > 1 job)
+        self._rigid: dict[str, QueuedAction] = {}  # rigid CPU actions, FCFS (time sharing)
         self._next = 0
         self._list: list[QueuedAction] | None = None  # positional view, rebuilt when asked
         self._routes: Routes | None = None
@@ -76,6 +77,8 @@ class WaitingQueue(Sequence[QueuedAction]):
         tid = action.trajectory_id
         self._per_trajectory[tid] = self._per_trajectory.get(tid, 0) + 1
         self._per_job[action.job_id] = self._per_job.get(action.job_id, 0) + 1
+        if action.cost.key is ResourceKind.CPU and len(action.cost.units.units) == 1:
+            self._rigid[aid] = action
         self._list = None
         if self._routes is not None:
             self._routes.new[aid] = action
@@ -84,6 +87,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         """Remove and return a queued action (KeyError if it is not queued)."""
         action = self._items.pop(action_id)
         del self._seq[action_id]
+        self._rigid.pop(action_id, None)
         self.memo.pop(action_id, None)
         self._list = None
         tid = action.trajectory_id
@@ -115,6 +119,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         after a failure or a restart regain their FCFS place."""
         ordered = sorted(self._items.values(), key=lambda a: a.submitted_s)
         self._items = {a.action_id: a for a in ordered}
+        self._rigid = {a.action_id: a for a in ordered if a.action_id in self._rigid}
         self._seq = {a.action_id: i for i, a in enumerate(ordered)}
         self._next = len(ordered)
         self._list = None
@@ -129,6 +134,11 @@ class WaitingQueue(Sequence[QueuedAction]):
 
     def values(self) -> Iterable[QueuedAction]:
         return self._items.values()
+
+    def rigid_cpu(self) -> Iterable[QueuedAction]:
+        """The queued CPU actions with one unit count, in FCFS order (a live view): who may
+        time-share held cores (`scheduler.policies.time_share`)."""
+        return self._rigid.values()
 
     def trajectories(self) -> Collection[str]:
         """The trajectories with at least one queued action (a live view)."""

@@ -89,6 +89,8 @@ class ClusterState:
         return (alloc.kind, alloc.pool, group)
 
     def _track(self, alloc: Allocation) -> None:
+        if alloc.kind is ResourceKind.CPU and alloc.pool in self.cpu:
+            self.cpu[alloc.pool].version += 1
         key = self.pool_key(alloc)
         on_pool = self.by_pool.get(key)
         if on_pool is None:
@@ -361,6 +363,8 @@ class ClusterState:
         if alloc is None:
             return None
         self.by_pool[self.pool_key(alloc)].pop(action_id, None)
+        if alloc.kind is ResourceKind.CPU and alloc.pool in self.cpu:
+            self.cpu[alloc.pool].version += 1
         gone = bool(self.offline) and f"{alloc.kind}:{alloc.pool}" in self.offline
         if alloc.kind is ResourceKind.API:
             self.api[alloc.pool].in_flight -= 1

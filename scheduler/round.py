@@ -62,7 +62,7 @@ from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
-from scheduler.policies.time_share import time_sharers
+from scheduler.policies.time_share import HostCache, time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
@@ -140,6 +140,7 @@ class Round:
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
+        self._hosts: HostCache = {}  # time sharing: each CPU node's hosts, by its version
 
     @property
     def name(self) -> str:
@@ -168,7 +169,9 @@ class Round:
                 out.decision_s = time.perf_counter() - t0
         share = self.execution.time_share
         if share is not None and self.observed is not None and state.cpu:
-            out.sharers = time_sharers(out.started, ordered, queue, state, share, self.observed, now_s)
+            out.sharers = time_sharers(
+                out.started, ordered, queue, state, share, self.observed, now_s, self._hosts
+            )
             out.decision_s = time.perf_counter() - t0
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)

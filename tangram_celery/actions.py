@@ -304,6 +304,9 @@ class ActionResult(BaseModel):
     # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
     # on the same pool in the same round. 0 when it never ran.
     batch_size: int = 0
+    # CPU seconds a code action's sandbox used while it ran (cgroup accounting; None where the
+    # kernel does not account it)
+    cpu_s: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -53,6 +53,12 @@ class SchedulerMetrics:
         self.loans = Counter(
             "tangram_core_loans_total", "Core loan changes sent to CPU workers", ["pool"], registry=r
         )
+        self.time_shares = Counter(
+            "tangram_time_shares_total",
+            "Actions started time-sharing cores held by a running action",
+            ["pool"],
+            registry=r,
+        )
         self.warm_orders = Counter(
             "tangram_warm_orders_total",
             "Warm GPU restores (load) and retirements (unload) sent",

@@ -298,6 +298,7 @@ class Completion(_Wire):
     worker: str = ""
     seq: int = 0
     exec_s: float = 0.0
+    cpu_s: float | None = None  # CPU seconds its sandbox used (what a time sharer is learned by)
     queue_s: float = 0.0
     act_s: float | None = None  # None: it never ran (not logged as a completed action)
     units: int = 0

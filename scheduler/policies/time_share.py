@@ -42,6 +42,7 @@ policy and the riders, the simulator and the live service carry the sharers out
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -88,7 +89,7 @@ def core_share(mine: float, holder: float, others: Iterable[float] = ()) -> floa
     return mine / (mine + holder + sum(others))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Host:
     alloc: Allocation
     per_core: float  # the holder's weight per core (1 / its cores)
@@ -96,12 +97,42 @@ class _Host:
     load: dict[int, list[float]] = field(default_factory=dict)  # core -> sharers' per-core weights
     lost: float = 0.0  # cores' worth its sharers take
 
+    def copy(self) -> _Host:
+        return _Host(
+            self.alloc, self.per_core, self.end_s, {c: list(w) for c, w in self.load.items()}, self.lost
+        )
+
+    def has_room(self, spec: TimeShareSpec) -> bool:
+        """Could a one-core sharer still join (a core below `per_core`, budget for one more)?"""
+        budget = spec.max_holder_loss * self.alloc.units - self.lost
+        if budget < core_share(spec.weight, self.per_core) - 1e-9:
+            return False
+        return any(len(self.load.get(c, ())) < spec.per_core for c in self.alloc.unit_ids)
+
     def loss(self, core: int, extra: float = 0.0) -> float:
         """What the holder loses of `core` with its sharers (and one more of weight `extra`)."""
         others = self.load.get(core, ())
         if not others and not extra:
             return 0.0
         return 1.0 - core_share(self.per_core, 0.0, [*others, extra] if extra else others)
+
+
+def narrowest_host(spec: TimeShareSpec, most: int = 1 << 16) -> int:
+    """The fewest cores a host needs: a one-core sharer gets at least `min_share` of its core
+    and takes at most `max_holder_loss` of the host's cores' worth (both grow with the host's
+    cores); `most` + 1 when none does up to `most`."""
+    m = 1
+    while m <= most:
+        top = core_share(spec.weight, 1.0 / m)
+        if top >= spec.min_share and top <= spec.max_holder_loss * m + 1e-9:
+            return m
+        m += 1
+    return most + 1
+
+
+HostCache = dict[str, tuple[int, list[_Host]]]
+"""CPU node -> (its `CpuNode.version`, its hosts as of then): kept by the caller across rounds,
+so a round looks at the running allocations of a node only when they changed."""
 
 
 def time_sharers(
@@ -112,25 +143,37 @@ def time_sharers(
     spec: TimeShareSpec,
     observed: Observed,
     now_s: float,
+    cache: HostCache | None = None,
 ) -> list[Allocation]:
     """This round's sharers (`Allocation.shares`), in FCFS order (see the module doc).
     `started`: the round's allocations and riders (applied before the sharers); `order`: the
-    waiting queue in the order the round considered it."""
-    planner = _Planner(state, queue, spec, observed, now_s)
+    waiting queue in the order the round considered it; `cache`: the hosts found by earlier
+    rounds (filled in here)."""
+    planner = _Planner(state, queue, spec, observed, now_s, {} if cache is None else cache)
+    if not planner.open:
+        return []
     for a in started:
         planner.starting(a)
     out: list[Allocation] = []
     short: dict[tuple[str, int], bool] = {}
     cpu = ResourceKind.CPU
-    for qa in order:
-        if not planner.open:
+    open_nodes, busy, running, pins = (
+        planner.open,
+        planner.busy,
+        state.trajectory_running,
+        state.trajectory_node,
+    )
+    for qa in _walk(order, queue, state, open_nodes):
+        if not open_nodes:
             break
         cost = qa.cost
-        if cost.key is not cpu or len(cost.units.units) != 1 or qa.action_id in planner.started:
+        if cost.key is not cpu or len(cost.units.units) != 1:
             continue
         tid = qa.trajectory_id
-        if tid in planner.busy or tid in state.trajectory_running:
-            continue
+        if tid in busy or tid in running:
+            continue  # it waits for its sandbox (or starts this round)
+        if cost.sandbox and pins.get(tid, "") not in open_nodes and tid in pins:
+            continue  # its node has no room left
         units = cost.units.units[0]
         key = (qa.kind, units)
         ok = short.get(key)
@@ -145,24 +188,60 @@ def time_sharers(
     return out
 
 
+def _walk(
+    order: Iterable[QueuedAction], queue: WaitingQueue, state: ClusterState, nodes: set[str], most: int = 4
+) -> Iterable[QueuedAction]:
+    """The waiting actions to consider, in the order of `order`. With the queue itself (one
+    job), only those that could share: with at most `most` nodes where a host has room, the
+    CPU actions pinned to those nodes and the unpinned ones (`WaitingQueue.routes`), merged in
+    FCFS order; else its rigid CPU actions (`WaitingQueue.rigid_cpu`). With thousands waiting a
+    walk over the whole queue was most of a round, and most of them could not share."""
+    if order is not queue:
+        return order
+    if len(nodes) > most:
+        return queue.rigid_cpu()
+    routes = queue.routes(state)
+    lists = [routes.on_node[n].values() for n in sorted(nodes) if n in routes.on_node]
+    if routes.unpinned:
+        lists.append(routes.unpinned.values())
+    if len(lists) <= 1:
+        return lists[0] if lists else ()
+    return heapq.merge(*lists, key=lambda a: queue.position(a.action_id))
+
+
 class _Planner:
     """The round's view for placing sharers: hosts per node (built when a node is first
     looked at), memory per node, trajectories starting, what eviction may still take."""
 
     def __init__(
-        self, state: ClusterState, queue: WaitingQueue, spec: TimeShareSpec, observed: Observed, now_s: float
+        self,
+        state: ClusterState,
+        queue: WaitingQueue,
+        spec: TimeShareSpec,
+        observed: Observed,
+        now_s: float,
+        cache: HostCache,
     ) -> None:
         self.state = state
         self.queue = queue
         self.spec = spec
         self.now_s = now_s
-        self.open = {n for n, node in state.cpu.items() if node.online and f"cpu:{n}" not in state.offline}
+        self._cache = cache
+        # nodes where a sharer may find room: online (offline ones are not), and not known to
+        # have every host full
+        self.open = {
+            n
+            for n, node in state.cpu.items()
+            if node.online and (n not in cache or cache[n][1] or cache[n][0] != node.version)
+        }
         self.started: set[str] = set()
         self.busy: set[str] = set()  # trajectories with an action starting this round
         self.mem_used: dict[str, int] = {}  # node -> memory reserved by the round so far
         self.drained: set[str] = set()  # nodes where the round evicted: no memory left this round
         self.no_memory = False  # a new trajectory's sharer lacked memory: later new ones wait
         self._hosts: dict[str, list[_Host]] = {}
+        self.narrowest = narrowest_host(spec)
+        self._mem_free: dict[str, int] = {}
         self._evictions: Evictions | None = None
         self._victims: set[str] = set()
 
@@ -203,6 +282,9 @@ class _Planner:
                 lacked_memory = True
                 continue
             host, cores, _ = pick
+            hosts = self._hosts[node]
+            i = hosts.index(host)
+            hosts[i] = host = host.copy()  # the cached one stays as the state has it
             mine = self.spec.weight / units
             for c in cores:
                 before = host.loss(c)
@@ -224,7 +306,10 @@ class _Planner:
     def memory_free_mb(self, node: str) -> int:
         if node in self.drained:
             return 0
-        return self.state.cpu[node].memory_free_mb - self.mem_used.get(node, 0)
+        free = self._mem_free.get(node)
+        if free is None:  # a sum over the node's trajectories: once per round
+            free = self._mem_free[node] = self.state.cpu[node].memory_free_mb
+        return free - self.mem_used.get(node, 0)
 
     def _memory(self, qa: QueuedAction, node: str) -> tuple[str, ...] | None:
         """The idle trajectories to evict on `node` for `qa`'s memory (() when it fits), or None."""
@@ -247,43 +332,63 @@ class _Planner:
         cores), at least `min_share`; None when no host has room."""
         hosts = self._hosts.get(node)
         if hosts is None:
-            hosts = self._hosts[node] = self._find_hosts(node)
+            version = self.state.cpu[node].version
+            hit = self._cache.get(node)
+            if hit is None or hit[0] != version:
+                hit = self._cache[node] = (version, self._find_hosts(node))
+            hosts = self._hosts[node] = list(hit[1])  # a host is copied when a sharer joins it
         spec = self.spec
         mine = spec.weight / units
         best: tuple[_Host, tuple[int, ...], float] | None = None
         full: list[_Host] = []
         for h in hosts:
-            if best is not None and core_share(mine, h.per_core) <= best[2]:
+            top = core_share(mine, h.per_core)  # on a core of h with no sharer yet
+            if top < spec.min_share or (best is not None and top <= best[2]):
                 break  # hosts are ordered narrowest share last: none further does better
-            room = [c for c in h.alloc.unit_ids if len(h.load.get(c, ())) < spec.per_core]
+            # a sharer takes at least `top` of a core from its host (of k cores, k times the
+            # top of one core or more)
             budget = spec.max_holder_loss * h.alloc.units - h.lost
-            if len(room) < units or budget <= 0:
-                if not room or budget <= 0:
+            if budget < top * units - 1e-9:
+                if budget < core_share(spec.weight, h.per_core) - 1e-9:
+                    full.append(h)  # not even a one-core sharer fits
+                continue
+            load = h.load
+            if spec.per_core == 1:
+                room = [c for c in h.alloc.unit_ids if c not in load]
+            else:
+                room = [c for c in h.alloc.unit_ids if len(load.get(c, ())) < spec.per_core]
+                room.sort(key=lambda c: sum(load.get(c, ())))
+            if len(room) < units:
+                if not room:
                     full.append(h)
                 continue
-            room.sort(key=lambda c: sum(h.load.get(c, ())))
             cores = tuple(sorted(room[:units]))
             share = min(core_share(mine, h.per_core, h.load.get(c, ())) for c in cores)
             if share < spec.min_share or (best is not None and share <= best[2]):
                 continue
             if sum(h.loss(c, mine) - h.loss(c) for c in cores) <= budget + 1e-9:
                 best = (h, cores, share)
-        for h in full:
-            hosts.remove(h)
+        if full:
+            cached = self._cache[node][1]
+            for h in full:
+                hosts.remove(h)
+                if h in cached:  # as the state has it: full until the node changes
+                    cached.remove(h)
         return best
 
     def _find_hosts(self, node: str) -> list[_Host]:
         """The running exclusive allocations of `node` that may host sharers, the widest (the
         one where a sharer gets most) first, then the one expected to run longest."""
-        state = self.state
+        state, spec = self.state, self.spec
         cpu = state.cpu[node]
+        narrowest = self.narrowest
         hosts: list[_Host] = []
         sharers: list[Allocation] = []
         for g in range(len(cpu.numa)):
             for aid, a in state.running_in(ResourceKind.CPU, node, g).items():
                 if a.shares:
                     sharers.append(a)
-                elif aid not in state.shared and a.unit_ids and not cpu.riders.get(a.unit_ids):
+                elif a.units >= narrowest and aid not in state.shared and not cpu.riders.get(a.unit_ids):
                     end_s = state.expected_end_s.get(aid, self.now_s)
                     hosts.append(_Host(a, 1.0 / a.units, end_s))
         if sharers:
@@ -292,9 +397,10 @@ class _Planner:
                 for c in s.unit_ids:
                     h = by_core.get(c)
                     if h is not None:
-                        h.load.setdefault(c, []).append(self.spec.weight / s.units)
+                        h.load.setdefault(c, []).append(spec.weight / s.units)
             for h in hosts:
                 h.lost = sum(h.loss(c) for c in h.load)
+            hosts = [h for h in hosts if h.has_room(spec)]
         hosts.sort(key=lambda h: (h.per_core, -h.end_s))
         return hosts
 

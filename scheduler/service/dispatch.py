@@ -56,6 +56,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
         held = 0 if fresh or not sandboxed else state.cpu[alloc.pool].trajectory_memory_mb.get(tid, 0)
         if alloc.shares:  # last: time-shares cores held by a running action
             state.share_cores(alloc, qa, now)
+            ctx.metrics.time_shares.labels(pool=f"cpu:{alloc.pool}").inc()
         elif (
             rider
         ):  # after every allocation (a GPU rider joins its batch's chunk, a CPU one queues on its cores)

@@ -55,7 +55,11 @@ def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
         qa = books.forget(action_id)
         ctx.recorder.completed(qa, alloc, ev)
         if qa is not None and ev.status.ran and ev.exec_s:
-            ctx.estimator.observe(qa.kind, alloc.units, ev.exec_s)
+            exec_s: float | None = ev.exec_s
+            if alloc.shares:  # slowed by sharing: what it takes alone is the CPU time it used
+                exec_s = ev.cpu_s / alloc.units if ev.cpu_s else None
+            if exec_s:
+                ctx.estimator.observe(qa.kind, alloc.units, exec_s)
         # the scheduler's own key (a one-shot action's is not in the event)
         tid = qa.trajectory_id if qa is not None else ev.trajectory_id
         if not tid:

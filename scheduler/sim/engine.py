@@ -543,15 +543,12 @@ class Simulator:
         if run.alloc.kind is ResourceKind.CPU:  # by time sharing (pods: by contention)
             own = min(run.alloc.units, self.model.cap_cores) if self.cpu_sharing else run.alloc.units
             slowed_s = max(0.0, exec_s - sa.true_duration_s(own))
-        if run.lent_max:  # learn what it takes on its own cores, as for any other run
+        if run.lent_max or run.alloc.shares:
+            # learn what it takes on its own cores, as for any other run: a sharer's work is
+            # the CPU time it used (what the live worker measures), and leaving sharers out
+            # would leave only the exclusive runs, which under sharing are the long survivors
             exec_s = sa.true_duration_s(run.alloc.units)
-        if (  # a sharer's time is not its kind's: the live service does not learn it either
-            self.learn
-            and not run.rejected
-            and not self.cpu_sharing
-            and not self.gpu_sharing
-            and not run.alloc.shares
-        ):
+        if self.learn and not run.rejected and not self.cpu_sharing and not self.gpu_sharing:
             assert self.estimator is not None
             self.estimator.observe(sa.kind, run.alloc.units, exec_s)
         self.result.records.append(

@@ -56,6 +56,7 @@ class ExecResult:
     compile: PhaseOutcome | None = None  # compile phase, if any; the fields above describe the run
     sandbox_reset: bool = False  # ran in a fresh sandbox although the trajectory had one (files gone)
     files: dict[str, str] = field(default_factory=dict)  # fetch_files: path -> base64
+    cpu_s: float | None = None  # CPU seconds the sandbox used while it ran (None: not accounted)
 
 
 class Sandbox(Protocol):

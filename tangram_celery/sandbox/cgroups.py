@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
+# v1 only: CPU time used (`cpuacct.usage`), joined where mounted and writable (v2's `cpu.stat`
+# has it): what a time sharer's run is learned by (`counters()["cpu_us"]`)
+V1_ACCOUNTING = "cpuacct"
 CPU_PERIOD_US = 100_000
 # the default CPU weight of a cgroup and its bounds: v2 `cpu.weight`, v1 `cpu.shares`
 CPU_WEIGHT = {2: (100, 1, 10_000), 1: (1024, 2, 262_144)}
@@ -81,6 +84,14 @@ class CgroupSet:
             d = parent / name
             d.mkdir(exist_ok=True)
             cg.dirs[c] = d
+        acct = root / V1_ACCOUNTING
+        if acct.is_dir() and os.access(acct, os.W_OK):
+            try:  # optional: without it, nothing reports CPU time
+                (acct / "tangram").mkdir(exist_ok=True)
+                (acct / "tangram" / name).mkdir(exist_ok=True)
+                cg.dirs[V1_ACCOUNTING] = acct / "tangram" / name
+            except OSError as e:
+                log.debug("no %s cgroup for %s: %s", V1_ACCOUNTING, name, e)
         for d in (cg.dirs["cpuset"].parent, cg.dirs["cpuset"]):
             for f in ("cpuset.cpus", "cpuset.mems"):  # v1 cpusets start empty
                 if not (d / f).read_text().strip():
@@ -95,11 +106,14 @@ class CgroupSet:
             d = root / "tangram" / name
             return cls(2, {c: d for c in V1_CONTROLLERS}) if d.is_dir() else None
         if ver == 1:
-            dirs = {c: root / c / "tangram" / name for c in V1_CONTROLLERS}
+            dirs = {c: root / c / "tangram" / name for c in (*V1_CONTROLLERS, V1_ACCOUNTING)}
             found = {c: d for c, d in dirs.items() if d.is_dir()}
             if found:
                 # controllers whose directory is already gone stay out of destroy()
-                return cls(1, {c: found.get(c, found[next(iter(found))]) for c in V1_CONTROLLERS})
+                out = {c: found.get(c, found[next(iter(found))]) for c in V1_CONTROLLERS}
+                if V1_ACCOUNTING in found:
+                    out[V1_ACCOUNTING] = found[V1_ACCOUNTING]
+                return cls(1, out)
         return None
 
     @classmethod
@@ -116,7 +130,7 @@ class CgroupSet:
             if ctrls == "":
                 unified = root / rel.lstrip("/")
             for c in ctrls.split(","):
-                if c in V1_CONTROLLERS:
+                if c in V1_CONTROLLERS or c == V1_ACCOUNTING:
                     v1[c] = root / c / rel.lstrip("/")
         if all(c in v1 and v1[c].is_dir() for c in V1_CONTROLLERS):
             return cls(1, v1)
@@ -180,10 +194,20 @@ class CgroupSet:
         return int(raw) / CPU_WEIGHT[self.version][0] if raw.isdigit() else 1.0
 
     def counters(self) -> dict[str, int]:
-        """Monotonic counters: `oom_kill` (OOM kills) and `pids_max` (forks refused at the limit)."""
+        """Monotonic counters: `oom_kill` (OOM kills), `pids_max` (forks refused at the limit)
+        and, where the kernel accounts it, `cpu_us` (CPU time used, microseconds)."""
         mem = self._read("memory", "memory.events" if self.version == 2 else "memory.oom_control")
         pids = self._read("pids", "pids.events")
-        return {"oom_kill": _field(mem, "oom_kill"), "pids_max": _field(pids, "max")}
+        out = {"oom_kill": _field(mem, "oom_kill"), "pids_max": _field(pids, "max")}
+        if self.version == 2:
+            stat = self._read("cpu", "cpu.stat")
+            if stat:
+                out["cpu_us"] = _field(stat, "usage_usec")
+        elif V1_ACCOUNTING in self.dirs:
+            used_ns = self._read(V1_ACCOUNTING, "cpuacct.usage").strip()
+            if used_ns.isdigit():
+                out["cpu_us"] = int(used_ns) // 1000
+        return out
 
     def procs(self) -> list[int]:
         return [int(p) for p in self._read("pids", "cgroup.procs").split()]
@@ -213,7 +237,9 @@ def children(prefix: str, root: Path = ROOT) -> list[str]:
     """Names of the sandbox cgroups `tangram/<name>` whose name starts with `prefix` (any
     controller: a v1 set half removed by a killed worker still shows)."""
     ver = version(root)
-    parents = [root / "tangram"] if ver == 2 else [root / c / "tangram" for c in V1_CONTROLLERS]
+    parents = (
+        [root / "tangram"] if ver == 2 else [root / c / "tangram" for c in (*V1_CONTROLLERS, V1_ACCOUNTING)]
+    )
     names: set[str] = set()
     for parent in parents:
         try:

@@ -132,6 +132,7 @@ def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) ->
         detail="; ".join(d for d in details if d),
         compile=PhaseOutcome(**compile_out) if compile_out is not None else None,
         files=dict(facts.get("files") or {}),
+        cpu_s=delta["cpu_us"] / 1e6 if "cpu_us" in delta else None,
     )
 
 

@@ -270,6 +270,7 @@ class WorkerRuntime:
             worker=self.name,
             seq=seq,
             exec_s=result.exec_s,
+            cpu_s=result.cpu_s,
             queue_s=result.queue_s,
             act_s=result.act_s,
             units=result.units,

@@ -107,6 +107,7 @@ class CpuHandler:
             exec_s=res.exec_s,
             files=res.files,
             sandbox_reset=res.sandbox_reset or sandbox.reset,
+            cpu_s=res.cpu_s,
         )
 
     def _verify(self, action_id: str, action: RewardAction) -> ActionResult:

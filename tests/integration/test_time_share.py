@@ -48,7 +48,8 @@ def test_a_sharer_runs_beside_the_holder_of_its_core_at_a_lower_weight(sandbox_b
     """Given a CPU worker's handler running a 3 s action on core 0, when a time sharer (weight
     0.25) is run on core 0 meanwhile, then it starts and ends while the holder runs, both bound
     to core 0; while it runs its sandbox's CPU weight is a quarter of the default and the
-    holder's the default; after it, its weight is the default again."""
+    holder's the default; after it, its weight is the default again, and its result says how
+    much CPU time it used."""
     from tangram_celery.config import SandboxConfig
     from tangram_celery.wire import TaskOrder
     from tangram_celery.workers.cpu import CpuHandler
@@ -94,6 +95,8 @@ def test_a_sharer_runs_beside_the_holder_of_its_core_at_a_lower_weight(sandbox_b
         assert (0.25, 1.0) in seen, seen
         assert all(hw == 1.0 for _, hw in seen), seen
         assert after == 1.0
+        # what it is learned by: the CPU time it used, at most its run's length on its core
+        assert res.cpu_s is not None and 0 < res.cpu_s <= res.exec_s + 0.05, res
 
 
 def _sandbox_weights(root: Path = Path("/sys/fs/cgroup")) -> dict[str, float]:

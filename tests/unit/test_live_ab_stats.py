@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.live_ab_stats import PodGate, act_stats, overhead_breakdown, pod_capacity
+from benchmarks.live_ab_stats import PodGate, act_stats, overhead_breakdown, pod_capacity, trajectory_waits
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +58,10 @@ def test_overhead_splits_act_into_scheduling_waiting_and_execution() -> None:
     assert out["scheduling_share"] == pytest.approx((0.02 + 0.2) / 3.6)
     assert out["exec_share"] == pytest.approx(2.0 / 3.6)
     assert act_stats([3.0, 1.0, 2.0])["p50"] == 2.0
+
+
+def test_the_longest_wait_and_time_in_actions_of_one_trajectory() -> None:
+    """Per trajectory, waits (ACT minus execution, never negative) and ACTs are summed; the
+    longest of each is reported (here trajectory 0 waited 1.5 s, trajectory 1 spent 4 s)."""
+    out = trajectory_waits([(0, 1.0, 0.5), (0, 1.5, 0.5), (1, 4.0, 4.0), (1, 0.1, 0.2)])
+    assert out == {"max_trajectory_wait_s": pytest.approx(1.5), "max_trajectory_act_s": pytest.approx(4.1)}

@@ -161,6 +161,32 @@ def test_cgroup_v2_binding(tmp_path: Path) -> None:
     assert cg.counters() == {"oom_kill": 0, "pids_max": 0}
 
 
+def test_cgroup_cpu_time_and_weight(tmp_path: Path) -> None:
+    """Given fake cgroup dirs, the CPU time used is a counter where the kernel accounts it (v1
+    `cpuacct.usage` in ns, v2 `cpu.stat` usage_usec), and a relative CPU weight is written on
+    the kernel's scale (v1 `cpu.shares` of 1024, v2 `cpu.weight` of 100), clamped, and read back."""
+    v1 = {c: tmp_path / "v1" / c for c in ("cpu", "cpuset", "memory", "pids", "cpuacct")}
+    for d in v1.values():
+        d.mkdir(parents=True)
+    (v1["cpuacct"] / "cpuacct.usage").write_text("2500000000\n")
+    cg = CgroupSet(1, v1)
+    assert cg.counters()["cpu_us"] == 2_500_000
+    cg.set_cpu_weight(0.25)
+    assert (v1["cpu"] / "cpu.shares").read_text() == "256"
+    assert cg.cpu_weight() == 0.25
+    cg.set_cpu_weight(None)
+    assert (v1["cpu"] / "cpu.shares").read_text() == "1024"
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\n")
+    cg = CgroupSet(2, dict.fromkeys(("cpu", "cpuset", "memory", "pids"), v2))
+    assert cg.counters()["cpu_us"] == 1500
+    cg.set_cpu_weight(0.001)
+    assert (v2 / "cpu.weight").read_text() == "1"
+    cg.set_cpu_weight(None)
+    assert cg.cpu_weight() == 1.0
+
+
 def test_field_parses_key_value_lines() -> None:
     """Given a cgroup events file, when a key is looked up, then its value (0 when absent)."""
     assert _field("low 0\nhigh 2\noom_kill 5\n", "oom_kill") == 5
