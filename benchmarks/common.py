@@ -8,6 +8,7 @@ and the machine that produced it. `benchmarks/report.py` refuses figures from fi
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -78,6 +79,8 @@ def describe_policy(policy: object, given: dict[str, Any] | None = None) -> dict
 
 
 def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. a TimeShareSpec
+        return _jsonable(dataclasses.asdict(value))
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if isinstance(value, dict):

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from scheduler.duration import Amdahl
-from scheduler.estimator import Prior
+from scheduler.estimator import DurationEstimator, Prior
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import get_policy
+from scheduler.policies.time_share import TimeShareSpec
 from scheduler.resources import ClusterState
 from scheduler.service import SchedulerService
 from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
@@ -66,8 +67,8 @@ def trace(seed: int = 7, n: int = 14) -> list[SimTrajectory]:
 class Recorder:
     """A policy wrapper that records every round's allocations (the rounds both executors run)."""
 
-    def __init__(self, name: str) -> None:
-        self.inner = get_policy(name)
+    def __init__(self, name: str, **params: Any) -> None:
+        self.inner = get_policy(name, **params)
         self.name = self.inner.name
         self.execution = self.inner.execution
         self.rounds: list[Round] = []
@@ -83,7 +84,10 @@ def live_id(sim_id: str) -> str:
     return sim_id.replace("/", ".")  # the simulator's ids have a '/', which action ids may not
 
 
-def simulate(policy: str, trajs: list[SimTrajectory]) -> list[Round]:
+def simulate(
+    policy: str, trajs: list[SimTrajectory], estimator: DurationEstimator | None = None, **params: Any
+) -> tuple[list[Round], dict[str, float]]:
+    """The simulator's rounds, and how long each action ran (its start to its end)."""
     scenario = Scenario(
         "parity",
         trajs,
@@ -97,9 +101,9 @@ def simulate(policy: str, trajs: list[SimTrajectory]) -> list[Round]:
         dict(PRIORS),
         exec_params=ExecParams(exec_overhead_s=0.0, sandbox_start_s=0.0),
     )
-    rec = Recorder(policy)
-    Simulator(scenario, rec, learn=False).run()
-    return rec.rounds
+    rec = Recorder(policy, **params)
+    res = Simulator(scenario, rec, learn=False, estimator=estimator).run()
+    return rec.rounds, {live_id(r.action_id): r.ended_s - r.started_s for r in res.records}
 
 
 class Clock:
@@ -110,9 +114,18 @@ class Clock:
         return self.now_s
 
 
-def run_live(policy: str, trajs: list[SimTrajectory], tmp: str) -> list[Round]:
+def run_live(
+    policy: str,
+    trajs: list[SimTrajectory],
+    tmp: str,
+    ran_s: dict[str, float] | None = None,
+    estimator: DurationEstimator | None = None,
+    time_share: dict[str, Any] | None = None,
+    **params: Any,
+) -> list[Round]:
     """The trace through a live scheduler: the test submits each step when the trace says, plays
-    the workers (an action ends its true duration after it was sent) and closes trajectories."""
+    the workers (an action ends its true duration after it was sent, or as long as it ran in the
+    simulator, `ran_s`) and closes trajectories."""
     cfg = parse_config(
         {
             "state_dir": tmp,
@@ -127,12 +140,15 @@ def run_live(policy: str, trajs: list[SimTrajectory], tmp: str) -> list[Round]:
                 "policy": policy,
                 "priors": {k: {"t1_s": p.t1_s, "parallel_fraction": p.p} for k, p in PRIORS.items()},
                 "check_invariants": True,  # the live round's core loans conserve work
+                **({"time_share": time_share} if time_share is not None else {}),
             },
         }
     )
     store, app, clock = memory_store(), memory_app(), Clock()
-    rec = Recorder(policy)
+    rec = Recorder(policy, **params)
     svc = SchedulerService(cfg, "memory://", policy=rec, store=store, app=app, clock=clock, record=False)
+    if estimator is not None:  # it learns nothing here: the test's worker reports no exec time
+        svc.ctx.estimator = estimator
     svc.start()
     events: list[tuple[float, int, int, Any]] = []
     seq = 0
@@ -190,11 +206,12 @@ def run_live(policy: str, trajs: list[SimTrajectory], tmp: str) -> list[Round]:
                     continue
                 order = TaskOrder.model_validate(args[1])
                 i, j = step_of[order.action_id]
-                push(
-                    now + trajs[i].steps[j].action.true_duration_s(order.units),
-                    finish,
-                    (order.action_id, order.attempt),
+                took_s = (
+                    ran_s[order.action_id]
+                    if ran_s is not None
+                    else trajs[i].steps[j].action.true_duration_s(order.units)
                 )
+                push(now + took_s, finish, (order.action_id, order.attempt))
     assert not svc.state.running and not svc.waiting
     return rec.rounds
 
@@ -205,9 +222,50 @@ def test_simulator_and_live_loop_allocate_the_same(policy: str, tmp_path: Any) -
     run the same rounds at the same times and every round allocates the same actions to the
     same cores, evicting the same idle trajectories."""
     trajs = trace()
-    sim = simulate(policy, trajs)
+    sim, _ = simulate(policy, trajs)
     live = run_live(policy, trajs, str(tmp_path))
     assert any(row[4] for _, rows in sim for row in rows), "the trace should make the policy evict"
+    assert len(live) == len(sim)
+    for a, b in zip(sim, live, strict=True):
+        assert a == b
+
+
+def test_simulator_and_live_loop_time_share_the_same(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given one trace and `code` measured short on both sides, with the bounds the 2-core local
+    config ships (1-core hosts, two sharers per core), the simulator and the live loop place
+    the same time sharers in the same rounds, on the same held cores, and every policy round
+    allocates the same (the test's workers run each action as long as it ran in the simulator,
+    where sharing slowed it)."""
+    import scheduler.round as round_module
+
+    share = {"weight": 1.0, "min_share": 0.4, "max_holder_loss": 0.75, "per_core": 2}
+    placed: list[tuple[float, list[tuple[str, str, tuple[int, ...], tuple[str, ...]]]]] = []
+    inner = round_module.time_sharers
+
+    def recording(*args: Any, **kw: Any) -> list[Allocation]:
+        out = inner(*args, **kw)
+        if out:
+            placed.append(
+                (round(args[6], 9), [(live_id(a.action_id), a.pool, a.unit_ids, a.evict) for a in out])
+            )
+        return out
+
+    monkeypatch.setattr(round_module, "time_sharers", recording)
+
+    def measured() -> DurationEstimator:
+        est = DurationEstimator(priors=dict(PRIORS))
+        for _ in range(5):
+            est.observe("code", 1, 1.0)
+        return est
+
+    spec = TimeShareSpec(**share)
+    trajs = trace()
+    sim, ran_s = simulate("tangram-fast", trajs, measured(), share=spec)
+    sim_placed = list(placed)
+    placed.clear()
+    live = run_live("tangram-fast", trajs, str(tmp_path), ran_s, measured(), share, share=spec)
+    assert len(sim_placed) >= 3, "the trace should make actions time-share"
+    assert placed == sim_placed
     assert len(live) == len(sim)
     for a, b in zip(sim, live, strict=True):
         assert a == b
