@@ -86,12 +86,13 @@ class RoundPlan:
     `allocs`: the policy's allocations (apply each with `ClusterState.apply`); `riders`: GPU
     actions joining an allocation's chunk, then CPU actions queued on an allocation's cores,
     each batch's in the order they run (`ClusterState.share`, after the allocations, in order);
-    `sharers`: CPU actions time-sharing cores held by running actions (`ClusterState.share_cores`,
-    last, in order); `evicted`: idle trajectory -> the CPU node it is evicted from (released by the `apply` of
-    the allocation naming it); `gpu_loads`: GPU allocation id -> its load (`ClusterState.load_gpu`);
-    `lends`: borrower -> (its node, every core lent to it now), for the borrowers whose loan
-    changed this round (an empty set: all taken back); `decision_s`: seconds the fair ordering
-    and the policy took (with the loans and warm placements, when it made any).
+    `sharers`: CPU actions time-sharing cores held by running actions
+    (`ClusterState.share_cores`, last, in order); `evicted`: idle trajectory -> the CPU node it
+    is evicted from (released by the `apply` of the allocation naming it); `gpu_loads`: GPU
+    allocation id -> its load (`ClusterState.load_gpu`); `lends`: borrower -> (its node, every
+    core lent to it now), for the borrowers whose loan changed this round (an empty set: all
+    taken back); `decision_s`: seconds the fair ordering and the policy took (with the loans,
+    sharers and warm placements, when it made any).
     """
 
     allocs: list[Allocation] = field(default_factory=list)

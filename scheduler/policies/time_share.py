@@ -42,6 +42,7 @@ policy and the riders, the simulator and the live service carry the sharers out
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class _Host:
         return 1.0 - core_share(self.per_core, 0.0, [*others, extra] if extra else others)
 
 
+@functools.lru_cache(maxsize=64)
 def narrowest_host(spec: TimeShareSpec, most: int = 1 << 16) -> int:
     """The fewest cores a host needs: a one-core sharer gets at least `min_share` of its core
     and takes at most `max_holder_loss` of the host's cores' worth (both grow with the host's

@@ -13,7 +13,7 @@ from scheduler.duration import Amdahl
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.policies import TangramFast
 from scheduler.policies.common import busy_by_pool
-from scheduler.policies.time_share import TimeShareSpec, core_share, oversubscribed
+from scheduler.policies.time_share import TimeShareSpec, core_share, narrowest_host, oversubscribed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import Round, RoundPlan
@@ -73,6 +73,15 @@ def test_core_share_splits_a_core_by_weight_per_core() -> None:
     assert core_share(0.25, 1.0) == pytest.approx(0.2)
     assert core_share(0.25, 0.0) == 1.0
     assert core_share(0.25, 1 / 8, [0.25]) == pytest.approx(0.25 / 0.625)
+
+
+def test_the_narrowest_host_the_bounds_allow() -> None:
+    """With the defaults a host needs 4 cores (a sharer gets half of a core of a 4-core host,
+    the most it may give); the 2-core local config's bounds let a 1-core action host; bounds
+    no host meets give more cores than any node has."""
+    assert narrowest_host(TimeShareSpec()) == 4
+    assert narrowest_host(TimeShareSpec(weight=1.0, min_share=0.4, max_holder_loss=0.75, per_core=2)) == 1
+    assert narrowest_host(TimeShareSpec(min_share=1.0), most=64) == 65
 
 
 def test_a_short_rigid_action_shares_a_wide_host_within_its_loss_budget() -> None:
