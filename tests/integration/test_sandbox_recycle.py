@@ -165,21 +165,22 @@ def test_a_sandbox_with_a_surviving_user_process_is_destroyed_not_recycled(box: 
 # What user code sees of the harness's verifiers (uid VERIFIER_UID) and of other user processes
 PROCS = r"""
 import os
-def procs(uid):
+def procs(uid, seeds=False):
     out = []
     for p in os.listdir('/proc'):
         if p.isdigit() and int(p) != os.getpid():
             try:
                 u = open('/proc/%s/status' % p).read().split('Uid:')[1].split()[0]
                 state = open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]
+                seed = open('/proc/%s/comm' % p).read().strip() == 'tangram-vseed'
             except OSError:
                 continue
-            if u == str(uid) and state not in ('Z', 'X'):
+            if u == str(uid) and state not in ('Z', 'X') and seed == seeds:
                 out.append(int(p))
     return sorted(out)
 def f():
     return 1
-print((procs(os.getuid() + 1), procs(os.getuid()), sorted(os.listdir('/work'))))
+print((procs(os.getuid() + 1), procs(os.getuid()), sorted(os.listdir('/work')), procs(os.getuid() + 1, True)))
 """
 
 
@@ -192,17 +193,24 @@ def with_test(code: str) -> ExecRequest:
 
 
 def seen(res: Any) -> tuple[list[int], list[int], list[str]]:
-    """(verifier pids, other user pids, /work listing) as the action's code printed them."""
+    """(verifier pids, other user pids, /work listing) as the action's code printed them; the
+    verifiers' seed (of the verifiers' uid, named tangram-vseed) is not a verifier."""
+    verifiers, users, work, _seeds = seen_all(res)
+    return verifiers, users, work
+
+
+def seen_all(res: Any) -> tuple[list[int], list[int], list[str], list[int]]:
+    """`seen`, and the pids of the verifiers' seeds."""
     import ast
 
-    verifiers, users, work = ast.literal_eval(res.stdout.strip())
-    return verifiers, users, work
+    verifiers, users, work, seeds = ast.literal_eval(res.stdout.strip())
+    return verifiers, users, work, seeds
 
 
 def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up(box: Any) -> None:
     """Given a freshly started ready sandbox, when its first action looks around, then one
-    verifier is already waiting, no other process of the user's uid runs, and the workdir holds
-    only the action's own main.py (the warm-up test wrote nothing)."""
+    verifier and its seed are already waiting, no other process of the user's uid runs, and the
+    workdir holds only the action's own main.py (the warm-up test wrote nothing)."""
     from tangram_celery.config import SandboxConfig
     from tangram_celery.sandbox import open_sandbox
 
@@ -211,8 +219,9 @@ def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up
         assert fresh.ready.wait_full(60)
         h = fresh.ready.take()
         res = fresh._exec(h, req(PROCS))
-        verifiers, users, work = seen(res)
+        verifiers, users, work, seeds = seen_all(res)
         assert (res.status, len(verifiers), users, work) == (ActionStatus.OK, 1, [], ["main.py"]), res
+        assert len(seeds) == 1 and seeds != verifiers, res
         fresh._teardown(h)
     finally:
         fresh.close()

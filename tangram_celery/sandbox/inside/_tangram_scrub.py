@@ -4,8 +4,9 @@ ran one trajectory's code to another trajectory instead of building a new one.
 The previous occupant's code was written by a policy paid for passing and may have tried to
 leave something for the next one. The runner (PID 1, root in the sandbox) therefore:
 1. kills the pooled verifiers (they judged the previous occupant's tests, talking to its code
-   through proxies; SIGKILL by pidfd, so none of them runs again); then, if any process but
-   itself, the zygote and those verifiers is alive (nothing should be: every action ends with
+   through proxies; SIGKILL by pidfd, so none of them runs again) but not their seed, which
+   never judged a test; then, if any process but itself, the zygote, the seed and those
+   verifiers is alive (nothing should be: every action ends with
    the runner killing what it left), or the zygote is gone, kills every process but itself
    with `kill(-1)` and exec's a fresh zygote.
    The zygote is root, never sees a request or user data, and user code cannot signal, trace or
@@ -81,16 +82,16 @@ def sysv_objects() -> list[str]:
 
 
 def _drop_verifiers(zygote: Any) -> set[int]:
-    """SIGKILL every pooled verifier (by pidfd); the pids of those not yet exited. They are
-    not waited for: a process with a SIGKILL pending never runs user-space code again, and the
-    zygote's reports of their exits are taken with the next action's (`VerifierPool.prune`).
-    A verifier that has exited no longer holds its pid, so that pid is not left out of the
-    check for strays."""
+    """SIGKILL every pooled verifier (by pidfd); the pids the pool still holds: its seed
+    (which never judged a test: it stays) and the verifiers not yet exited. These are not
+    waited for: a process with a SIGKILL pending never runs user-space code again, and their
+    ends are seen with the next action's (`VerifierPool.prune`). A verifier that has exited
+    no longer holds its pid, so that pid is not left out of the check for strays."""
     pool = zygote.verifiers
     pool.prune()
     for v in list(pool.live.values()):
         pool.discard(v)
-    return set(pool.still_dying())
+    return pool.pids()
 
 
 def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any, strays: Any) -> dict[str, Any]:
