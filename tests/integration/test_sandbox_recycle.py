@@ -247,6 +247,25 @@ def test_a_scrub_kills_the_verifiers_of_the_previous_occupant_and_primes_a_new_o
     box._teardown(fresh)
 
 
+def test_a_verifier_that_never_got_a_job_stays_for_the_next_occupant(box: Any) -> None:
+    """Given an occupant that ran code but no assert test (its primed verifier never got a job,
+    so no user code talked to it), when its sandbox is scrubbed, then the next occupant finds
+    that same verifier waiting beside the same seed, and it judges the next occupant's test."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    first = box._exec(h, req(PROCS))
+    assert first.status is ActionStatus.OK, first
+    before, _, _, seeds = seen_all(first)
+    assert len(before) == 1 and len(seeds) == 1, first
+    fresh = box._recycle(h)
+    assert fresh is not None
+    look = box._exec(fresh, req(PROCS))
+    assert seen_all(look)[0] == before and seen_all(look)[3] == seeds, look
+    judged = box._exec(fresh, with_test(PROCS))
+    assert judged.status is ActionStatus.OK and seen(judged)[0] == before, judged
+    box._teardown(fresh)
+
+
 def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup_write(box: Any) -> None:
     """Given a sandbox that ran an action on core 1 with 128 MiB, when it is scrubbed, then it
     stays bound to core 1 and 128 MiB, and the next action on core 1 writes no cgroup file."""

@@ -91,6 +91,7 @@ class Verifier:
         self.pid, self.pidfd, self.ctl, self.key = pid, pidfd, ctl, key
         self.fd = ctl.fileno()  # kept: a selector unregisters by number after the close
         self.dead = False
+        self.used = False  # handed a job: it has talked to an occupant's user process
 
     def close(self) -> None:
         self.dead = True
@@ -155,9 +156,18 @@ class VerifierPool:
         for v in list(self.idle):
             self.idle.remove(v)
             if v.key == key and not v.dead:
+                v.used = True
                 return v
             self.discard(v)  # other limits: the pool keeps only what the actions ask for now
-        return self._new(spec, key)
+        v = self._new(spec, key)
+        v.used = True
+        return v
+
+    def drop_used(self) -> None:
+        """Kill every verifier that judged a test (between occupants: `_tangram_scrub`). One
+        that never got a job has talked to no user code and stays for the next occupant."""
+        for v in [v for v in self.live.values() if v.used or v not in self.idle]:
+            self.discard(v)
 
     def prime(self, spec: dict[str, Any], warm: bool = True) -> int:
         """Make sure one verifier with these limits is idle: start one now (off an action's
