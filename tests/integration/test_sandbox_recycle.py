@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -290,10 +291,13 @@ def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup
     box._teardown(fresh)
 
 
-def test_a_primed_verifier_warms_up_only_while_the_pool_is_full(box: Any) -> None:
+def test_a_primed_verifier_warms_up_only_on_an_idle_worker_with_a_full_pool(box: Any) -> None:
     """Given a worker's ready pool, when a scrub asks for a verifier, then the verifier warms
-    itself up while the pool holds `prewarm` sandboxes, and not while it is short (new
-    trajectories then arrive faster than it refills; the CPU goes to their actions)."""
+    itself up while the pool holds `prewarm` sandboxes and no action runs on the worker, and
+    not while the pool is short (new trajectories then arrive faster than it refills) nor while
+    an action runs (a warm-up costs more CPU than it saves: the cores go to actions)."""
+    import threading
+
     assert box.ready.wait_full(60)
     full = box._prime()["prime"]["warm_verifier"]
     h = box.ready.take()
@@ -301,4 +305,14 @@ def test_a_primed_verifier_warms_up_only_while_the_pool_is_full(box: Any) -> Non
         short = box._prime()["prime"]["warm_verifier"]
     finally:
         box.ready.give_back(h)
-    assert (full, short) == (True, False)
+    assert box.ready.wait_full(60)
+    slow = threading.Thread(target=box.run, args=(f"slow-{os.getpid()}", req("import time; time.sleep(3)")))
+    slow.start()
+    try:
+        deadline = time.monotonic() + 10
+        while box._running == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        busy = box._prime()["prime"]["warm_verifier"]
+    finally:
+        slow.join()
+    assert (full, short, busy) == (True, False, False)
