@@ -41,11 +41,26 @@ class ForkServer:
     def start(self) -> None:
         raise NotImplementedError
 
-    def alive(self) -> bool:
+    def _ended(self) -> bool:
+        """Has the process ended (it is then collected, or left to its parent)?"""
         raise NotImplementedError
 
-    def stop(self) -> None:
+    def _kill(self) -> None:
+        """SIGKILL it (and collect it, where this process is its parent)."""
         raise NotImplementedError
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        if self._ended():
+            self.lost()
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            self._kill()
+        self.lost()
 
     def lost(self) -> None:
         """The process is dead (killed, or it crashed); start another later."""
@@ -174,26 +189,21 @@ class Zygote(ForkServer):
         super().lost()
         self.verifiers.forget()
 
-    def alive(self) -> bool:
-        if self.pid is None:
-            return False
+    def _ended(self) -> bool:
+        assert self.pid is not None
         try:
             pid, _ = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            pid = self.pid
-        if pid:
-            self.lost()
-            return False
-        return True
+            return True
+        return bool(pid)
 
-    def stop(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-        self.lost()
+    def _kill(self) -> None:
+        assert self.pid is not None
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
 
 def exited(pidfd: int) -> bool:

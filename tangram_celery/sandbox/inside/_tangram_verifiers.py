@@ -58,24 +58,21 @@ class VerifierSeed(ForkServer):
         self.pid, self.pidfd = started[0]
         self.sock, self.ready = mine, False
 
-    def alive(self) -> bool:
-        if self.pid is None:
+    def _ended(self) -> bool:
+        assert self.pid is not None
+        if not exited(self.pidfd):
             return False
-        if exited(self.pidfd):
-            self.zygote.ignore(self.pid)
-            self.lost()
-            return False
+        self.zygote.ignore(self.pid)  # its parent, the zygote, reports the exit: nobody takes it
         return True
 
-    def stop(self) -> None:
-        """Kill it (its verifiers die with it: parent-death signal)."""
-        if self.pid is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.zygote.ignore(self.pid)  # the zygote reports its exit: nobody waits for it
-        self.lost()
+    def _kill(self) -> None:
+        """Its verifiers die with it (parent-death signal)."""
+        assert self.pid is not None
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.zygote.ignore(self.pid)
 
     def lost(self) -> None:
         super().lost()
