@@ -123,13 +123,13 @@ def test_a_cpu_worker_killed_mid_batch_loses_nothing(client, deployment) -> None
 def test_riders_behind_a_hung_action_are_handed_back(client) -> None:
     """Given a measured short kind, when one of its actions hangs until its 30 s limit with
     riders queued behind it, then after hand_back_after_ms the riders go back to the scheduler
-    and all of them complete on the other core while the hung action still runs."""
+    and all of them complete (on the other core, each once, none given up) while the hung
+    action still runs."""
     _measure(client)
-    hung = client.submit(
-        CodeAction(trajectory_id="hung", code="while True: pass", memory_mb=128, timeout_s=30)
-    )
-    short = client.submit_many(
-        [
+    # one submission, so that the round that starts the hung action also gives it riders
+    hung, *short = client.submit_many(
+        [CodeAction(trajectory_id="hung", code="while True: pass", memory_mb=128, timeout_s=30)]
+        + [
             CodeAction(trajectory_id=f"s{i}", code=f"print({i})", memory_mb=128, timeout_s=30)
             for i in range(30)
         ]
