@@ -142,3 +142,21 @@ def test_verifiers_are_forked_by_a_seed_and_die_with_it(zygote: Zygote) -> None:
     c = pool.get(spec)
     (new_seed,) = pool.seeds.values()
     assert new_seed.pid not in (None, old) and ppid(c.pid) == new_seed.pid
+
+
+def test_in_the_rlimit_fallback_the_seed_goes_without_the_process_limit_and_each_verifier_has_it(
+    zygote: Zygote,
+) -> None:
+    """Given a verifier spec with RLIMIT_NPROC (the rlimit fallback: it counts every process of
+    the verifiers' uid on the host), then the seed that forks the verifiers does not carry it
+    (its forks would fail once enough verifiers of all sandboxes ran), and a verifier does."""
+
+    def max_processes(pid: int) -> str:
+        with open(f"/proc/{pid}/limits") as f:
+            return next(line.split()[2] for line in f if line.startswith("Max processes"))
+
+    spec = {"uid": 10002, "workdir": "/", "cores": [], "rlimits": {"NPROC": 77}, "nofile": 64}
+    v = zygote.verifiers.get(spec)
+    (seed,) = zygote.verifiers.seeds.values()
+    assert seed.pid is not None
+    assert max_processes(v.pid) == "77" and max_processes(seed.pid) != "77"

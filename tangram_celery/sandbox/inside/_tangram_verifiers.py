@@ -44,9 +44,12 @@ class VerifierSeed(ForkServer):
     def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        # RLIMIT_NPROC (the rlimit fallback) counts every process of the verifiers' uid on the
+        # host: the seed, which forks them all, goes without it; each verifier sets it itself
+        rlimits = {k: v for k, v in self.spec.get("rlimits", {}).items() if k != "NPROC"}
         try:
             started, errors = self.zygote.spawn(
-                [{**self.spec, "mode": "verifier-seed", "fds": 4, "warm": self.warm}],
+                [{**self.spec, "rlimits": rlimits, "mode": "verifier-seed", "fds": 4, "warm": self.warm}],
                 [null, null, null, theirs.fileno()],
             )
         finally:
@@ -191,8 +194,11 @@ class VerifierPool:
         """Fork a verifier from the seed; with `warm`, it runs a test of its own before it waits
         for jobs (`_tangram_verifier.warm_up`: its first job then costs what any other does)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        nproc = {k: v for k, v in spec.get("rlimits", {}).items() if k == "NPROC"}
         try:
-            started, errors = self._seed(spec, key, warm).spawn([{"fds": 1, "warm": warm}], [theirs.fileno()])
+            started, errors = self._seed(spec, key, warm).spawn(
+                [{"fds": 1, "warm": warm, "rlimits": nproc}], [theirs.fileno()]
+            )
         finally:
             theirs.close()
         if started[0] is None:

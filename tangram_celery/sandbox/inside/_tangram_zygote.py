@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import resource
 import select
 import socket
 import sys
@@ -132,6 +133,8 @@ def _verifier_child(spec: dict, fds: list[int], seed: int) -> None:  # pragma: n
             os._exit(1)
         os.dup2(fds[0], verifier.CTL_FD)
         os.closerange(verifier.CTL_FD + 1, 1 << 16)
+        for name, value in (spec.get("rlimits") or {}).items():  # the seed's own go unchanged
+            resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(value), int(value)))
         seccomp.set_name(b"tangram-verify")
         verifier.serve_jobs(warm=bool(spec.get("warm")))  # never returns
     except BaseException:
