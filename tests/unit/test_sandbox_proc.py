@@ -155,8 +155,14 @@ def test_in_the_rlimit_fallback_the_seed_goes_without_the_process_limit_and_each
         with open(f"/proc/{pid}/limits") as f:
             return next(line.split()[2] for line in f if line.startswith("Max processes"))
 
+    import time
+
     spec = {"uid": 10002, "workdir": "/", "cores": [], "rlimits": {"NPROC": 77}, "nofile": 64}
     v = zygote.verifiers.get(spec)
     (seed,) = zygote.verifiers.seeds.values()
     assert seed.pid is not None
+    deadline = time.monotonic() + 10  # the fork returns before the verifier has set itself up
+    while Path(f"/proc/{v.pid}/comm").read_text().strip() != "tangram-verify":
+        assert time.monotonic() < deadline, "the verifier never got ready"
+        time.sleep(0.01)
     assert max_processes(v.pid) == "77" and max_processes(seed.pid) != "77"
