@@ -102,6 +102,8 @@ class QueuedAction:
     target: str = ""
     job_id: str = "default"
     priority: int = 0
+    # never a rider: it was handed back from a batch once (live only; `cpu_batch`)
+    solo: bool = False
 
     def duration_s(self, units: int) -> float:
         """Expected execution time in seconds at `units` units of the key resource."""

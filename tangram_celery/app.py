@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from tangram_celery.kombu_redis import guard_connparams
+from tangram_celery.kombu_redis import guard_connparams, reuse_channel_client
 
 TASK_CPU = "tangram.run_cpu"
 TASK_CPU_BATCH = "tangram.run_cpu_batch"  # [[action id, order], ...]: run one after another
@@ -31,6 +31,7 @@ def make_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
     `memory://` (kombu's in-process transport, for tests) gets an in-memory result backend."""
     backend = "cache+memory://" if broker_url.startswith("memory://") else broker_url
     guard_connparams()  # a Redis restart must not stop a worker (see kombu_redis)
+    reuse_channel_client()  # no new redis.Redis per message kombu publishes (see kombu_redis)
     app = Celery("tangram", broker=broker_url, backend=backend, set_as_current=False)
     app.conf.update(
         task_serializer="json",

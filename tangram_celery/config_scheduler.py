@@ -40,8 +40,8 @@ class CpuBatchConfig(StrictModel):
         2000.0,
         ge=0,
         le=3_600_000,
-        description="a batch still running after this long (an action hung until its limit) hands "
-        "its riders not yet started back to be placed again (0: never)",
+        description="an action of a batch still running after this long (hung until its limit) "
+        "hands the riders behind it back to be placed again, alone (0: never)",
     )
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""A guard for kombu's Redis transport: a worker must outlive a Redis restart.
+"""Two patches to kombu's Redis transport: a guard (a worker must outlive a Redis restart) and
+one client per channel for what kombu publishes.
 
 When Redis goes away while a worker holds unacknowledged messages (with late acks: every task
 running at that moment), Celery closes the broker connection and kombu's channel tries to put
@@ -16,10 +17,20 @@ action not claimed in time is sent again by the scheduler, and a claim is exactl
 late copy never runs twice. Found by `benchmarks/soak.py` (a Redis SIGKILL took the CPU worker
 down); `tests/integration/test_end_to_end.py::test_redis_killed_and_restarted_loses_nothing`
 checks that no worker restarts.
+
+The second (`reuse_channel_client`): kombu 5.7 builds a new `redis.Redis` for every command it
+sends outside its polling connection (`Channel.conn_or_acquire`): every Celery message the
+scheduler sends, every task event a worker publishes for Flower. Building one fills a table of
+about 170 reply callbacks in Python (about 0.17 ms here), and the object is thrown away after
+one command. A `redis.Redis` takes a connection from its pool per command and is safe to share
+between threads, so each channel now keeps one and builds another only when kombu replaced the
+channel's pool (after a lost connection).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -44,3 +55,28 @@ def guard_connparams() -> None:
 
     setattr(_connparams, _GUARDED, True)
     setattr(channel, "_connparams", _connparams)  # noqa: B010 - patching a class method
+
+
+_CLIENT = "_tangram_client"
+
+
+def reuse_channel_client() -> None:
+    """Make `Channel.conn_or_acquire` hand out one client per channel and pool (idempotent)."""
+    channel = kombu_redis.Channel
+    if getattr(channel.conn_or_acquire, _GUARDED, False):
+        return
+
+    @contextmanager
+    def conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
+        if client:
+            yield client
+            return
+        pool = self.pool  # kombu drops its pools on a lost connection: follow it
+        cached = self.__dict__.get(_CLIENT)
+        if cached is None or cached.connection_pool is not pool:
+            cached = self._create_client()
+            self.__dict__[_CLIENT] = cached
+        yield cached
+
+    setattr(conn_or_acquire, _GUARDED, True)
+    setattr(channel, "conn_or_acquire", conn_or_acquire)  # noqa: B010 - patching a class method

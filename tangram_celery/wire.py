@@ -305,6 +305,8 @@ class Completion(_Wire):
     attempt: int = 1
     error: str = ""
     resident: list[ChunkServices] | None = None
+    # a rider handed back before it started (RETRY): not a failed attempt; it goes alone next
+    unstarted: bool = False
 
 
 class ResidencyReport(_Wire):

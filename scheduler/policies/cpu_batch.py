@@ -13,6 +13,9 @@ for any CPU action, by eviction of idle trajectories when memory is short.
 Which actions ride, walking the waiting queue in its (fair, else FCFS) order:
 - short: measured (`DurationEstimator.observed_s`, no prior) to take at most `max_action_s`
   at the leader's unit count, which it must accept; a kind not yet measured never rides;
+- an action handed back from a batch (`QueuedAction.solo`: the live worker gives back the
+  riders behind an action that overran) never rides again: it goes alone, so it cannot be
+  handed back twice;
 - a batch holds at most `max_actions` actions and `max_batch_s` of expected work; a rider goes
   to the batch of its node expected to end first; an action whose trajectory's previous action
   starts in a batch this round may only follow it there (never beside it);
@@ -169,6 +172,8 @@ def _ride(
 ) -> Allocation | None:
     """A rider allocation for `qa` on the first of `batches` with room for it (counted in
     that batch), or None."""
+    if qa.solo:
+        return None  # handed back from a batch once: it goes alone (and nothing overtakes it)
     for b in batches:
         units = b.lead.units
         if b.size >= spec.max_actions or units not in qa.cost.units.units:

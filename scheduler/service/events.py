@@ -41,7 +41,7 @@ def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
         if ev is None:
             continue
         if ev.status is EventStatus.RETRY:
-            faults.retry_elsewhere(ctx, action_id, ev.error)
+            faults.retry_elsewhere(ctx, action_id, ev.error, unstarted=ev.unstarted)
             continue
         if ev.status is EventStatus.CANCELLED:
             faults.drop_cancelled(ctx, action_id)

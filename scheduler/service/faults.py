@@ -81,26 +81,33 @@ def reroute(ctx: Context, action_id: str, worker: str, attempt: int) -> None:
         trajectories.release(ctx, qa.trajectory_id, lost=True, remove=False)
 
 
-def retry_elsewhere(ctx: Context, action_id: str, error: str) -> None:
+def retry_elsewhere(ctx: Context, action_id: str, error: str, unstarted: bool = False) -> None:
     """A worker handed `action_id` back after a retryable failure (its reward server crashed
-    mid-batch, a replica failed to load): place it again, within the attempt bound."""
+    mid-batch, a replica failed to load): place it again, within the attempt bound. A rider
+    handed back before it started (`unstarted`: an action ahead of it in its batch overran)
+    did not fail: it is placed again whatever its attempt count, as an action that never rides
+    again (`QueuedAction.solo`), so that it cannot come back a second time."""
     if action_id not in ctx.state.running:
         return  # already re-placed (an event replayed after a restart)
     attempt = ctx.books.attempt.get(action_id, 1)
-    if attempt >= ctx.liveness.max_attempts:
+    if not unstarted and attempt >= ctx.liveness.max_attempts:
         give_up(ctx, action_id, f"{attempt} attempt(s) failed, last: {error}")
         return
-    alloc = back_to_queue(ctx, action_id)
-    log.warning("action %s failed on %s (%s); placing it again", action_id, alloc and alloc.pool, error)
-    ctx.metrics.retries.inc()
+    alloc = back_to_queue(ctx, action_id, solo=unstarted)
+    if unstarted:
+        log.info("action %s handed back by %s (%s); placing it again", action_id, alloc and alloc.pool, error)
+    else:
+        log.warning("action %s failed on %s (%s); placing it again", action_id, alloc and alloc.pool, error)
+        ctx.metrics.retries.inc()
 
 
-def back_to_queue(ctx: Context, action_id: str) -> Allocation | None:
+def back_to_queue(ctx: Context, action_id: str, solo: bool = False) -> Allocation | None:
     """Release the units of a dispatched action and put it back in the waiting queue, in
-    FCFS order (its Redis state is already 'queued')."""
+    FCFS order (its Redis state is already 'queued'); with `solo`, it never rides again."""
     alloc = ctx.state.release(action_id)
     qa = ctx.books.requeued(action_id)
     if qa is not None:
+        qa.solo = qa.solo or solo
         ctx.waiting.append(qa)
         ctx.waiting.sort_by_submission()
     return alloc

@@ -159,6 +159,7 @@ class WarmPool(ABC):
         )
         # running actions a core loan can resize (`resize`)
         self._resizing = Resizing(self._bind, lambda h, req: call_runner(h.socket_path, req, 5.0))
+        self._running = 0  # actions executing now (`_prime` warms verifiers only when none is)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
         self._reaper.start()
 
@@ -352,12 +353,16 @@ class WarmPool(ABC):
         """What the runner needs to start a verifier like the ones actions will ask for, in a
         ready sandbox (`prime` in a ping or a scrub); nothing in the rlimit fallback, where a
         verifier's limits follow each action's memory and cores. The verifier warms itself up
-        (about as much CPU as its first test saves) only while `prewarm` sandboxes are ready:
-        when the pool is short, new trajectories arrive faster than it refills, and the cores
-        are better spent on their actions."""
+        only while no action runs on this worker and `prewarm` sandboxes are ready: a warm-up
+        takes the first job's copy-on-write faults off that job's path but costs more CPU in
+        all than it saves (a test of its own through a thread), so it is worth doing only on
+        cores that would idle otherwise; when actions run or the pool is short (new
+        trajectories arrive faster than it refills), the cores are better spent on actions."""
         if self.limits.use_rlimits:
             return {}
-        warm = len(self.ready) >= self.ready.size
+        with self._lock:
+            idle = self._running == 0
+        warm = idle and len(self.ready) >= self.ready.size
         return {"prime": {"nofile": self.limits.nofile, "pythonpath": self.pythonpath, "warm_verifier": warm}}
 
     def _tampered(self, h: Handle) -> str:
@@ -472,6 +477,8 @@ class WarmPool(ABC):
         payload["cores"] = list(cores)
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
+        with self._lock:
+            self._running += 1
         try:
             facts = call_runner(h.socket_path, payload, runner_timeout_s(req))
         except (RunnerGone, RunnerTimeout) as e:
@@ -484,6 +491,9 @@ class WarmPool(ABC):
             detail = f"sandbox runner lost ({e}); the trajectory's sandbox was reset"
             log.warning("%s: %s", h.trajectory_id, detail)
             return ExecResult(status=status, exec_s=time.monotonic() - t0, detail=detail, sandbox_reset=True)
+        finally:
+            with self._lock:
+                self._running -= 1
         if "runner_error" in facts:
             return ExecResult(
                 status=ActionStatus.ERROR, detail=str(facts["runner_error"]), exec_s=time.monotonic() - t0

@@ -168,11 +168,12 @@ class WorkerRuntime:
                 out.append(self._hand_back(action_id, order, claimed))
 
         # An action of the batch overran (its kind is short, this run hangs until its limit):
-        # the riders not started yet go back to the scheduler instead of waiting for it.
-        timer = threading.Timer(self.batch_hand_back_s, hand_back_rest)
-        timer.daemon = True
+        # the riders not started yet go back to the scheduler instead of waiting for it. The
+        # clock restarts with every action: a batch that moves on (each action slowed by a
+        # sandbox start or a loaded machine) keeps its riders.
+        clock = OverrunClock(self.batch_hand_back_s, hand_back_rest)
         if len(todo) > 1 and self.batch_hand_back_s > 0:
-            timer.start()
+            clock.start()
         try:
             while True:
                 with lock:
@@ -180,9 +181,10 @@ class WorkerRuntime:
                     if i >= len(todo):
                         break
                     nxt[0] = i + 1
+                clock.restart()
                 out.append(self._run(*todo[i], handler))
         finally:
-            timer.cancel()
+            clock.stop()
         return out
 
     def _hand_back(self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str) -> str:
@@ -190,8 +192,8 @@ class WorkerRuntime:
         if isinstance(claimed, str):
             return f"skipped:{claimed}"
         tid = ActionMeta.model_validate_json(claimed[0]).trajectory_id
-        why = f"its batch ran past {self.batch_hand_back_s:.1f} s before it started"
-        back = Completion(status=EventStatus.RETRY, error=why, trajectory_id=tid)
+        why = f"an action ahead of it in its batch ran past {self.batch_hand_back_s:.1f} s"
+        back = Completion(status=EventStatus.RETRY, error=why, trajectory_id=tid, unstarted=True)
         if self.store.give_back(action_id, self.name, order.attempt, back):
             log.info("action %s handed back: %s", action_id, why)
             self.metrics.outcomes.labels(pool=self.pool_key, status="handed_back").inc()
@@ -282,3 +284,39 @@ class WorkerRuntime:
         self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
         self.store.complete(action_id, result.model_dump_json(), event)
         return str(result.status)
+
+
+class OverrunClock:
+    """Calls `on_overrun` once, from a thread of its own, when `limit_s` pass without a
+    `restart` (the start of the batch's next action) or a `stop`."""
+
+    def __init__(self, limit_s: float, on_overrun: Callable[[], None]) -> None:
+        self.limit_s = limit_s
+        self.on_overrun = on_overrun
+        self._cond = threading.Condition()
+        self._since = time.monotonic()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._watch, name="tangram-batch-clock", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def restart(self) -> None:
+        with self._cond:
+            self._since = time.monotonic()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                left = self._since + self.limit_s - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._stopped:
+                return
+        self.on_overrun()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -165,21 +166,22 @@ def test_a_sandbox_with_a_surviving_user_process_is_destroyed_not_recycled(box: 
 # What user code sees of the harness's verifiers (uid VERIFIER_UID) and of other user processes
 PROCS = r"""
 import os
-def procs(uid):
+def procs(uid, seeds=False):
     out = []
     for p in os.listdir('/proc'):
         if p.isdigit() and int(p) != os.getpid():
             try:
                 u = open('/proc/%s/status' % p).read().split('Uid:')[1].split()[0]
                 state = open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]
+                seed = open('/proc/%s/comm' % p).read().strip() == 'tangram-vseed'
             except OSError:
                 continue
-            if u == str(uid) and state not in ('Z', 'X'):
+            if u == str(uid) and state not in ('Z', 'X') and seed == seeds:
                 out.append(int(p))
     return sorted(out)
 def f():
     return 1
-print((procs(os.getuid() + 1), procs(os.getuid()), sorted(os.listdir('/work'))))
+print((procs(os.getuid() + 1), procs(os.getuid()), sorted(os.listdir('/work')), procs(os.getuid() + 1, True)))
 """
 
 
@@ -192,17 +194,24 @@ def with_test(code: str) -> ExecRequest:
 
 
 def seen(res: Any) -> tuple[list[int], list[int], list[str]]:
-    """(verifier pids, other user pids, /work listing) as the action's code printed them."""
+    """(verifier pids, other user pids, /work listing) as the action's code printed them; the
+    verifiers' seed (of the verifiers' uid, named tangram-vseed) is not a verifier."""
+    verifiers, users, work, _seeds = seen_all(res)
+    return verifiers, users, work
+
+
+def seen_all(res: Any) -> tuple[list[int], list[int], list[str], list[int]]:
+    """`seen`, and the pids of the verifiers' seeds."""
     import ast
 
-    verifiers, users, work = ast.literal_eval(res.stdout.strip())
-    return verifiers, users, work
+    verifiers, users, work, seeds = ast.literal_eval(res.stdout.strip())
+    return verifiers, users, work, seeds
 
 
 def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up(box: Any) -> None:
     """Given a freshly started ready sandbox, when its first action looks around, then one
-    verifier is already waiting, no other process of the user's uid runs, and the workdir holds
-    only the action's own main.py (the warm-up test wrote nothing)."""
+    verifier and its seed are already waiting, no other process of the user's uid runs, and the
+    workdir holds only the action's own main.py (the warm-up test wrote nothing)."""
     from tangram_celery.config import SandboxConfig
     from tangram_celery.sandbox import open_sandbox
 
@@ -211,8 +220,9 @@ def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up
         assert fresh.ready.wait_full(60)
         h = fresh.ready.take()
         res = fresh._exec(h, req(PROCS))
-        verifiers, users, work = seen(res)
+        verifiers, users, work, seeds = seen_all(res)
         assert (res.status, len(verifiers), users, work) == (ActionStatus.OK, 1, [], ["main.py"]), res
+        assert len(seeds) == 1 and seeds != verifiers, res
         fresh._teardown(h)
     finally:
         fresh.close()
@@ -235,6 +245,25 @@ def test_a_scrub_kills_the_verifiers_of_the_previous_occupant_and_primes_a_new_o
     assert len(waiting) == 1 and set(waiting).isdisjoint(before) and users == [], look
     judged = box._exec(fresh, with_test(PROCS))
     assert judged.status is ActionStatus.OK and seen(judged)[0] == waiting, judged
+    box._teardown(fresh)
+
+
+def test_a_verifier_that_never_got_a_job_stays_for_the_next_occupant(box: Any) -> None:
+    """Given an occupant that ran code but no assert test (its primed verifier never got a job,
+    so no user code talked to it), when its sandbox is scrubbed, then the next occupant finds
+    that same verifier waiting beside the same seed, and it judges the next occupant's test."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    first = box._exec(h, req(PROCS))
+    assert first.status is ActionStatus.OK, first
+    before, _, _, seeds = seen_all(first)
+    assert len(before) == 1 and len(seeds) == 1, first
+    fresh = box._recycle(h)
+    assert fresh is not None
+    look = box._exec(fresh, req(PROCS))
+    assert seen_all(look)[0] == before and seen_all(look)[3] == seeds, look
+    judged = box._exec(fresh, with_test(PROCS))
+    assert judged.status is ActionStatus.OK and seen(judged)[0] == before, judged
     box._teardown(fresh)
 
 
@@ -262,10 +291,13 @@ def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup
     box._teardown(fresh)
 
 
-def test_a_primed_verifier_warms_up_only_while_the_pool_is_full(box: Any) -> None:
+def test_a_primed_verifier_warms_up_only_on_an_idle_worker_with_a_full_pool(box: Any) -> None:
     """Given a worker's ready pool, when a scrub asks for a verifier, then the verifier warms
-    itself up while the pool holds `prewarm` sandboxes, and not while it is short (new
-    trajectories then arrive faster than it refills; the CPU goes to their actions)."""
+    itself up while the pool holds `prewarm` sandboxes and no action runs on the worker, and
+    not while the pool is short (new trajectories then arrive faster than it refills) nor while
+    an action runs (a warm-up costs more CPU than it saves: the cores go to actions)."""
+    import threading
+
     assert box.ready.wait_full(60)
     full = box._prime()["prime"]["warm_verifier"]
     h = box.ready.take()
@@ -273,4 +305,14 @@ def test_a_primed_verifier_warms_up_only_while_the_pool_is_full(box: Any) -> Non
         short = box._prime()["prime"]["warm_verifier"]
     finally:
         box.ready.give_back(h)
-    assert (full, short) == (True, False)
+    assert box.ready.wait_full(60)
+    slow = threading.Thread(target=box.run, args=(f"slow-{os.getpid()}", req("import time; time.sleep(3)")))
+    slow.start()
+    try:
+        deadline = time.monotonic() + 10
+        while box._running == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        busy = box._prime()["prime"]["warm_verifier"]
+    finally:
+        slow.join()
+    assert (full, short, busy) == (True, False, False)

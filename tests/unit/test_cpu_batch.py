@@ -112,6 +112,19 @@ def test_wrong_unit_count_or_no_memory_closes_the_node() -> None:
     assert [r.action_id for r in plan.riders] == ["a1"]
 
 
+def test_an_action_handed_back_once_never_rides_and_nothing_overtakes_it() -> None:
+    """Given a short action handed back from a batch once (`solo`), when it would ride next on
+    the node, then it does not, and no later action rides past it there."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    back = _code("back")
+    back.solo = True
+    plan = _plan([_code("a0"), back, _code("a1")], state)
+    assert [a.action_id for a in plan.allocs] == ["a0"] and not plan.riders
+    plan = _plan([back, _code("a0"), _code("a1")], state)
+    assert [a.action_id for a in plan.allocs] == ["back"]
+    assert [r.action_id for r in plan.riders] == ["a0", "a1"]  # it leads a batch as any other
+
+
 def test_a_rider_evicts_idle_trajectories_when_memory_is_short() -> None:
     """Given a node whose memory is held by idle trajectories, a rider of a new trajectory
     evicts the least recently used of them, and the plan names the eviction."""

@@ -94,9 +94,9 @@ def test_a_dead_zygote_is_restarted_on_the_next_spawn(tmp_path: Path, zygote: Zy
 
 
 def test_a_killed_verifier_counts_as_dying_only_while_it_holds_its_pid(zygote: Zygote) -> None:
-    """Given a pooled verifier killed by the pool (as a scrub does) whose exit the zygote has
-    not reported yet, when it has exited, then `still_dying` no longer names it (its pid may be
-    reused), while the pool still waits for its report; once the report is taken, it is gone."""
+    """Given a pooled verifier killed by the pool (as a scrub does), when it has exited, then
+    `still_dying` no longer names it (its pid may be reused), and the pool forgets it at its
+    next prune (its pidfd tells its end: the seed that forked it sends no exit reports)."""
     import time
 
     from tangram_celery.sandbox.inside._tangram_proc import verifier_spec
@@ -112,3 +112,57 @@ def test_a_killed_verifier_counts_as_dying_only_while_it_holds_its_pid(zygote: Z
         zygote.poll(0.1)
         pool.prune()
     assert pool.dying == {}
+
+
+def test_verifiers_are_forked_by_a_seed_and_die_with_it(zygote: Zygote) -> None:
+    """Given two verifiers of the same limits, then both are children of one verifier seed (a
+    child of the zygote), neither is the seed; when the seed is killed, both verifiers die, and
+    the next verifier comes from a new seed."""
+    import time
+
+    from tangram_celery.sandbox.inside._tangram_proc import verifier_spec
+
+    def ppid(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    pool = zygote.verifiers
+    spec = verifier_spec({"uid": 10001, "workdir": "/", "nofile": 64})
+    a, b = pool.get(spec), pool.get(spec)
+    (seed,) = pool.seeds.values()
+    assert seed.pid is not None and ppid(seed.pid) == zygote.pid
+    assert ppid(a.pid) == ppid(b.pid) == seed.pid and seed.pid not in (a.pid, b.pid)
+    old = seed.pid
+    os.kill(old, 9)
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{v.pid}/stat") and ppid(v.pid) for v in (a, b)):
+        assert time.monotonic() < deadline, "a verifier outlived its seed"
+        time.sleep(0.01)
+        pool.prune()
+    c = pool.get(spec)
+    (new_seed,) = pool.seeds.values()
+    assert new_seed.pid not in (None, old) and ppid(c.pid) == new_seed.pid
+
+
+def test_in_the_rlimit_fallback_the_seed_goes_without_the_process_limit_and_each_verifier_has_it(
+    zygote: Zygote,
+) -> None:
+    """Given a verifier spec with RLIMIT_NPROC (the rlimit fallback: it counts every process of
+    the verifiers' uid on the host), then the seed that forks the verifiers does not carry it
+    (its forks would fail once enough verifiers of all sandboxes ran), and a verifier does."""
+
+    def max_processes(pid: int) -> str:
+        with open(f"/proc/{pid}/limits") as f:
+            return next(line.split()[2] for line in f if line.startswith("Max processes"))
+
+    import time
+
+    spec = {"uid": 10002, "workdir": "/", "cores": [], "rlimits": {"NPROC": 77}, "nofile": 64}
+    v = zygote.verifiers.get(spec)
+    (seed,) = zygote.verifiers.seeds.values()
+    assert seed.pid is not None
+    deadline = time.monotonic() + 10  # the fork returns before the verifier has set itself up
+    while Path(f"/proc/{v.pid}/comm").read_text().strip() != "tangram-verify":
+        assert time.monotonic() < deadline, "the verifier never got ready"
+        time.sleep(0.01)
+    assert max_processes(v.pid) == "77" and max_processes(seed.pid) != "77"

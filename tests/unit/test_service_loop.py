@@ -136,6 +136,39 @@ def test_an_action_is_dispatched_run_and_released(h: Harness) -> None:
     assert handle.result(timeout=1).status is ActionStatus.OK
 
 
+def test_a_rider_handed_back_before_it_started_goes_again_alone_and_is_not_given_up(h: Harness) -> None:
+    """Given a code action on its last allowed attempt, when its worker hands it back unstarted
+    (an action ahead of it in its batch overran), then the scheduler neither gives up on it nor
+    counts a failure: it is sent again (the next attempt), never to ride again, and completes;
+    a retryable failure on that same last attempt is given up as before."""
+    handle = h.client.submit(CodeAction(id="r1", trajectory_id="t", code="print(1)"))
+    h.svc.step(block_ms=None)
+    [(aid, order)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
+    last = h.svc.ctx.liveness.max_attempts
+    h.svc.books.attempt[aid] = last
+    claimed = h.store.claim(aid, order.attempt, "w", time.time())
+    assert not isinstance(claimed, str), claimed
+    back = Completion(
+        status=EventStatus.RETRY, error="ahead of it ran long", trajectory_id="t", unstarted=True
+    )
+    assert h.store.give_back(aid, "w", order.attempt, back)
+    h.svc.step(block_ms=None)
+    [(again, order2)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
+    assert again == "r1" and order2.attempt == last + 1 and h.svc.books.running["r1"].solo
+    h.run(again, order2)
+    h.svc.step(block_ms=None)
+    assert handle.result(timeout=1).status is ActionStatus.OK
+    failed = h.client.submit(CodeAction(id="r2", trajectory_id="u", code="print(2)"))
+    h.svc.step(block_ms=None)
+    [(aid, order)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
+    h.svc.books.attempt[aid] = last
+    assert not isinstance(h.store.claim(aid, order.attempt, "w", time.time()), str)
+    crash = Completion(status=EventStatus.RETRY, error="reward server crashed", trajectory_id="u")
+    assert h.store.give_back(aid, "w", order.attempt, crash)
+    h.svc.step(block_ms=None)
+    assert failed.result(timeout=1).status is ActionStatus.ERROR
+
+
 def test_an_action_cancelled_before_dispatch_never_runs(h: Harness) -> None:
     """Given an API action behind one holding the API's only slot, when its caller cancels it,
     the scheduler drops it from the waiting queue and never sends it."""

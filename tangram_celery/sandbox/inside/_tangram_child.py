@@ -25,6 +25,10 @@ except ImportError:  # inside the sandbox this directory is sys.path[0]
     import _tangram_seccomp as seccomp  # type: ignore[no-redef]
 
 RUNNER_MODULE_PREFIX = "_tangram_"
+# The harness's modules a user process drops, noted once by the zygote before it forks (None:
+# scan sys.modules): a scan touches every module name, a copy-on-write fault on each page of
+# them in every user process.
+_runner_modules: tuple[str, ...] | None = None
 _HIGH_FD = 256
 _MAX_FD = 1 << 16
 
@@ -71,6 +75,12 @@ def setup(
         seccomp.install()
 
 
+def note_runner_modules() -> None:
+    """In the zygote, once its imports are done: remember which modules `prepare_python` drops."""
+    global _runner_modules
+    _runner_modules = tuple(n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX))
+
+
 def default_signals() -> None:
     """What an exec'd program expects (Python itself ignores SIGPIPE and SIGXFSZ)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
@@ -101,8 +111,11 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
             continue
         shadowed.update(n[:-3] if n.endswith(".py") else n for n in names)
     shadowed &= preloaded
-    for name in [n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX)]:
-        del sys.modules[name]
+    runner = _runner_modules
+    if runner is None:
+        runner = tuple(n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX))
+    for name in runner:
+        sys.modules.pop(name, None)
     if shadowed:  # rare: only then look at every module's name
         for name in [n for n in sys.modules if n.partition(".")[0] in shadowed]:
             del sys.modules[name]

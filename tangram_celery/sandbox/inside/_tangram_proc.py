@@ -18,9 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from tangram_celery.sandbox.inside._tangram_spawn import SpawnFailed, Verifier, Zygote, memfd
+    from tangram_celery.sandbox.inside._tangram_spawn import SpawnFailed, Zygote, memfd
+    from tangram_celery.sandbox.inside._tangram_verifiers import Verifier
 except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_spawn import SpawnFailed, Verifier, Zygote, memfd  # type: ignore[no-redef]
+    from _tangram_spawn import SpawnFailed, Zygote, memfd  # type: ignore[no-redef]
+    from _tangram_verifiers import Verifier  # type: ignore[no-redef]
 
 __all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd", "prime", "verifier_spec"]
 
@@ -431,11 +433,14 @@ class Action:
             if self._take_exit() is not None:
                 continue
             pool.prune()
-            if not any(p.returncode is None for p in self.procs) and not pool.dying:
+            waiting = any(p.returncode is None for p in self.procs)
+            if not waiting and not pool.dying:
                 break
-            if time.monotonic() > deadline or not self.zygote.poll(0.5):
+            if time.monotonic() > deadline or (waiting and not self.zygote.poll(0.5)):
                 self._zygote_gone()
                 pool.clear_dying()
+            elif not waiting:  # only killed verifiers left: their pidfds tell their end
+                pool.wait_dying(0.5)
         _reap()
         if not _strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
             return False

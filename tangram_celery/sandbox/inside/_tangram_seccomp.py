@@ -320,6 +320,7 @@ def build_filter() -> bytes:
     return a.assemble()
 
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
@@ -359,6 +360,13 @@ def set_name(name: bytes) -> None:
     prepare()
     prctl = _prepared[0]
     prctl(_PR_SET_NAME, name, 0, 0, 0)  # type: ignore[operator]
+
+
+def set_pdeathsig() -> None:
+    """SIGKILL this process when its parent (the thread that forked it) exits."""
+    prepare()
+    prctl = _prepared[0]
+    prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # type: ignore[operator]
 
 
 def install() -> None:

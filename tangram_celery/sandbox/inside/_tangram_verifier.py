@@ -52,18 +52,18 @@ def serve_jobs(warm: bool = False) -> None:
     A job brings [the connection to the user process, the record's write end, stdout, stderr, the
     assert code as a memfd]. Each test runs in a fresh namespace; what a test changes in
     builtins, sys.path, sys.meta_path, the recursion limit and the standard streams is put back,
-    and modules imported from the user process are dropped. With `warm`, one test of the
-    harness's own runs first (`warm_up`)."""
-    null = os.open("/dev/null", os.O_RDWR)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    out = open(1, "w", closefd=False)  # noqa: SIM115
-    err = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+    and modules imported from the user process are dropped, before the next job rather than
+    after this one: a verifier forked for a new occupant often judges a single test and is
+    then killed, and a restore touches every builtin (copy-on-write faults on pages shared
+    with the zygote) for nothing then. The standard streams go back at once. With `warm`, one
+    test of the harness's own runs first (`warm_up`)."""
+    null, out, err = std_io()
     ctl = socket.socket(fileno=CTL_FD)
-    clean = _Clean()
+    clean = PRISTINE
+    dirty = False  # a job or the warm-up ran since the last restore
     if warm:
         warm_up()
-        clean.restore()
+        dirty = True
     for _ in range(MAX_JOBS):
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 8)
@@ -73,6 +73,9 @@ def serve_jobs(warm: bool = False) -> None:
             break
         if len(fds) != 5:
             break
+        if dirty:  # put back what the previous job changed, before this one (see below)
+            clean.restore()
+        dirty = True
         rpc, record, job_out, job_err, code_fd = fds
         os.dup2(job_out, 1)
         os.dup2(job_err, 2)
@@ -99,12 +102,44 @@ def serve_jobs(warm: bool = False) -> None:
         sock.close()
         os.dup2(null, 1)  # the job's output pipes close here: the runner sees their end
         os.dup2(null, 2)
-        clean.restore()
+        sys.stdin, sys.stdout, sys.stderr = clean.streams
         try:
             ctl.send(json.dumps({"done": job.get("job")}).encode())
         except OSError:
             break
     os._exit(0)
+
+
+_io: list[Any] = []  # (/dev/null's descriptor, stdout, stderr), once per process (or seed)
+
+
+def std_io() -> tuple[int, Any, Any]:
+    """/dev/null at descriptors 0, 1 and 2 (a job's output pipes replace 1 and 2 while it
+    runs), and text streams on 1 and 2. Made once per process: a verifier forked from a seed
+    (`seed_ready`) inherits the seed's and builds nothing."""
+    if not _io:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        if null > 2:
+            os.close(null)
+        out = open(1, "w", closefd=False)  # noqa: SIM115
+        err = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+        _io.extend((0, out, err))
+    return _io[0], _io[1], _io[2]
+
+
+def seed_ready(warm: bool) -> None:
+    """In a verifier seed (`_tangram_zygote.run_seed`), before it forks any verifier: the
+    standard streams made, and with `warm` one test of the harness's own judged (`warm_up`)
+    and everything it changed put back. Each verifier forked from the seed then starts warm
+    and clean: no uid switch, no limits, no filter to install, no streams to make, and the
+    first-use costs of the job path paid once per sandbox rather than once per occupant. The
+    seed itself never judges a test of anyone's."""
+    std_io()
+    if warm:
+        warm_up()
+        PRISTINE.restore()
 
 
 WARM_UP_TEST = "assert f(1) == [1, '1'] and len(f(2)) == 2 and 'x' not in f(3)"
@@ -166,6 +201,12 @@ class _Clean:
         sys.stdin, sys.stdout, sys.stderr = self.streams
         for name in [n for n, m in sys.modules.items() if isinstance(m, RemoteModule)]:
             del sys.modules[name]
+
+
+# What a verifier starts from, taken when the zygote imports this module (before it forks any
+# verifier), so that a new verifier copies nothing to take it: a test's changes are undone
+# against it (`serve_jobs`).
+PRISTINE = _Clean()
 
 
 def verify(conn: Conn, assert_code: str, trusted_path: list[str] | None) -> tuple[bool, str]:

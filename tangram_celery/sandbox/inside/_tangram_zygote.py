@@ -25,9 +25,11 @@ from __future__ import annotations
 import gc
 import json
 import os
-import selectors
+import resource
+import select
 import socket
 import sys
+from collections.abc import Callable
 
 import _tangram_child as child
 import _tangram_seccomp as seccomp
@@ -83,6 +85,9 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
         if mode == "verifier":
             seccomp.set_name(b"tangram-verify")
             verifier.serve_jobs(warm=bool(spec.get("warm")))  # never returns
+        if mode == "verifier-seed":
+            seccomp.set_name(b"tangram-vseed")
+            run_seed(bool(spec.get("warm")))  # never returns
         env = {str(k): str(v) for k, v in spec["env"].items()}
         if mode == "exec":
             child.default_signals()
@@ -107,20 +112,64 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
     os._exit(code)
 
 
+def run_seed(warm: bool) -> None:  # pragma: no cover - child
+    """A verifier seed: a process of the verifiers' uid, limits and filter (set up by
+    `child_main` as for a verifier) that never judges a test itself and forks each new
+    verifier of its sandbox, on the same protocol as the zygote's (without exit reports: the
+    runner tells a verifier's end from its pidfd). A new occupant's first verifier then costs
+    a fork of a small, warm process instead of a fork of the zygote and its whole set-up."""
+    verifier.seed_ready(warm)
+    sock = socket.socket(fileno=3)
+    sock.send(b"ready")
+    Zygote(sock, set(), child=_verifier_child, report_exits=False).loop()
+
+
+def _verifier_child(spec: dict, fds: list[int], seed: int) -> None:  # pragma: no cover - child
+    """A verifier forked from its seed: its control socket at descriptor 3, nothing else of
+    the seed's; it dies with the seed (which the runner kills with the sandbox's zygote)."""
+    try:
+        seccomp.set_pdeathsig()
+        if os.getppid() != seed:  # the seed died before the signal was armed
+            os._exit(1)
+        os.dup2(fds[0], verifier.CTL_FD)
+        os.closerange(verifier.CTL_FD + 1, 1 << 16)
+        for name, value in (spec.get("rlimits") or {}).items():  # the seed's own go unchanged
+            resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(value), int(value)))
+        seccomp.set_name(b"tangram-verify")
+        verifier.serve_jobs(warm=bool(spec.get("warm")))  # never returns
+    except BaseException:
+        pass
+    os._exit(1)
+
+
 class Zygote:
-    def __init__(self, sock: socket.socket, preloaded: set[str]) -> None:
+    """The fork loop. Kept lean on purpose: every page this process writes while a child it
+    forked lives is a copy-on-write fault, so the loop polls descriptors directly (no
+    selectors objects) and formats its replies as bytes (JSON only for what it receives)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        preloaded: set[str],
+        child: Callable[[dict, list[int], int], None] | None = None,
+        report_exits: bool = True,
+    ) -> None:
         self.sock = sock
         self.preloaded = preloaded
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(sock, selectors.EVENT_READ, None)
+        self.child = child or (lambda spec, fds, _parent: child_main(spec, fds, preloaded))
+        self.report_exits = report_exits
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
+        self.kids: dict[int, int] = {}  # pidfd -> pid
 
-    def spawn(self, specs: list[dict], fds: list[int]) -> tuple[dict, list[int]]:
+    def spawn(self, specs: list[dict], fds: list[int]) -> tuple[bytes, list[int]]:
         """Fork one child per spec: the reply and the children's pidfds (for the runner, which
         could not open them itself without racing this process's reaping)."""
         pids: list[int | None] = []
         pidfds: list[int] = []
         errors: list[str] = []
         start = 0
+        me = os.getpid()
         for spec in specs:
             n = int(spec["fds"]) + (1 if spec.get("code") else 0)
             mine = fds[start : start + n]
@@ -132,28 +181,34 @@ class Zygote:
                 errors.append(f"fork failed: {e}")
                 continue
             if pid == 0:  # pragma: no cover - child
-                child_main(spec, mine, self.preloaded)
+                self.child(spec, mine, me)
             pids.append(pid)
             pidfd = os.pidfd_open(pid)
-            self.sel.register(pidfd, selectors.EVENT_READ, pid)
+            self.kids[pidfd] = pid
+            self.poller.register(pidfd, select.POLLIN)
             pidfds.append(pidfd)
-        return {"pids": pids, "errors": errors}, pidfds
+        if errors:
+            return json.dumps({"pids": pids, "errors": errors}).encode(), pidfds
+        return b'{"pids": [%s]}' % b", ".join(b"%d" % p for p in pids if p is not None), pidfds
 
-    def reap(self, key: selectors.SelectorKey) -> None:
-        self.sel.unregister(key.fd)
-        os.close(key.fd)
+    def reap(self, pidfd: int) -> None:
+        pid = self.kids.pop(pidfd)
+        self.poller.unregister(pidfd)
+        os.close(pidfd)
         try:
-            _, status = os.waitpid(key.data, 0)
+            _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:
             code = -9
-        self.sock.send(json.dumps({"exit": key.data, "status": code}).encode())
+        if self.report_exits:
+            self.sock.send(b'{"exit": %d, "status": %d}' % (pid, code))
 
     def loop(self) -> None:
+        own = self.sock.fileno()
         while True:
-            for key, _ in self.sel.select():
-                if key.data is not None:
-                    self.reap(key)
+            for fd, _ in self.poller.poll():
+                if fd != own:
+                    self.reap(fd)
                     continue
                 try:
                     msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
@@ -165,16 +220,17 @@ class Zygote:
                 try:
                     reply, pidfds = self.spawn(json.loads(msg)["spawn"], fds)
                 except Exception as e:
-                    reply = {"pids": [], "errors": [repr(e)]}
+                    reply = json.dumps({"pids": [], "errors": [repr(e)]}).encode()
                 finally:
                     for fd in fds:
                         os.close(fd)
-                socket.send_fds(self.sock, [json.dumps(reply).encode()], pidfds)
+                socket.send_fds(self.sock, [reply], pidfds)
 
 
 def main() -> None:
     sock = socket.socket(fileno=3)
     preloaded = preload()
+    child.note_runner_modules()
     seccomp.set_name(b"tangram-zygote")
     seccomp.install()  # inherited by every child: none has to install it
     gc.collect()
