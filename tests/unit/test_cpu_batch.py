@@ -11,10 +11,10 @@ from scheduler.policies.cpu_batch import CpuBatchSpec, cpu_riders
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import Round
-from scheduler.sim.cluster import ClusterSpec, ExecParams
 from scheduler.sim.engine import Simulator
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
+from tests.fixtures.sim import one_node
 
 pytestmark = pytest.mark.unit
 
@@ -177,13 +177,7 @@ def _burst(n: int, dur_s: float) -> Scenario:
         )
         for i in range(n)
     ]
-    return Scenario(
-        name="burst",
-        trajectories=trajs,
-        cluster=ClusterSpec(cpu_nodes=1, cores_per_node=2, numa_groups=1, memory_mb_per_node=100_000),
-        priors={},
-        exec_params=ExecParams(sandbox_start_s=0.0, exec_overhead_s=0.0),
-    )
+    return one_node("burst", trajs, cores=2)
 
 
 def test_the_simulator_runs_riders_one_after_another_on_their_leaders_cores() -> None:

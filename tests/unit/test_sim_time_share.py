@@ -13,11 +13,11 @@ from scheduler.estimator import DurationEstimator
 from scheduler.model import ResourceKind
 from scheduler.policies import get_policy
 from scheduler.policies.time_share import TimeShareSpec
-from scheduler.sim.cluster import ClusterSpec, ExecParams
 from scheduler.sim.engine import Simulator
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
+from tests.fixtures.sim import one_node
 
 pytestmark = pytest.mark.unit
 
@@ -31,13 +31,7 @@ def _scenario(host_t1_s: float, sharer_at_s: float, sharer_t1_s: float, sharers:
     for i in range(sharers):
         short = SimAction("code", CPU, (1,), sharer_t1_s)
         trajs.append(SimTrajectory(f"s{i}", sharer_at_s, (Step(0.0, short),)))
-    return Scenario(
-        name="share",
-        trajectories=trajs,
-        cluster=ClusterSpec(cpu_nodes=1, cores_per_node=4, numa_groups=1, memory_mb_per_node=100_000),
-        priors={},
-        exec_params=ExecParams(sandbox_start_s=0.0, exec_overhead_s=0.0),
-    )
+    return one_node("share", trajs, cores=4)
 
 
 def _estimator() -> DurationEstimator:
