@@ -368,15 +368,17 @@ class ClusterState:
         gone = bool(self.offline) and f"{alloc.kind}:{alloc.pool}" in self.offline
         if alloc.kind is ResourceKind.API:
             self.api[alloc.pool].in_flight -= 1
-        elif alloc.kind is ResourceKind.CPU and (alloc.shares or self.cpu[alloc.pool].sharers):
-            _release_shared(self.cpu[alloc.pool], alloc, gone)
+        elif alloc.shares:
+            _release_sharer(self.cpu[alloc.pool], alloc, gone)
         else:
             node: CpuNode | GpuNode = (self.cpu if alloc.kind is ResourceKind.CPU else self.gpu)[alloc.pool]
             riders = node.riders.get(alloc.unit_ids, 0)
             if riders > 1:
                 node.riders[alloc.unit_ids] = riders - 1
-            elif riders == 1:
+            elif riders == 1:  # a batch's riders take its cores over (none shares them: `time_share`)
                 del node.riders[alloc.unit_ids]
+            elif isinstance(node, CpuNode) and node.sharers:
+                _vacate(node, alloc.unit_ids, gone)
             elif not gone:
                 node.free.update(alloc.unit_ids)
         return alloc
@@ -464,31 +466,27 @@ class ClusterState:
         restore(self, d)
 
 
-def _release_shared(node: CpuNode, alloc: Allocation, gone: bool) -> None:
-    """Give back the cores of a CPU allocation on a node where cores are time-shared: a core
-    is free once its holder and every sharer on it ended (`ClusterState.share_cores`)."""
+def _release_sharer(node: CpuNode, alloc: Allocation, gone: bool) -> None:
+    """A time sharer ended (`ClusterState.share_cores`): a core whose holder ended before it
+    is free once its last sharer ends."""
     sharers = node.sharers
-    if alloc.shares:
-        for c in alloc.unit_ids:
-            left = sharers[c] - 1
-            if left:
-                sharers[c] = left
-                continue
-            del sharers[c]
-            if c in node.vacated:  # its holder ended before it
-                node.vacated.discard(c)
-                if not gone:
-                    node.free.add(c)
-        return
-    riders = node.riders.get(alloc.unit_ids, 0)
-    if riders:  # a batch's riders take its cores over (none shares them: `time_share`)
-        if riders > 1:
-            node.riders[alloc.unit_ids] = riders - 1
-        else:
-            del node.riders[alloc.unit_ids]
-        return
     for c in alloc.unit_ids:
-        if c in sharers:
+        left = sharers[c] - 1
+        if left:
+            sharers[c] = left
+            continue
+        del sharers[c]
+        if c in node.vacated:  # its holder ended before it
+            node.vacated.discard(c)
+            if not gone:
+                node.free.add(c)
+
+
+def _vacate(node: CpuNode, cores: tuple[int, ...], gone: bool) -> None:
+    """A holder ended on a node where cores are time-shared: its cores with sharers stay held
+    (vacated) until the last of them ends, the others are free."""
+    for c in cores:
+        if c in node.sharers:
             node.vacated.add(c)
         elif not gone:
             node.free.add(c)
