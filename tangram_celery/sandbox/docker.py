@@ -117,8 +117,8 @@ class DockerSandbox(WarmPool):
     def _sweep_previous(self) -> None:
         """Remove containers of dead incarnations of this deployment and node, never others'."""
         try:
-            found = self.client.containers.list(
-                all=True, filters={"label": f"{SCOPE_LABEL}={self.who.scope}"}
+            found = self.client.containers.list(  # one removed meanwhile is not an error
+                all=True, ignore_removed=True, filters={"label": f"{SCOPE_LABEL}={self.who.scope}"}
             )
         except Exception as e:
             log.warning("cannot list containers to sweep: %s", e)
@@ -240,7 +240,9 @@ class DockerSandbox(WarmPool):
     def close(self) -> None:
         super().close()
         try:  # anything of ours a crashed action may have left behind
-            for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.owner}"}):
+            for c in self.client.containers.list(
+                all=True, ignore_removed=True, filters={"label": f"{LABEL}={self.owner}"}
+            ):
                 c.remove(force=True)
         except Exception as e:
             log.debug("final sweep: %s", e)

@@ -44,7 +44,7 @@ def remove_containers(url: str, labels: list[str], attempts: int = 5) -> int:
         try:
             client = docker.DockerClient(base_url=url, timeout=30) if url else docker.from_env(timeout=30)
             try:
-                found = client.containers.list(all=True, filters={"label": labels})
+                found = client.containers.list(all=True, ignore_removed=True, filters={"label": labels})
                 for c in found:
                     c.remove(force=True)
                 return len(found)

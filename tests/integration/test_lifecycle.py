@@ -151,12 +151,16 @@ def test_no_container_outlives_a_killed_tangram_up(docker_engine: str, tmp_path:
         up.wait_ready()
         run_one_action(tmp_path / "state", "warm-1")
         children = descendants(up.proc.pid)
-        assert client.containers.list(filters={"label": f"tangram.scope={scope}"})
+        assert client.containers.list(ignore_removed=True, filters={"label": f"tangram.scope={scope}"})
         os.kill(up.proc.pid, signal.SIGKILL)
         wait_until("every child gone", lambda: not [c for c in children if running(c)])
         wait_until(
             "the deployment's containers gone",
-            lambda: not client.containers.list(all=True, filters={"label": f"tangram.scope={scope}"}),
+            lambda: (
+                not client.containers.list(
+                    all=True, ignore_removed=True, filters={"label": f"tangram.scope={scope}"}
+                )
+            ),
         )
     finally:
         client.close()

@@ -133,7 +133,9 @@ def test_restarted_docker_worker_removes_previous_incarnation(docker_engine: str
     kill_worker_and_its_reaper(proc, reaper)
     client = docker.DockerClient(base_url=docker_engine)
     try:
-        assert client.containers.list(all=True, filters={"label": f"tangram.scope={scope}"})
+        assert client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"tangram.scope={scope}"}
+        )
         foreign = client.containers.create(
             "tangram-sandbox",
             ["/usr/bin/true"],
@@ -141,7 +143,9 @@ def test_restarted_docker_worker_removes_previous_incarnation(docker_engine: str
         )
         box = open_sandbox(SandboxConfig.model_validate(sandbox), SandboxScope(scope))
         try:
-            left = client.containers.list(all=True, filters={"label": f"tangram.scope={scope}"})
+            left = client.containers.list(
+                all=True, ignore_removed=True, filters={"label": f"tangram.scope={scope}"}
+            )
             assert left == [], [c.name for c in left]
             foreign.reload()  # still there: raises NotFound otherwise
             assert box.run("t-new", ExecRequest(language="python", code="print(1)")).stdout == "1\n"
@@ -162,12 +166,18 @@ def test_docker_containers_do_not_outlive_a_killed_worker(docker_engine: str, tm
     proc, reaper = start_old_incarnation(sandbox, scope)
     client = docker.DockerClient(base_url=docker_engine)
     try:
-        assert client.containers.list(all=True, filters={"label": f"tangram.scope={scope}"})
+        assert client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"tangram.scope={scope}"}
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         wait_until(
             "the killed worker's containers removed",
-            lambda: not client.containers.list(all=True, filters={"label": f"tangram.scope={scope}"}),
+            lambda: (
+                not client.containers.list(
+                    all=True, ignore_removed=True, filters={"label": f"tangram.scope={scope}"}
+                )
+            ),
         )
         wait_until("the reaper exited", lambda: proc_stat(reaper) is None or proc_stat(reaper)[0] == "Z")  # type: ignore[index]
     finally:
