@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from tangram_celery.wire import CoreLoan
 
 Cores = frozenset[int]
 KEEP_S = 600.0  # how long a loan waits for its action's start, and an ended action is remembered
+MAX_ENDED = 1 << 16  # ended actions remembered at most (the oldest are forgotten first)
 
 
 class CoreLoans:
@@ -41,7 +43,7 @@ class CoreLoans:
         self._lent: dict[str, Cores] = {}
         self._seq: dict[str, int] = {}
         self._early: dict[str, tuple[Cores, float]] = {}  # loans before their action's start
-        self._ended: dict[str, float] = {}
+        self._ended: OrderedDict[str, float] = OrderedDict()  # oldest end first
 
     def start(self, action_id: str, own: Iterable[int]) -> tuple[tuple[int, ...], list[str]]:
         """`action_id` starts on `own`: its cores now (its own, plus a loan that came first),
@@ -90,9 +92,16 @@ class CoreLoans:
             self._seq.pop(action_id, None)
             self._early.pop(action_id, None)
             now = self.clock()
-            if len(self._ended) > 1024:
-                self._ended = {a: t for a, t in self._ended.items() if now - t < self.keep_s}
-            self._ended[action_id] = now
+            ended = self._ended
+            ended.pop(action_id, None)
+            ended[action_id] = now
+            # forget from the oldest end on: O(1) per call, where a sweep of the whole map on
+            # every end made each cost as much as the actions of the last `keep_s` seconds
+            while ended:
+                aid, t = next(iter(ended.items()))
+                if now - t < self.keep_s and len(ended) <= MAX_ENDED:
+                    break
+                del ended[aid]
 
     def cores(self, action_id: str) -> tuple[int, ...] | None:
         """The running action's cores now (own and lent), or None if it is not running."""

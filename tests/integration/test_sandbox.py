@@ -279,6 +279,43 @@ def test_env_allowlist_passes_only_given_vars(sandbox_backend: Any) -> None:
     }
 
 
+LOOKS = r"""
+import os, sys
+for s in (sys.stdin, sys.stdout, sys.stderr):
+    print(s.fileno(), s.encoding, s.errors, s.line_buffering, s.seekable(), s.isatty(), s.readable(), s.writable())
+print(sys.stdin is sys.__stdin__, sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__)
+print(sorted(k for k in os.environ if k not in ("PWD", "SHLVL", "_")), os.environ.get("GREETING"))
+print(sys.stdin.read())
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"GREETING": "hello"}], ids=["standard-env", "extra-env"])
+def test_python_program_looks_like_a_fresh_python3(sandbox_backend: Any, env: dict[str, str]) -> None:
+    """Given a Python program (a fork of the warm zygote, which makes the standard streams and
+    takes the environment on ahead of it), when it looks at its streams and environment, then
+    it sees what the same program run by a fresh `python3` sees, with or without variables of
+    the caller's; and the next program with other variables does not see these."""
+    traj = tid()
+    script = "cat > /tmp/looks.py <<'EOF'\n" + LOOKS + "\nEOF\npython3 /tmp/looks.py"
+    forked = run(sandbox_backend, traj, language="python", code=LOOKS, stdin="in", env=env)
+    fresh = run(sandbox_backend, traj, language="bash", code=script, stdin="in", env=env)
+    assert forked.status is ActionStatus.OK and fresh.status is ActionStatus.OK, (forked, fresh)
+    assert forked.stdout == fresh.stdout
+    assert forked.stdout.splitlines()[:3] == [
+        "0 utf-8 surrogateescape False True False True False",
+        "1 utf-8 surrogateescape False False False False True",
+        "2 utf-8 backslashreplace True False False False True",
+    ]
+    names = ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "TMPDIR", *env]
+    assert forked.stdout.splitlines()[3:] == [
+        "True True True",
+        f"{sorted(names)} {env.get('GREETING')}",
+        "in",
+    ]
+    other = run(sandbox_backend, traj, language="python", code=LOOKS, env={} if env else {"GREETING": "bye"})
+    assert other.stdout.splitlines()[4].endswith("None" if env else "bye")
+
+
 def test_idle_sandbox_removed_after_ttl(sandbox_factory: Any) -> None:
     """Given idle_ttl_s=0.5, when a trajectory idles 2 s, then its sandbox is gone."""
     box = sandbox_factory(idle_ttl_s=0.5)

@@ -31,6 +31,14 @@ RUNNER_MODULE_PREFIX = "_tangram_"
 _runner_modules: tuple[str, ...] | None = None
 _HIGH_FD = 256
 _MAX_FD = 1 << 16
+# What the zygote made once for its user processes (see `zygote_ready`): the standard streams,
+# never used, and the environment it has itself. Building either anew in every user process
+# writes pages shared with the zygote (a copy-on-write fault each, the dearest part of a fork).
+_std_streams: tuple[Any, Any, Any] | None = None
+_zygote_env: dict[str, str] | None = None
+# the variables every action's environment has (`_tangram_proc.Action`); an environment of only
+# these is adopted by the zygote (`adopt_env`), one with anything else is set up per process
+STANDARD_ENV = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"})
 
 
 def setup(
@@ -81,6 +89,59 @@ def note_runner_modules() -> None:
     _runner_modules = tuple(n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX))
 
 
+def make_std_streams() -> None:
+    """In the zygote, once: the text streams a user process gets at descriptors 0, 1 and 2,
+    made while those descriptors are what a user process's are (stdin a memfd: seekable; stdout
+    and stderr pipes: not), then left unused; the zygote's own descriptors are put back. A user
+    process takes them as they are (`prepare_python`) instead of opening its own."""
+    global _std_streams
+    saved: list[int | None] = []
+    for fd in (0, 1, 2):
+        try:
+            saved.append(os.dup(fd))
+        except OSError:
+            saved.append(None)
+    stdin = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    r, w = os.pipe()
+    try:
+        os.dup2(stdin, 0)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        _std_streams = _open_std_streams()
+    finally:
+        for fd, old in zip((0, 1, 2), saved, strict=True):
+            if old is None:
+                os.close(fd)
+            else:
+                os.dup2(old, fd)
+                os.close(old)
+        for fd in (stdin, r, w):
+            os.close(fd)
+
+
+def _open_std_streams() -> tuple[Any, Any, Any]:
+    """As `python3` opens them in the sandbox's locale (C.UTF-8: UTF-8, and surrogateescape on
+    stdin and stdout); stderr is line-buffered."""
+    return (
+        open(0, closefd=False, encoding="utf-8", errors="surrogateescape"),
+        open(1, "w", closefd=False, encoding="utf-8", errors="surrogateescape"),
+        open(2, "w", closefd=False, encoding="utf-8", errors="backslashreplace", buffering=1),
+    )
+
+
+def adopt_env(env: dict[str, str]) -> None:
+    """In the zygote, before it forks a Python user process with `env`: make `env` its own
+    environment, if it holds only the standard variables (nothing an action's caller added),
+    so that the process finds it set (`prepare_python`). Once per sandbox in practice: every
+    action of a sandbox has the same standard environment."""
+    global _zygote_env
+    if env == _zygote_env or not STANDARD_ENV.issuperset(env):
+        return
+    os.environ.clear()
+    os.environ.update(env)
+    _zygote_env = dict(env)
+
+
 def default_signals() -> None:
     """What an exec'd program expects (Python itself ignores SIGPIPE and SIGXFSZ)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
@@ -89,11 +150,12 @@ def default_signals() -> None:
 
 def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set[str]) -> None:
     """Make this (forked) interpreter look like a fresh `python3 argv0` in `workdir`."""
-    os.environ.clear()
-    os.environ.update(env)
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+    if env != _zygote_env:
+        os.environ.clear()
+        os.environ.update(env)
+    streams = _std_streams or _open_std_streams()
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
     sys.argv = [argv0]
     extra = [p for p in env.get("PYTHONPATH", "").split(":") if p]
     user_site = f"{workdir}/.local/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"

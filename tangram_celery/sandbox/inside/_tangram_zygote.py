@@ -174,6 +174,9 @@ class Zygote:
             n = int(spec["fds"]) + (1 if spec.get("code") else 0)
             mine = fds[start : start + n]
             start += n
+            env = spec.get("env")
+            if env is not None and spec.get("mode") in ("python", "serve"):
+                child.adopt_env(env)
             try:
                 pid = os.fork()
             except OSError as e:
@@ -227,10 +230,46 @@ class Zygote:
                 socket.send_fds(self.sock, [reply], pidfds)
 
 
+# a program of the kind user code is, run once by the zygote before it forks anything (see
+# `warm_up`): its names are the harness's own and nothing of it stays behind
+WARM_UP_PROGRAM = """
+from typing import List
+def _f(numbers: List[float], threshold: float) -> bool:
+    for i, a in enumerate(numbers):
+        for j, b in enumerate(numbers):
+            if i != j and abs(a - b) < threshold:
+                return True
+    return {"a": [x * 2 for x in range(3)], "b": f"{i}"} is None
+def _check(candidate):
+    assert candidate([1.0, 2.0, 3.0], 0.5) == False
+_check(_f)
+"""
+
+
+def warm_up() -> None:
+    """Pay once, here, the first-use costs every child would otherwise pay after its fork: the
+    compiler's and the evaluator's lazy set-up (a child's first `compile` costs about twice
+    its later ones, in page faults), and the verifier's and the object server's job path
+    (`_tangram_verifier.warm_up`: a test of the harness's own, its server a thread that has
+    ended before this returns). What each child then touches is already made, so it is shared
+    with the zygote instead of built anew."""
+    try:
+        exec(compile(WARM_UP_PROGRAM, "<warm-up>", "exec"), {"__name__": "__warm_up__"})
+        verifier.warm_up()
+        verifier.PRISTINE.restore()
+    except Exception:
+        pass  # a cold start is slower, not wrong
+
+
 def main() -> None:
     sock = socket.socket(fileno=3)
     preloaded = preload()
     child.note_runner_modules()
+    try:
+        child.make_std_streams()
+    except OSError:
+        pass  # each user process opens its own
+    warm_up()
     seccomp.set_name(b"tangram-zygote")
     seccomp.install()  # inherited by every child: none has to install it
     gc.collect()
