@@ -43,6 +43,7 @@ class CgroupSet:
 
     version: int
     dirs: dict[str, Path] = field(default_factory=dict)
+    _paths: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
 
     def _file(self, controller: str, name: str) -> Path:
         return self.dirs[controller] / name
@@ -51,8 +52,13 @@ class CgroupSet:
         self._file(controller, name).write_text(value)
 
     def _read(self, controller: str, name: str) -> str:
-        try:  # os.read: a counter file is read twice per action, pathlib's read_text is dearer
-            fd = os.open(self._file(controller, name), os.O_RDONLY | os.O_CLOEXEC)
+        # os.read of a path made once: the counter files are read twice per action, and
+        # pathlib's read_text, or a Path joined and turned into text each time, is dearer
+        path = self._paths.get((controller, name))
+        try:
+            if path is None:
+                path = self._paths[(controller, name)] = str(self._file(controller, name))
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, KeyError):
             return ""
         try:

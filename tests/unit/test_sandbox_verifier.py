@@ -4,18 +4,43 @@ the verdict."""
 
 from __future__ import annotations
 
+import marshal
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tangram_celery.sandbox.inside import _tangram_proxy
 from tangram_celery.sandbox.inside._tangram_codec import encode, recv_msg, send_msg
+from tangram_celery.sandbox.inside._tangram_proc import TEST_FILENAME, assert_payload
 from tangram_celery.sandbox.inside._tangram_proxy import Conn
 from tangram_celery.sandbox.inside._tangram_serve import Server, exception_record
 from tangram_celery.sandbox.inside._tangram_verifier import verify
 
 pytestmark = pytest.mark.unit
+
+COMPILED_BY = ["verifier"]  # who compiles the test's code: set per test by the fixture below
+
+
+@pytest.fixture(autouse=True, params=["verifier", "runner"])
+def compiled_by(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every verdict twice: the verifier compiles the test's code itself, or gets it compiled
+    by the runner (`_tangram_proc.assert_payload`, marshalled as the job's memfd carries it)."""
+    COMPILED_BY[0] = request.param
+    yield request.param
+    COMPILED_BY[0] = "verifier"
+
+
+def verify_as_sent(conn: Conn, test_code: str) -> tuple[bool, str]:
+    if COMPILED_BY[0] == "runner":
+        payload, compiled = assert_payload(test_code)
+        if compiled:
+            source, code = marshal.loads(payload)
+            return verify(conn, source, None, code)
+        return verify(conn, payload.decode(), None)
+    return verify(conn, test_code, None)
 
 
 def judge(user_code: str, test_code: str) -> tuple[bool, str]:
@@ -41,7 +66,7 @@ def judge(user_code: str, test_code: str) -> tuple[bool, str]:
     t = threading.Thread(target=user_side, daemon=True)
     t.start()
     try:
-        return verify(Conn(mine), test_code, None)
+        return verify_as_sent(Conn(mine), test_code)
     finally:
         mine.close()
         t.join(5)
@@ -200,7 +225,7 @@ def test_forged_replies_cannot_pass(answer: tuple[Any, ...]) -> None:
     t = threading.Thread(target=forger, daemon=True)
     t.start()
     try:
-        ok, why = verify(Conn(mine), "assert add(2, 3) == 5", None)
+        ok, why = verify_as_sent(Conn(mine), "assert add(2, 3) == 5")
     finally:
         mine.close()
         t.join(5)
@@ -225,3 +250,20 @@ def test_a_verifier_warm_up_passes_and_leaves_the_interpreter_as_it_was() -> Non
     before = (dict(vars(builtins)), list(sys.path), list(sys.meta_path))
     assert warm_up() is True
     assert (dict(vars(builtins)), list(sys.path), list(sys.meta_path)) == before
+
+
+@pytest.mark.parametrize("compiled_by", ["runner"], indirect=True)
+def test_the_runner_compiles_tests_as_the_verifier_would(compiled_by: str) -> None:
+    """Given assert code, when the runner prepares it for a verifier, then the verifier gets the
+    source and its code object under the verifier's file name; and code that does not compile
+    goes as source, for the verifier to say why."""
+    assert TEST_FILENAME == _tangram_proxy.TEST_FILENAME
+    payload, compiled = assert_payload("assert 1 + 1 == 2")
+    source, code = marshal.loads(payload)
+    assert compiled and source == "assert 1 + 1 == 2" and code.co_filename == TEST_FILENAME
+    payload, compiled = assert_payload("assert (")
+    assert not compiled and payload == b"assert ("
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        ok, why = verify(Conn(mine), payload.decode(), None)
+    assert not ok and "does not compile" in why

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
-import tempfile
 from collections import OrderedDict
 from typing import Any
 
@@ -34,6 +32,8 @@ _made: list[str] = []  # directories made during the current action
 
 def new_dir(uid: int) -> str:
     """A fresh build directory the sandbox user may write for the compile phase."""
+    import tempfile  # here, not at the top: see _tangram_zygote.PRELOAD
+
     path = tempfile.mkdtemp(prefix=PREFIX, dir="/tmp")
     _made.append(path)
     os.chown(path, uid, uid)
@@ -64,6 +64,8 @@ def remove(path: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
+        import shutil  # here, not at the top: see _tangram_zygote.PRELOAD
+
         shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: never follows links
     else:
         os.unlink(path)

@@ -219,12 +219,17 @@ def flush() -> int:
 
 def read_all(fd: int) -> str:
     """The whole content of a memfd, from offset 0, as text."""
+    return read_bytes(fd).decode("utf-8", "surrogatepass")
+
+
+def read_bytes(fd: int) -> bytes:
+    """The whole content of a memfd, from offset 0."""
     chunks: list[bytes] = []
     off = 0
     while True:
         b = os.pread(fd, 1 << 20, off)
         if not b:
-            return b"".join(chunks).decode("utf-8", "surrogatepass")
+            return b"".join(chunks)
         chunks.append(b)
         off += len(b)
 

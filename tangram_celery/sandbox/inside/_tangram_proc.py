@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import marshal
 import os
 import selectors
 import signal
@@ -27,6 +28,9 @@ except ImportError:  # inside the sandbox this directory is sys.path[0]
 __all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd", "prime", "verifier_spec"]
 
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
+# what assert_code is compiled as: _tangram_proxy.TEST_FILENAME (not imported here: the runner
+# does not need the proxies, and what it imports shapes the zygote's heap, forked from it)
+TEST_FILENAME = "<test>"
 DEFAULT_NOFILE = 1024
 EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
 
@@ -49,6 +53,20 @@ def verifier_spec(req: dict) -> dict[str, Any]:
     """The spec of a verifier for a request's assert tests; pooled verifiers are reused while
     it stays the same (with cgroups it does not depend on the request's cores or memory)."""
     return {**user_limits(req), "uid": int(req["uid"]) + 1, "oom_score_adj": 500}
+
+
+def assert_payload(assert_code: str) -> tuple[bytes, bool]:
+    """What a verifier gets of one assert test: the marshalled (source, code object), compiled
+    here, and True; or, when it does not compile, the source, and False (the verifier then
+    reports why). Compiling here rather than in the verifier keeps the compiler's work off the
+    pages the verifier shares with its seed: a new occupant's verifier judges one test or
+    two, and a compile in it is a copy-on-write fault on every page the compiler writes. The
+    test code is trusted and so is this process; the code object travels in a memfd that
+    only the verifier gets."""
+    try:
+        return marshal.dumps((assert_code, compile(assert_code, TEST_FILENAME, "exec"))), True
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return assert_code.encode("utf-8", "surrogatepass"), False
 
 
 def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
@@ -229,8 +247,9 @@ class Action:
             r, w = os.pipe()
             streams[r] = name
             theirs.append(w)
-        code = memfd(assert_code.encode("utf-8", "surrogatepass"), "test")
-        msg = json.dumps({"job": self._job_seq, "trusted_path": trusted_path}).encode()
+        payload, compiled = assert_payload(assert_code)
+        code = memfd(payload, "test")
+        msg = json.dumps({"job": self._job_seq, "trusted_path": trusted_path, "compiled": compiled}).encode()
         try:
             socket.send_fds(v.ctl, [msg], [*theirs, code])
         except OSError as e:

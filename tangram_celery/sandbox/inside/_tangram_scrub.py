@@ -29,7 +29,6 @@ the sandbox instead of recycling it when anything is off. See docs/sandbox.md, "
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from typing import Any
 
@@ -56,6 +55,8 @@ def wipe(top: str) -> list[str]:
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
+                    import shutil  # here, not at the top: see _tangram_zygote.PRELOAD
+
                     shutil.rmtree(name, dir_fd=fd)
                 else:
                     os.unlink(name, dir_fd=fd)

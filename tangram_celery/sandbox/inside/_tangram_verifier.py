@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import builtins
 import json
+import marshal
 import os
 import socket
 import sys
 import traceback
+import types
 from typing import Any
 
 try:
@@ -86,8 +88,12 @@ def serve_jobs(warm: bool = False) -> None:
         sock = socket.socket(fileno=rpc)
         try:
             job = json.loads(msg)
-            code = child.read_all(code_fd)
-            passed, detail = verify(Conn(sock), code, [str(p) for p in job["trusted_path"]])
+            trusted = [str(p) for p in job["trusted_path"]]
+            if job.get("compiled"):  # (source, code object), compiled by the runner
+                source, compiled = marshal.loads(child.read_bytes(code_fd))
+                passed, detail = verify(Conn(sock), source, trusted, compiled)
+            else:
+                passed, detail = verify(Conn(sock), child.read_all(code_fd), trusted)
         except BaseException as e:
             detail = f"verifier error: {e!r}"
             job = {}
@@ -207,16 +213,25 @@ class _Clean:
 # verifier), so that a new verifier copies nothing to take it: a test's changes are undone
 # against it (`serve_jobs`).
 PRISTINE = _Clean()
+# the names a user module may not bind in a test's namespace (see the module doc), made once
+# here rather than per test (a set of every builtin's name: pages written in every verifier)
+BUILTIN_NAMES = frozenset(PRISTINE.builtins)
 
 
-def verify(conn: Conn, assert_code: str, trusted_path: list[str] | None) -> tuple[bool, str]:
+def verify(
+    conn: Conn, assert_code: str, trusted_path: list[str] | None, compiled: types.CodeType | None = None
+) -> tuple[bool, str]:
     """(passed, why not): run the test against the user process behind `conn`. With
-    `trusted_path`, imports come from there and otherwise from the user process."""
+    `trusted_path`, imports come from there and otherwise from the user process. `compiled`:
+    `assert_code` compiled already (by the runner, `_tangram_proc.assert_payload`)."""
     lines = assert_code.splitlines()
-    try:
-        code = compile(assert_code, TEST_FILENAME, "exec")
-    except SyntaxError as e:
-        return False, f"the test's assert_code does not compile: {e}"
+    if compiled is not None:
+        code = compiled
+    else:
+        try:
+            code = compile(assert_code, TEST_FILENAME, "exec")
+        except SyntaxError as e:
+            return False, f"the test's assert_code does not compile: {e}"
     if trusted_path is not None:
         install_importer(conn, trusted_path)
     try:
@@ -228,9 +243,8 @@ def verify(conn: Conn, assert_code: str, trusted_path: list[str] | None) -> tupl
     if type(first) is not tuple or len(first) != 2 or first[0] != "ready" or type(first[1]) is not dict:
         return False, "user code sent something else than its module"
     ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    shadow = set(vars(builtins))
     for name, value in first[1].items():
-        if type(name) is str and name not in shadow:
+        if type(name) is str and name not in BUILTIN_NAMES:
             ns[name] = value
     try:
         exec(code, ns)

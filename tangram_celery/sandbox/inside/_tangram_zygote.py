@@ -37,7 +37,11 @@ import _tangram_serve as serve
 import _tangram_verifier as verifier
 
 # what model-written solutions and test code import most (HumanEval, MBPP); each module here
-# makes every fork a little dearer (more page tables to copy), so the list stays short
+# makes every fork a little dearer (more page tables to copy), so the list stays short. Not
+# `random`: it reseeds in every forked child (`os.register_at_fork`), some 35 page faults and
+# 0.15 ms per fork, user process or verifier, for the few programs that import it (4 of the
+# 164 HumanEval problems); nothing the runner imports brings it in either (`tempfile`, through
+# `shutil`, is imported where it is used).
 PRELOAD = (
     "typing",
     "re",
@@ -48,7 +52,6 @@ PRELOAD = (
     "heapq",
     "bisect",
     "string",
-    "random",
     "copy",
     "operator",
 )
