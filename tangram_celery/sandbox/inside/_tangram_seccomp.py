@@ -347,7 +347,11 @@ def prepare() -> None:
     prog = build_filter()
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
-    _prepared.extend([prctl, ctypes.get_errno, buf, fprog, ctypes.addressof(fprog)])
+    # prctl again, without argument types, for the calls of a fresh fork (`set_name`,
+    # `set_pdeathsig`: an int and a name or ints, which ctypes passes as they are): converting
+    # five arguments by their types writes some 25 pages shared with the parent, this none
+    raw = libc["prctl"]  # a function object of its own, not the one with argtypes
+    _prepared.extend([prctl, ctypes.get_errno, buf, fprog, ctypes.addressof(fprog), raw])
 
 
 def installed() -> bool:
@@ -358,14 +362,14 @@ def installed() -> bool:
 def set_name(name: bytes) -> None:
     """This process's name in ps and /proc/<pid>/comm (at most 15 bytes)."""
     prepare()
-    prctl = _prepared[0]
-    prctl(_PR_SET_NAME, name, 0, 0, 0)  # type: ignore[operator]
+    prctl = _prepared[5]
+    prctl(_PR_SET_NAME, name[:15], 0, 0, 0)  # type: ignore[operator]
 
 
 def set_pdeathsig() -> None:
     """SIGKILL this process when its parent (the thread that forked it) exits."""
     prepare()
-    prctl = _prepared[0]
+    prctl = _prepared[5]
     prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # type: ignore[operator]
 
 
@@ -373,7 +377,7 @@ def install() -> None:
     """PR_SET_NO_NEW_PRIVS (setuid binaries stay unprivileged), then the filter, in this thread
     (call it single-threaded, after dropping privileges). Raises OSError."""
     prepare()
-    prctl, get_errno, _buf, _fprog, addr = _prepared
+    prctl, get_errno, _buf, _fprog, addr, _raw = _prepared
     if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # type: ignore[operator]
         err = get_errno()  # type: ignore[operator]
         raise OSError(err, f"PR_SET_NO_NEW_PRIVS failed: errno {err}")
