@@ -82,6 +82,30 @@ def test_a_loan_before_its_action_starts_is_kept_for_it_and_one_after_its_end_is
     assert loans.start("s2", (0,)) == ((0,), [])
 
 
+def test_ended_actions_are_forgotten_oldest_first_after_keep_s_or_past_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given ended actions remembered (so that a late loan for one is dropped), when keep_s has
+    passed since some ended, or more than MAX_ENDED ended, then the oldest are forgotten first
+    and the recent ones still drop their late loans."""
+    from tangram_celery.workers import loans as loans_mod
+
+    now = [0.0]
+    loans = CoreLoans(keep_s=10.0, clock=lambda: now[0])
+    for i in range(3):
+        loans.start(f"a{i}", (0,))
+        loans.end(f"a{i}")
+        now[0] += 4.0  # a0 ended at 0, a1 at 4, a2 at 8
+    loans.start("b", (0,))
+    loans.end("b")  # at 12: a0 (12 s ago) is forgotten, a1 and a2 are not
+    assert list(loans._ended) == ["a1", "a2", "b"]
+    assert loans.lend(loan("a2", (1,), 5)) == [] and loans.cores("a2") is None
+    monkeypatch.setattr(loans_mod, "MAX_ENDED", 2)
+    loans.start("c", (0,))
+    loans.end("c")
+    assert list(loans._ended) == ["b", "c"]
+
+
 # ---- the worker's handler ----------------------------------------------------------------------------
 class FakeSandbox:
     """Records resizes; its run blocks until released (the action is running meanwhile)."""
