@@ -316,6 +316,17 @@ def test_python_program_looks_like_a_fresh_python3(sandbox_backend: Any, env: di
     assert other.stdout.splitlines()[4].endswith("None" if env else "bye")
 
 
+def test_an_environment_the_process_cannot_take_fails_that_action_only(sandbox_backend: Any) -> None:
+    """Given an action whose standard variable holds a NUL byte (no process can have it), when
+    it runs, then it fails with the reason and the sandbox's next action runs as usual."""
+    traj = tid()
+    bad = run(sandbox_backend, traj, language="python", code="print('ran')", env={"LANG": "C.UTF-8\x00x"})
+    assert bad.status is not ActionStatus.OK and "ran" not in bad.stdout
+    assert "null" in bad.stderr.lower(), bad
+    good = run(sandbox_backend, traj, language="python", code="import os; print(os.environ['LANG'])")
+    assert good.status is ActionStatus.OK and good.stdout == "C.UTF-8\n", good
+
+
 def test_idle_sandbox_removed_after_ttl(sandbox_factory: Any) -> None:
     """Given idle_ttl_s=0.5, when a trajectory idles 2 s, then its sandbox is gone."""
     box = sandbox_factory(idle_ttl_s=0.5)

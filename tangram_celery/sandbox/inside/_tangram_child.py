@@ -137,6 +137,7 @@ def adopt_env(env: dict[str, str]) -> None:
     global _zygote_env
     if env == _zygote_env or not STANDARD_ENV.issuperset(env):
         return
+    _zygote_env = None  # until it is all set: a half-set environment is no one's
     os.environ.clear()
     os.environ.update(env)
     _zygote_env = dict(env)

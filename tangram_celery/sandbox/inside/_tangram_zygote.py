@@ -179,7 +179,10 @@ class Zygote:
             start += n
             env = spec.get("env")
             if env is not None and spec.get("mode") in ("python", "serve"):
-                child.adopt_env(env)
+                try:
+                    child.adopt_env(env)
+                except Exception:
+                    pass  # (a value putenv refuses): the child sets it up and reports why
             try:
                 pid = os.fork()
             except OSError as e:
@@ -270,7 +273,7 @@ def main() -> None:
     child.note_runner_modules()
     try:
         child.make_std_streams()
-    except OSError:
+    except Exception:
         pass  # each user process opens its own
     warm_up()
     seccomp.set_name(b"tangram-zygote")
