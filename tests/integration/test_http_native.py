@@ -162,6 +162,8 @@ def test_schema_fuzzing_finds_no_server_error(http_deployment: Any, tmp_path: Pa
         timeout=300,
         cwd=tmp_path,  # schemathesis writes its cache (.schemathesis/) there
     )
+    if proc.returncode != 0:  # the whole report (pytest shortens a long assertion message)
+        print(proc.stdout, proc.stderr, sep="\n")
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:], time.monotonic() - t0)
 
 
