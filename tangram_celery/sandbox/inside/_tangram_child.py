@@ -31,7 +31,7 @@ RUNNER_MODULE_PREFIX = "_tangram_"
 _runner_modules: tuple[str, ...] | None = None
 _HIGH_FD = 256
 _MAX_FD = 1 << 16
-# What the zygote made once for its user processes (see `zygote_ready`): the standard streams,
+# What the zygote made once for its user processes (`make_std_streams`, `adopt_env`): the streams,
 # never used, and the environment it has itself. Building either anew in every user process
 # writes pages shared with the zygote (a copy-on-write fault each, the dearest part of a fork).
 _std_streams: tuple[Any, Any, Any] | None = None
