@@ -36,9 +36,6 @@ _MAX_FD = 1 << 16
 # writes pages shared with the zygote (a copy-on-write fault each, the dearest part of a fork).
 _std_streams: tuple[Any, Any, Any] | None = None
 _zygote_env: dict[str, str] | None = None
-# the variables every action's environment has (`_tangram_proc.Action`); an environment of only
-# these is adopted by the zygote (`adopt_env`), one with anything else is set up per process
-STANDARD_ENV = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"})
 
 
 def setup(
@@ -130,12 +127,12 @@ def _open_std_streams() -> tuple[Any, Any, Any]:
 
 
 def adopt_env(env: dict[str, str]) -> None:
-    """In the zygote, before it forks a Python user process with `env`: make `env` its own
-    environment, if it holds only the standard variables (nothing an action's caller added),
-    so that the process finds it set (`prepare_python`). Once per sandbox in practice: every
-    action of a sandbox has the same standard environment."""
+    """In the zygote, before it forks a Python user process with `env`, the action's standard
+    environment (the runner's spec says `std_env`: no variable of the caller's): make `env` its
+    own, so that the process finds it set (`prepare_python`). Once per sandbox in practice:
+    every action of a sandbox has the same standard environment."""
     global _zygote_env
-    if env == _zygote_env or not STANDARD_ENV.issuperset(env):
+    if env == _zygote_env:
         return
     _zygote_env = None  # until it is all set: a half-set environment is no one's
     os.environ.clear()

@@ -158,6 +158,9 @@ class Action:
             "PYTHONDONTWRITEBYTECODE": "1",
             **req.get("env", {}),
         }
+        # no variable of the caller's: the zygote may take this environment on as its own
+        # before it forks (`_tangram_child.adopt_env`) instead of each child setting it up
+        self.std_env = not req.get("env")
 
     def set_deadline(self, seconds: float) -> None:
         """Start a phase (compile, run) with its own time limit."""
@@ -182,6 +185,8 @@ class Action:
         script name, e.g. main.py); with `extra_fd` (its descriptor 3) and `python`, it serves its
         objects to a verifier afterwards. `env` adds to the action's environment."""
         ln = Launch(tag, {**self.limits(), "env": {**self.env, **(env or {})}}, user=True)
+        if self.std_env and not env:
+            ln.spec["std_env"] = True
         ln.memfd((stdin or "").encode("utf-8", "surrogatepass"), "stdin")
         ln.pipe("out")
         ln.pipe("err")

@@ -178,7 +178,7 @@ class Zygote:
             mine = fds[start : start + n]
             start += n
             env = spec.get("env")
-            if env is not None and spec.get("mode") in ("python", "serve"):
+            if env is not None and spec.get("std_env") and spec.get("mode") in ("python", "serve"):
                 try:
                     child.adopt_env(env)
                 except Exception:
