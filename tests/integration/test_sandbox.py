@@ -286,6 +286,8 @@ for s in (sys.stdin, sys.stdout, sys.stderr):
 print(sys.stdin is sys.__stdin__, sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__)
 print(sorted(k for k in os.environ if k not in ("PWD", "SHLVL", "_")), os.environ.get("GREETING"))
 print(sys.stdin.read())
+def f(x: int) -> "str": pass
+print(f.__annotations__)
 """
 
 
@@ -311,6 +313,7 @@ def test_python_program_looks_like_a_fresh_python3(sandbox_backend: Any, env: di
         "True True True",
         f"{sorted(names)} {env.get('GREETING')}",
         "in",
+        "{'x': <class 'int'>, 'return': 'str'}",
     ]
     other = run(sandbox_backend, traj, language="python", code=LOOKS, env={} if env else {"GREETING": "bye"})
     assert other.stdout.splitlines()[4].endswith("None" if env else "bye")

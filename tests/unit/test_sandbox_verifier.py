@@ -117,6 +117,7 @@ HUMANEVAL_CHECK = (
         ("MOD = 7\ndef f(x):\n    return x % MOD\n", "assert f(10) == 3 and MOD == 7"),
         (ADD, "import math\nassert math.isclose(add(0.1, 0.2), 0.3)\nraise SystemExit(0)"),
         ("", "assert [x for x in range(3)] == [0, 1, 2]"),
+        ("", "def g(x: int) -> 'str':\n    pass\nassert g.__annotations__ == {'x': int, 'return': 'str'}"),
     ],
     ids=[
         "humaneval",
@@ -131,6 +132,7 @@ HUMANEVAL_CHECK = (
         "module-constant",
         "stdlib-and-exit-0",
         "no-user-code",
+        "annotations-evaluated",
     ],
 )
 def test_legitimate_tests_pass(user: str, test: str) -> None:

@@ -190,7 +190,8 @@ def run_main(argv0: str, source: str) -> tuple[int, types.ModuleType, BaseExcept
     code = 0
     exc: BaseException | None = None
     try:
-        exec(compile(source, argv0, "exec"), main.__dict__)
+        # dont_inherit: this module's `from __future__ import annotations` is not the user's
+        exec(compile(source, argv0, "exec", dont_inherit=True), main.__dict__)
     except SystemExit as e:
         exc = e
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

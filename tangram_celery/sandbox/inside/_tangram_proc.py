@@ -64,7 +64,9 @@ def assert_payload(assert_code: str) -> tuple[bytes, bool]:
     test code is trusted and so is this process; the code object travels in a memfd that
     only the verifier gets."""
     try:
-        return marshal.dumps((assert_code, compile(assert_code, TEST_FILENAME, "exec"))), True
+        return marshal.dumps(
+            (assert_code, compile(assert_code, TEST_FILENAME, "exec", dont_inherit=True))
+        ), True
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return assert_code.encode("utf-8", "surrogatepass"), False
 

@@ -229,7 +229,7 @@ def verify(
         code = compiled
     else:
         try:
-            code = compile(assert_code, TEST_FILENAME, "exec")
+            code = compile(assert_code, TEST_FILENAME, "exec", dont_inherit=True)
         except SyntaxError as e:
             return False, f"the test's assert_code does not compile: {e}"
     if trusted_path is not None:

@@ -260,7 +260,7 @@ def warm_up() -> None:
     ended before this returns). What each child then touches is already made, so it is shared
     with the zygote instead of built anew."""
     try:
-        exec(compile(WARM_UP_PROGRAM, "<warm-up>", "exec"), {"__name__": "__warm_up__"})
+        exec(compile(WARM_UP_PROGRAM, "<warm-up>", "exec", dont_inherit=True), {"__name__": "__warm_up__"})
         verifier.warm_up()
         verifier.PRISTINE.restore()
     except Exception:
