@@ -4,7 +4,9 @@ the verdict."""
 
 from __future__ import annotations
 
+import builtins
 import marshal
+import operator
 import socket
 import threading
 from collections.abc import Iterator
@@ -14,7 +16,12 @@ import pytest
 
 from tangram_celery.sandbox.inside import _tangram_proxy
 from tangram_celery.sandbox.inside._tangram_codec import encode, recv_msg, send_msg
-from tangram_celery.sandbox.inside._tangram_proc import TEST_FILENAME, assert_payload
+from tangram_celery.sandbox.inside._tangram_proc import (
+    MAX_RUNNER_COMPILE,
+    TEST_FILENAME,
+    assert_payload,
+    compiled_payload,
+)
 from tangram_celery.sandbox.inside._tangram_proxy import Conn
 from tangram_celery.sandbox.inside._tangram_serve import Server, exception_record
 from tangram_celery.sandbox.inside._tangram_verifier import verify
@@ -22,6 +29,21 @@ from tangram_celery.sandbox.inside._tangram_verifier import verify
 pytestmark = pytest.mark.unit
 
 COMPILED_BY = ["verifier"]  # who compiles the test's code: set per test by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def user_code_patches_nothing_of_this_process() -> Iterator[None]:
+    """User code runs here in a thread, not in a process of its own as in a sandbox: what a
+    hostile one patches (`builtins`, `operator`) is put back after each test, or it would hold
+    for every later test of the session (an `operator.eq` that says True to everything makes
+    packaging's marker checks, and so the staging of the sandboxes' test tools, go wrong)."""
+    saved = [(m, dict(vars(m))) for m in (builtins, operator)]
+    yield
+    for module, before in saved:
+        now = vars(module)
+        for name in [n for n in now if n not in before]:
+            del now[name]
+        now.update(before)
 
 
 @pytest.fixture(autouse=True, params=["verifier", "runner"])
@@ -269,3 +291,38 @@ def test_the_runner_compiles_tests_as_the_verifier_would(compiled_by: str) -> No
     with mine, theirs:
         ok, why = verify(Conn(mine), payload.decode(), None)
     assert not ok and "does not compile" in why
+
+
+@pytest.mark.parametrize("compiled_by", ["runner"], indirect=True)
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(:\n    pass\n",  # a syntax error: the process raises it as python3 would
+        "x = 1\nif x is 1:\n    pass\n",  # a SyntaxWarning python3 prints
+        "s = '\\d'\n",  # an invalid escape: a DeprecationWarning
+        "x = 0\n" * (MAX_RUNNER_COMPILE // 6 + 1),  # too long to compile in the runner
+    ],
+    ids=["syntax-error", "syntax-warning", "deprecation-warning", "large"],
+)
+def test_the_runner_leaves_programs_it_cannot_compile_cleanly_to_the_process(
+    compiled_by: str, source: str
+) -> None:
+    """Given a program that does not compile without a word from the compiler, or a very long
+    one, when the runner prepares it, then it goes as source: the user process compiles it
+    under the action's deadline and shows what `python3` would show."""
+    payload, compiled = compiled_payload(source, "main.py")
+    assert not compiled and payload == source.encode()
+
+
+def test_the_runner_compiles_a_clean_program_as_python3_would() -> None:
+    """Given a program that compiles cleanly, when the runner prepares it, then the process
+    gets its source and a code object under the program's file name, compiled without the
+    harness's own `__future__` flags."""
+    source = "def f(x: int) -> int:\n    return x\nresult = f.__annotations__\n"
+    payload, compiled = compiled_payload(source, "main.py")
+    assert compiled
+    got_source, code = marshal.loads(payload)
+    assert got_source == source and code.co_filename == "main.py"
+    ns: dict[str, Any] = {}
+    exec(code, ns)
+    assert ns["result"] == {"x": int, "return": int}
