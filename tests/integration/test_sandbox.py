@@ -319,6 +319,27 @@ def test_python_program_looks_like_a_fresh_python3(sandbox_backend: Any, env: di
     assert other.stdout.splitlines()[4].endswith("None" if env else "bye")
 
 
+@pytest.mark.parametrize(
+    ("code", "stdout", "exit_code", "stderr_has"),
+    [
+        ("print(sum(range(5)))\n", "10\n", 0, ""),
+        ("x = 1\nif x is 1:\n    print('one')\n", "one\n", 0, "SyntaxWarning"),
+        ("print('before')\ndef f(:\n    pass\n", "", 1, "SyntaxError"),
+        ("s = 0\n" + "s += 1\n" * 12000 + "print(s)\n", "12000\n", 0, ""),
+    ],
+    ids=["clean", "syntax-warning", "syntax-error", "large"],
+)
+def test_a_python_program_compiles_as_under_python3(
+    sandbox_backend: Any, code: str, stdout: str, exit_code: int, stderr_has: str
+) -> None:
+    """Given a program (compiled by the runner when it compiles cleanly; else, or when it is
+    long, by its own process), when it runs, then its output, exit code and the compiler's
+    words on stderr are those of `python3 main.py`."""
+    res = run(sandbox_backend, tid(), language="python", code=code)
+    assert (res.stdout, res.exit_code) == (stdout, exit_code), res
+    assert stderr_has in res.stderr and (stderr_has or not res.stderr), res.stderr
+
+
 def test_an_environment_the_process_cannot_take_fails_that_action_only(sandbox_backend: Any) -> None:
     """Given an action whose standard variable holds a NUL byte (no process can have it), when
     it runs, then it fails with the reason and the sandbox's next action runs as usual."""

@@ -181,9 +181,12 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
             del sys.modules[name]
 
 
-def run_main(argv0: str, source: str) -> tuple[int, types.ModuleType, BaseException | None]:
-    """Run `source` as `__main__`: (exit code as `python3 argv0` would give, the module, the
-    exception that ended it, if any)."""
+def run_main(
+    argv0: str, source: str, compiled: types.CodeType | None = None
+) -> tuple[int, types.ModuleType, BaseException | None]:
+    """Run `source` as `__main__` (`compiled`: its code object, compiled by the runner as
+    `argv0`): (exit code as `python3 argv0` would give, the module, the exception that ended
+    it, if any)."""
     main = types.ModuleType("__main__")
     main.__file__ = argv0
     sys.modules["__main__"] = main
@@ -191,7 +194,9 @@ def run_main(argv0: str, source: str) -> tuple[int, types.ModuleType, BaseExcept
     exc: BaseException | None = None
     try:
         # dont_inherit: this module's `from __future__ import annotations` is not the user's
-        exec(compile(source, argv0, "exec", dont_inherit=True), main.__dict__)
+        if compiled is None:
+            compiled = compile(source, argv0, "exec", dont_inherit=True)
+        exec(compiled, main.__dict__)
     except SystemExit as e:
         exc = e
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

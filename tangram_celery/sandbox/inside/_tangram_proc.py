@@ -15,6 +15,7 @@ import selectors
 import signal
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,12 +26,23 @@ except ImportError:  # inside the sandbox this directory is sys.path[0]
     from _tangram_spawn import SpawnFailed, Zygote, memfd  # type: ignore[no-redef]
     from _tangram_verifiers import Verifier  # type: ignore[no-redef]
 
-__all__ = ["Action", "Proc", "SpawnFailed", "Zygote", "kill_all", "memfd", "prime", "verifier_spec"]
+__all__ = [
+    "Action",
+    "Proc",
+    "SpawnFailed",
+    "Zygote",
+    "code_memfd",
+    "kill_all",
+    "memfd",
+    "prime",
+    "verifier_spec",
+]
 
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
 # what assert_code is compiled as: _tangram_proxy.TEST_FILENAME (not imported here: the runner
 # does not need the proxies, and what it imports shapes the zygote's heap, forked from it)
 TEST_FILENAME = "<test>"
+MAX_RUNNER_COMPILE = 1 << 16  # characters of a program the runner compiles (`compiled_payload`)
 DEFAULT_NOFILE = 1024
 EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
 
@@ -55,20 +67,43 @@ def verifier_spec(req: dict) -> dict[str, Any]:
     return {**user_limits(req), "uid": int(req["uid"]) + 1, "oom_score_adj": 500}
 
 
+def compiled_payload(source: str, filename: str) -> tuple[bytes, bool]:
+    """What a process that runs `source` gets of it: the marshalled (source, code object),
+    compiled here as `filename`, and True; or the source itself, and False, when it does not
+    compile cleanly here (a syntax error, any warning the compiler gives: the process then
+    compiles it, under the action's deadline, and shows the error or the warning as `python3`
+    would) or is larger than `MAX_RUNNER_COMPILE` (compiled in the process, under the deadline,
+    not in the runner). Compiling here rather than in each forked process keeps the compiler
+    off the pages the process shares with its parent: a compile in a fresh fork is a
+    copy-on-write fault on every page the compiler writes. The marshalled code goes in a memfd
+    to processes of the action only; a user process that rewrites it changes only what its own
+    action's processes run, which it could do anyway."""
+    if len(source) <= MAX_RUNNER_COMPILE:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                code = compile(source, filename, "exec", dont_inherit=True)
+            return marshal.dumps((source, code)), True
+        except Exception:
+            pass
+    return source.encode("utf-8", "surrogatepass"), False
+
+
+def code_memfd(act: Action, source: str, filename: str) -> int:
+    """The memfd of a Python program the action's user processes run as `filename`, compiled
+    here when it can be (`compiled_payload`); the action knows which it is."""
+    payload, compiled = compiled_payload(source, filename)
+    fd = memfd(payload, "main.py")
+    if compiled:
+        act.compiled_fd = fd
+    return fd
+
+
 def assert_payload(assert_code: str) -> tuple[bytes, bool]:
-    """What a verifier gets of one assert test: the marshalled (source, code object), compiled
-    here, and True; or, when it does not compile, the source, and False (the verifier then
-    reports why). Compiling here rather than in the verifier keeps the compiler's work off the
-    pages the verifier shares with its seed: a new occupant's verifier judges one test or
-    two, and a compile in it is a copy-on-write fault on every page the compiler writes. The
-    test code is trusted and so is this process; the code object travels in a memfd that
-    only the verifier gets."""
-    try:
-        return marshal.dumps(
-            (assert_code, compile(assert_code, TEST_FILENAME, "exec", dont_inherit=True))
-        ), True
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        return assert_code.encode("utf-8", "surrogatepass"), False
+    """What a verifier gets of one assert test (`compiled_payload`): a new occupant's verifier
+    judges one test or two, so the compile stays off its pages too. The test code is trusted;
+    the verifier reports why it does not compile."""
+    return compiled_payload(assert_code, TEST_FILENAME)
 
 
 def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
@@ -163,6 +198,7 @@ class Action:
         # no variable of the caller's: the zygote may take this environment on as its own
         # before it forks (`_tangram_child.adopt_env`) instead of each child setting it up
         self.std_env = not req.get("env")
+        self.compiled_fd: int | None = None  # the code memfd holds (source, code object)
 
     def set_deadline(self, seconds: float) -> None:
         """Start a phase (compile, run) with its own time limit."""
@@ -199,6 +235,8 @@ class Action:
             assert code_fd is not None
             mode = "serve" if extra_fd is not None else "python"
             ln.spec.update(mode=mode, argv0=python, code=True)
+            if code_fd == self.compiled_fd:
+                ln.spec["compiled"] = True
             ln.send.append(code_fd)
         else:
             ln.spec.update(mode="exec", argv=argv)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import marshal
 import os
 import resource
 import select
@@ -73,7 +74,11 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
     """A user process or a verifier: never returns."""
     code = 127
     try:
-        source = child.read_all(fds[-1]) if spec.get("code") else ""
+        source, compiled = "", None
+        if spec.get("code") and spec.get("compiled"):  # (source, code object): the runner's
+            source, compiled = marshal.loads(child.read_bytes(fds[-1]))
+        elif spec.get("code"):
+            source = child.read_all(fds[-1])
         n = int(spec["fds"])
         child.setup(
             int(spec["uid"]),
@@ -98,7 +103,7 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
         seccomp.set_name(b"python3")  # what it is to the user (ps, /proc/self/comm)
         server = serve.Server(socket.socket(fileno=3)) if mode == "serve" else None
         child.prepare_python(env, spec["workdir"], spec["argv0"], preloaded)
-        code, main, exc = child.run_main(spec["argv0"], source)
+        code, main, exc = child.run_main(spec["argv0"], source, compiled)
         code = child.flush() or code
         if server is not None:
             if exc is None:
