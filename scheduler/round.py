@@ -139,6 +139,8 @@ class Round:
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
         self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
+        # how many of them run on each node: a round looks at nodes, not at every borrower
+        self._borrower_nodes: dict[str, int] = {}
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
         self._hosts: HostCache = {}  # time sharing: each CPU node's hosts, by its version
@@ -196,7 +198,7 @@ class Round:
         borrowers = self._borrowers
         lent = self.lent
         for aid in [aid for aid in borrowers if aid not in state.running]:
-            del borrowers[aid]
+            self._drop_borrower(aid)
             lent.pop(aid, None)
         taken: dict[str, set[int]] = {}
         for a in allocs:
@@ -204,7 +206,7 @@ class Round:
                 taken.setdefault(a.pool, set()).update(a.unit_ids)
                 qa = queue.action(a.action_id)
                 if qa.cost.malleable:
-                    borrowers[a.action_id] = Borrower(qa, a)
+                    self._add_borrower(Borrower(qa, a))
         if not borrowers:
             return {}
         # Only nodes where something can change: an allocation took cores, or cores are spare
@@ -213,8 +215,7 @@ class Round:
         for node, ids in lent.values():
             on_loan[node] = on_loan.get(node, 0) + len(ids)
         active = set(taken)
-        for b in borrowers.values():
-            node = b.alloc.pool
+        for node in self._borrower_nodes:
             if node not in active:
                 cpu = state.cpu.get(node)
                 if cpu is not None and len(cpu.free) > on_loan.get(node, 0):
@@ -285,7 +286,25 @@ class Round:
         """Count a running malleable action that no round of this object started (recovered
         after a restart) as a borrower."""
         if action.cost.malleable and alloc.kind is ResourceKind.CPU:
-            self._borrowers[alloc.action_id] = Borrower(action, alloc)
+            self._add_borrower(Borrower(action, alloc))
+
+    def _add_borrower(self, b: Borrower) -> None:
+        aid = b.alloc.action_id
+        if aid in self._borrowers:
+            self._uncount(self._borrowers[aid].alloc.pool)
+        self._borrowers[aid] = b  # (one already there keeps its place: loans go in this order)
+        node = b.alloc.pool
+        self._borrower_nodes[node] = self._borrower_nodes.get(node, 0) + 1
+
+    def _drop_borrower(self, aid: str) -> None:
+        self._uncount(self._borrowers.pop(aid).alloc.pool)
+
+    def _uncount(self, node: str) -> None:
+        left = self._borrower_nodes[node] - 1
+        if left:
+            self._borrower_nodes[node] = left
+        else:
+            del self._borrower_nodes[node]
 
     def order(
         self, queue: WaitingQueue, state: ClusterState, now_s: float
