@@ -41,10 +41,13 @@ def test_python_stdin_exit_code_and_stderr(sandbox_backend: Any) -> None:
 
 
 def test_python_exception_reports_traceback(sandbox_backend: Any) -> None:
-    """Given code raising ValueError, when run, then FAILED, exit 1, traceback names main.py."""
-    res = run(sandbox_backend, tid(), language="python", code="raise ValueError('bad')")
+    """Given code raising ValueError, when run, then FAILED, exit 1, and the traceback names the
+    program as `python3 main.py` does (its absolute path; `sys.argv[0]` as given)."""
+    code = "import sys\nprint(__file__, sys.argv[0])\nraise ValueError('bad')"
+    res = run(sandbox_backend, tid(), language="python", code=code)
     assert res.status is ActionStatus.FAILED and res.exit_code == 1
-    assert 'File "main.py"' in res.stderr and "ValueError: bad" in res.stderr
+    assert res.stdout == "/work/main.py main.py\n", res.stdout
+    assert 'File "/work/main.py", line 3' in res.stderr and "ValueError: bad" in res.stderr
     assert "runner.py" not in res.stderr
 
 

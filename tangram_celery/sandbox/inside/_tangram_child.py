@@ -182,20 +182,21 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
 
 
 def run_main(
-    argv0: str, source: str, compiled: types.CodeType | None = None
+    path: str, source: str, compiled: types.CodeType | None = None
 ) -> tuple[int, types.ModuleType, BaseException | None]:
-    """Run `source` as `__main__` (`compiled`: its code object, compiled by the runner as
-    `argv0`): (exit code as `python3 argv0` would give, the module, the exception that ended
-    it, if any)."""
+    """Run `source` as `__main__` from `path` (`__file__`, and what tracebacks name; the runner
+    makes it absolute, as `python3 main.py` does: `_tangram_proc.main_file`), or `compiled`,
+    its code object compiled by the runner as `path`: (exit code as `python3` would give, the
+    module, the exception that ended it, if any)."""
     main = types.ModuleType("__main__")
-    main.__file__ = argv0
+    main.__file__ = path
     sys.modules["__main__"] = main
     code = 0
     exc: BaseException | None = None
     try:
         # dont_inherit: this module's `from __future__ import annotations` is not the user's
         if compiled is None:
-            compiled = compile(source, argv0, "exec", dont_inherit=True)
+            compiled = compile(source, path, "exec", dont_inherit=True)
         exec(compiled, main.__dict__)
     except SystemExit as e:
         exc = e

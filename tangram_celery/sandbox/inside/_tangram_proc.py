@@ -89,6 +89,13 @@ def compiled_payload(source: str, filename: str) -> tuple[bytes, bool]:
     return source.encode("utf-8", "surrogatepass"), False
 
 
+def main_file(workdir: str, unit: str) -> str:
+    """What `python3 unit` run in `workdir` calls its main module (`__file__`, and the file its
+    tracebacks name): the absolute path (`sys.argv[0]` stays `unit`). The runner compiles a
+    program under this name (`code_memfd`) and tells its processes (`user_launch`)."""
+    return os.path.join(workdir, unit)
+
+
 def code_memfd(act: Action, source: str, filename: str) -> int:
     """The memfd of a Python program the action's user processes run as `filename`, compiled
     here when it can be (`compiled_payload`); the action knows which it is."""
@@ -234,7 +241,7 @@ class Action:
         if python is not None:
             assert code_fd is not None
             mode = "serve" if extra_fd is not None else "python"
-            ln.spec.update(mode=mode, argv0=python, code=True)
+            ln.spec.update(mode=mode, argv0=python, main_file=main_file(self.workdir, python), code=True)
             if code_fd == self.compiled_fd:
                 ln.spec["compiled"] = True
             ln.send.append(code_fd)

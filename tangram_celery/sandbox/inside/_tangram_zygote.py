@@ -103,7 +103,7 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
         seccomp.set_name(b"python3")  # what it is to the user (ps, /proc/self/comm)
         server = serve.Server(socket.socket(fileno=3)) if mode == "serve" else None
         child.prepare_python(env, spec["workdir"], spec["argv0"], preloaded)
-        code, main, exc = child.run_main(spec["argv0"], source, compiled)
+        code, main, exc = child.run_main(spec.get("main_file") or spec["argv0"], source, compiled)
         code = child.flush() or code
         if server is not None:
             if exc is None:
