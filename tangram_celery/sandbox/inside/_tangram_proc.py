@@ -76,8 +76,9 @@ def compiled_payload(source: str, filename: str) -> tuple[bytes, bool]:
     not in the runner). Compiling here rather than in each forked process keeps the compiler
     off the pages the process shares with its parent: a compile in a fresh fork is a
     copy-on-write fault on every page the compiler writes. The marshalled code goes in a memfd
-    to processes of the action only; a user process that rewrites it changes only what its own
-    action's processes run, which it could do anyway."""
+    to processes of the action only, which read it before they drop to the sandbox uid and
+    close every descriptor they were not given (`_tangram_child.setup`): user code never holds
+    it."""
     if len(source) <= MAX_RUNNER_COMPILE:
         try:
             with warnings.catch_warnings():
