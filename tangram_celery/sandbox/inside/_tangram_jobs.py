@@ -14,14 +14,14 @@ try:
     from tangram_celery.sandbox.inside import _tangram_fs as fs
     from tangram_celery.sandbox.inside import _tangram_langs as langs
     from tangram_celery.sandbox.inside import _tangram_suite as suite
-    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc, Zygote, code_memfd, main_file
+    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc, Zygote, code_memfd
     from tangram_celery.sandbox.inside._tangram_tests import run_tests
 except ImportError:  # inside the sandbox this directory is sys.path[0]
     import _tangram_build as build  # type: ignore[no-redef]
     import _tangram_fs as fs  # type: ignore[no-redef]
     import _tangram_langs as langs  # type: ignore[no-redef]
     import _tangram_suite as suite  # type: ignore[no-redef]
-    from _tangram_proc import Action, Proc, Zygote, code_memfd, main_file  # type: ignore[no-redef]
+    from _tangram_proc import Action, Proc, Zygote, code_memfd  # type: ignore[no-redef]
     from _tangram_tests import run_tests  # type: ignore[no-redef]
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -105,7 +105,7 @@ def warm_up(base: dict, zygote: Zygote) -> bool:
         "test_cases": [{"name": "warm-up", "assert_code": WARM_UP_TEST}],
     }
     act = Action(req, zygote)
-    code_fd = code_memfd(act, WARM_UP_CODE, main_file(req["workdir"], langs.UNITS["python"]))
+    code_fd = code_memfd(act, WARM_UP_CODE, langs.UNITS["python"])
     try:
         tests, _ = run_tests(req, act, 1, code_fd, trusted_path(req), None)
     finally:
@@ -126,7 +126,7 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
     lang, code = req["language"], req.get("code")
     code_fd = None
     if lang == "python":  # without code, tests still run an (empty) main module
-        code_fd = code_memfd(act, code or "", main_file(req["workdir"], langs.UNITS["python"]))
+        code_fd = code_memfd(act, code or "", langs.UNITS["python"])
         held.append(code_fd)
     src = langs.unit(lang, code)
     compile_out, built = None, None

@@ -97,10 +97,11 @@ def main_file(workdir: str, unit: str) -> str:
     return os.path.join(workdir, unit)
 
 
-def code_memfd(act: Action, source: str, filename: str) -> int:
-    """The memfd of a Python program the action's user processes run as `filename`, compiled
-    here when it can be (`compiled_payload`); the action knows which it is."""
-    payload, compiled = compiled_payload(source, filename)
+def code_memfd(act: Action, source: str, unit: str) -> int:
+    """The memfd of a Python program the action's user processes run as `unit` (under the name
+    `main_file` gives them, in `user_launch`), compiled here under that name when it can be
+    (`compiled_payload`); the action knows which it is."""
+    payload, compiled = compiled_payload(source, main_file(act.workdir, unit))
     fd = memfd(payload, "main.py")
     if compiled:
         act.compiled_fd = fd

@@ -75,10 +75,11 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
     code = 127
     try:
         source, compiled = "", None
-        if spec.get("code") and spec.get("compiled"):  # (source, code object): the runner's
-            source, compiled = marshal.loads(child.read_bytes(fds[-1]))
-        elif spec.get("code"):
-            source = child.read_all(fds[-1])
+        if spec.get("code"):
+            if spec.get("compiled"):  # (source, code object), compiled by the runner
+                source, compiled = marshal.loads(child.read_bytes(fds[-1]))
+            else:
+                source = child.read_all(fds[-1])
         n = int(spec["fds"])
         child.setup(
             int(spec["uid"]),
@@ -103,7 +104,7 @@ def child_main(spec: dict, fds: list[int], preloaded: set[str]) -> None:  # prag
         seccomp.set_name(b"python3")  # what it is to the user (ps, /proc/self/comm)
         server = serve.Server(socket.socket(fileno=3)) if mode == "serve" else None
         child.prepare_python(env, spec["workdir"], spec["argv0"], preloaded)
-        code, main, exc = child.run_main(spec.get("main_file") or spec["argv0"], source, compiled)
+        code, main, exc = child.run_main(spec["main_file"], source, compiled)
         code = child.flush() or code
         if server is not None:
             if exc is None:
