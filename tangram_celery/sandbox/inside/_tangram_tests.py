@@ -14,11 +14,13 @@ import socket
 from typing import Any
 
 try:
+    from tangram_celery.sandbox.inside._tangram_langs import UNITS
     from tangram_celery.sandbox.inside._tangram_proc import Action, Proc
 except ImportError:  # inside the sandbox this directory is sys.path[0]
+    from _tangram_langs import UNITS  # type: ignore[no-redef]
     from _tangram_proc import Action, Proc  # type: ignore[no-redef]
 
-PYTHON_UNIT = "main.py"
+PYTHON_UNIT = UNITS["python"]  # the file a Python program runs as (`python3 main.py`)
 
 
 def norm(text: str) -> str:
