@@ -241,3 +241,100 @@ def test_a_restarted_stack_does_not_start_without_memory(tmp_path: Path) -> None
         assert "lost their sandbox" in log or "pinned to offline nodes unpinned" in log, log
     finally:
         second.stop()
+
+
+# What a hostile occupant tries to leave for the next one in a recycled sandbox: (code, the
+# status its action must end with). Under SMALL_LIMITS-like settings (below).
+HOSTILE = {
+    "fork bomb": (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        ActionStatus.PIDS_LIMIT,
+    ),
+    "memory hog": ("a = []\nwhile True:\n    a.append(bytearray(1 << 20))\n", ActionStatus.MEMORY_LIMIT),
+    "disk filler": (
+        "i = 0\nwhile True:\n    open(f'/work/f{i}', 'w').write('y' * (1 << 20))\n    i += 1\n",
+        ActionStatus.DISK_LIMIT,
+    ),
+    "daemon": (  # double-forked, it would keep writing files into the next occupant's sandbox
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        for i in range(600):\n            time.sleep(0.05)\n"
+        "            for d in ('/work', '/tmp'):\n"
+        "                try:\n                    open(f'{d}/daemon{i}', 'w').write('x')\n"
+        "                except OSError:\n                    pass\n"
+        "    os._exit(0)\nprint('parent done')\n",
+        ActionStatus.OK,
+    ),
+    "planter": (  # files, a directory it locks itself out of, links out, shared memory
+        "import os\nfor d in ('/work', '/tmp', '/dev/shm'):\n    try:\n"
+        "        os.makedirs(f'{d}/nest/deep', exist_ok=True)\n"
+        "        open(f'{d}/nest/deep/secret', 'w').write('s')\n"
+        "        os.symlink('/etc', f'{d}/etc_link')\n        os.chmod(f'{d}/nest', 0)\n"
+        "    except OSError as e:\n        print(d, e)\n",
+        ActionStatus.OK,
+    ),
+    "spinner": ("while True:\n    pass\n", ActionStatus.TIMEOUT),
+}
+
+# Run by a later occupant: "clean" when /work, /tmp and /dev/shm hold nothing but the program
+# and no process of the user's uid is alive but itself; else what it found.
+PROBE = (
+    "import os\nleft = []\nfor d in ('/work', '/tmp', '/dev/shm'):\n    try:\n"
+    "        left += [f'{d}/{n}' for n in os.listdir(d) if n != 'main.py']\n"
+    "    except FileNotFoundError:\n        pass\n"
+    "me, uid = os.getpid(), os.getuid()\nfor p in os.listdir('/proc'):\n"
+    "    if p.isdigit() and int(p) != me:\n        try:\n"
+    "            st = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
+    "            if os.stat(f'/proc/{p}').st_uid == uid and st[0] not in 'ZX':\n"
+    "                left.append(f'pid {p}')\n        except OSError:\n            pass\n"
+    "print('clean' if not left else left)\n"
+)
+
+
+@pytest.mark.deploy(
+    nodes={"cpu": [{"name": "n0", "cores": 2, "memory_mb": 1024}]},
+    sandbox={**NAMESPACE, "pids_limit": 64, "disk_quota_mb": 16},
+)
+def test_hostile_stateless_callers_leave_nothing_for_the_next_occupant(client, deployment) -> None:
+    """Given sandbox memory for four 256 MiB trajectories (so sandboxes are evicted, scrubbed and
+    handed to new trajectories all the time), when 60 never-closed trajectories run, in
+    submission order, rounds of: a hostile program (fork bomb, memory hog, disk filler, a daemon
+    that keeps writing files, a planter of files, links and locked directories, an endless
+    loop), a HumanEval reference with its check, and a probe, and the CPU worker is SIGKILLed
+    after the first third has completed, then every action completes (none is lost), each
+    hostile one with its limit's status, every reference passes and every probe finds its
+    sandbox clean: no file and no user process of an earlier occupant; the scheduler never
+    reports a stall."""
+    from tests.problems import humaneval_problems
+
+    problems = humaneval_problems()
+    acts: list[tuple[CodeAction, Any]] = []  # (action, expected status or "clean")
+    for i in range(20):
+        name = list(HOSTILE)[i % len(HOSTILE)]
+        code, status = HOSTILE[name]
+        acts.append((CodeAction(trajectory_id=f"h{i}", code=code, memory_mb=256, timeout_s=3), status))
+        p = problems[(7 * i) % len(problems)]
+        acts.append(
+            (
+                CodeAction(
+                    trajectory_id=f"p{i}", code=p.reference, test_cases=p.tests, memory_mb=256, timeout_s=30
+                ),
+                ActionStatus.OK,
+            )
+        )
+        acts.append((CodeAction(trajectory_id=f"c{i}", code=PROBE, memory_mb=256, timeout_s=30), "clean"))
+    handles = client.submit_many([a for a, _ in acts])
+    results = []
+    for k, h in enumerate(handles):
+        if k == len(handles) // 3:
+            deployment.kill("worker-cpu-n0")  # the supervisor restarts it; its actions run again
+        results.append(h.result(timeout=300))
+    wrong = []
+    for (act, want), res in zip(acts, results, strict=True):
+        if want == "clean":
+            ok = res.status is ActionStatus.OK and res.stdout.strip() == "clean"
+        else:
+            ok = res.status is want
+        if not ok:
+            wrong.append((act.trajectory_id, want, res.status, res.stdout[-300:], res.error[-300:]))
+    assert not wrong, wrong
+    assert "no progress" not in scheduler_log(deployment)
