@@ -71,6 +71,7 @@ class EmbeddedRedis:
         self.port = port or _free_port()
         self.password = password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.held_down = False  # killed on purpose (`kill`): left down until `restart`
 
     @property
     def url(self) -> str:
@@ -149,15 +150,23 @@ class EmbeddedRedis:
             return False
 
     def kill(self) -> None:
-        """SIGKILL the server (fault injection); AOF keeps what was fsynced."""
+        """SIGKILL the server (fault injection); AOF keeps what was fsynced. It stays down until
+        `restart()`: a supervisor (`Deployment`) revives only a server that died on its own."""
+        self.held_down = True
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
+    def exited(self) -> bool:
+        """Did the server die on its own (crashed, OOM-killed, killed by someone else)?"""
+        return not self.held_down and self.proc is not None and self.proc.poll() is not None
+
     def restart(self) -> EmbeddedRedis:
         """Start again on the same port, password and data (after kill() or stop())."""
         self.stop()
-        return self.start()
+        self.start()
+        self.held_down = False
+        return self
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

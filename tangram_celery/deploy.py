@@ -57,6 +57,8 @@ class Deployment:
     with_http: bool = True
     http_url: str = ""
     max_restarts_per_min: int = 5
+    _redis_restarts: list[float] = field(default_factory=list)
+    _redis_given_up: bool = False
     metrics_ports: dict[str, int] = field(default_factory=dict)
     _supervisor: threading.Thread | None = None
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -149,23 +151,52 @@ class Deployment:
             say(line)
 
     def _supervise(self, every_s: float = 0.5) -> None:
-        """Restart children that exit (crash, kill, stuck-consumer exit), like a process manager."""
+        """Restart children that exit (crash, kill, stuck-consumer exit) and the embedded Redis
+        when it dies, like a process manager."""
         while not self._stopping.wait(every_s):
             with self._lock:
+                if self._stopping.is_set():
+                    break
+                self._revive_redis()
                 for c in list(self.children.values()):
-                    if c.proc.poll() is None or not c.args:
+                    if c.proc.poll() is None or not c.args or self._stopping.is_set():
                         continue
-                    now = time.monotonic()
-                    c.restarts = [t for t in c.restarts if now - t < 60] + [now]
-                    if len(c.restarts) > self.max_restarts_per_min:
-                        log.error(
-                            "%s keeps exiting (%d restarts in 60 s); giving up", c.name, len(c.restarts)
-                        )
+                    if not self._may_restart(c.name, c.restarts):
                         c.args = []
                         continue
                     log.warning("%s exited with %s; restarting", c.name, c.proc.returncode)
                     new = self.spawn(c.name, c.args)
                     new.restarts = c.restarts
+
+    def _may_restart(self, name: str, restarts: list[float]) -> bool:
+        """Count one more restart of `name` in `restarts` (the last minute's); False, said
+        once in the log, when it has exited too often to try again."""
+        now = time.monotonic()
+        restarts[:] = [t for t in restarts if now - t < 60] + [now]
+        if len(restarts) > self.max_restarts_per_min:
+            log.error("%s keeps exiting (%d restarts in 60 s); giving up", name, len(restarts))
+            return False
+        return True
+
+    def _revive_redis(self) -> None:
+        """The embedded Redis died on its own (crashed, OOM-killed): start it again on its port,
+        password and data. Its append-only file keeps what was fsynced (`broker.fsync`); the
+        scheduler rebuilds its state from it and workers and clients reconnect, as after any
+        Redis restart. Without this every component would wait for a server nobody starts."""
+        r = self.redis
+        if r is None or self._redis_given_up or not r.exited():
+            return
+        if not self._may_restart("embedded redis", self._redis_restarts):
+            self._redis_given_up = True
+            return
+        assert r.proc is not None
+        log.warning(
+            "embedded redis exited with %s; restarting it on the same port and data", r.proc.returncode
+        )
+        try:
+            r.restart()
+        except TangramError as e:  # (the next round tries again, up to the restart limit)
+            log.error("embedded redis did not restart: %s", e)
 
     def spawn(self, name: str, args: list[str]) -> Child:
         """Start `tangram <args>` as a child process logging to <state_dir>/logs/<name>.log.
@@ -315,7 +346,8 @@ class Deployment:
                 c.proc.wait()
         self.children.clear()
         if self.redis is not None:
-            self.redis.stop()
+            with self._lock:  # not while the supervisor restarts it
+                self.redis.stop()
             (self.state_dir / URL_FILE).unlink(missing_ok=True)
         (self.state_dir / "http.url").unlink(missing_ok=True)
 

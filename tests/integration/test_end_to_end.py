@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -182,6 +184,35 @@ def test_redis_killed_and_restarted_loses_nothing(deployment, client, tmp_path: 
     restarted = {name: len(c.restarts) for name, c in deployment.children.items() if c.restarts}
     assert not restarted, restarted
     # And the system still serves new work.
+    assert client.submit(ApiAction(trajectory_id="after", api="calc", request={"expr": "6*7"})).result(
+        timeout=120
+    ).output == {"value": 42}
+
+
+@pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
+def test_an_embedded_redis_that_dies_is_started_again(deployment, client, tmp_path: Path) -> None:
+    """Given a burst in flight, when the embedded Redis dies on its own (SIGKILLed by something
+    else than the deployment, as the OOM killer would), then the deployment's supervisor starts
+    it again on the same port, password and data within seconds, and every action completes
+    exactly once: nothing waits for a server nobody starts."""
+    log = tmp_path / "executions.log"
+    n = 100
+    handles = client.submit_many(
+        ApiAction(trajectory_id=f"t{i % 8}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.02})
+        for i in range(n)
+    )
+    time.sleep(0.5)
+    dead = deployment.redis.proc.pid
+    os.kill(dead, signal.SIGKILL)  # the wrapper exec'd redis-server: this is the server
+    deadline = time.monotonic() + 30
+    while deployment.redis.proc.pid == dead or deployment.redis.proc.poll() is not None:
+        assert time.monotonic() < deadline, "the embedded Redis was not started again"
+        time.sleep(0.1)
+    results = [h.result(timeout=300) for h in handles]
+    executed = Counter(int(x) for x in log.read_text().split())
+    assert all(r.status is ActionStatus.OK for r in results)
+    assert sorted(executed) == list(range(n)), "an action was lost"
+    assert max(executed.values()) == 1, "an action ran twice"
     assert client.submit(ApiAction(trajectory_id="after", api="calc", request={"expr": "6*7"})).result(
         timeout=120
     ).output == {"value": 42}
