@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -119,6 +120,7 @@ class Deployment:
         self.wait_ready(progress=progress)
         if http:
             self.http_url = self._wait_http_url()
+            self._keep_http_port()
         warm = warm_nodes(self.cfg)
         if warm:
             services = [m.name for m in self.cfg.reward_models if m.backend != "rule"]
@@ -236,6 +238,15 @@ class Deployment:
         (self.state_dir / URL_FILE).unlink(missing_ok=True)
         self.spawn("http", ["serve"])
         return True
+
+    def _keep_http_port(self) -> None:
+        """A restarted `tangram serve` binds the port the first one got (`http.port: 0` picks a
+        free one): HTTP clients (SandboxFusion's, verl's) keep the URL `tangram up` printed
+        instead of losing the server for good after its first crash."""
+        port = urlsplit(self.http_url).port
+        child = self.children.get("http")
+        if child is not None and port and "--port" not in child.args:
+            child.args = [*child.args, "--port", str(port)]
 
     def _wait_http_url(self, timeout_s: float = 30.0) -> str:
         from tangram_celery.web.serve import read_url

@@ -229,3 +229,25 @@ def test_verl_tool_is_a_base_tool_keeping_files_per_request(
     same, other = asyncio.run(rollout())
     assert "step one" in same
     assert "False" in other
+
+
+def test_a_restarted_http_server_keeps_its_url(http_deployment: Any) -> None:
+    """Given `tangram serve` on a port picked at start (`http.port: 0`), when it is SIGKILLed
+    (the supervisor restarts it), then it serves again on the same URL: a SandboxFusion client
+    configured with the printed URL keeps working."""
+    url = http_deployment.http_url
+    assert requests.get(url + "/v1/ping", timeout=10).ok
+    old = http_deployment.kill("http")
+    deadline = time.monotonic() + 60
+    while True:
+        child = http_deployment.children["http"]
+        try:
+            if child.proc.pid != old and requests.get(url + "/v1/ping", timeout=5).ok:
+                break
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, f"nothing serves {url} after the restart"
+        time.sleep(0.2)
+    body = {"code": "print(6 * 7)", "language": "python", "run_timeout": 10}
+    res = requests.post(url + "/run_code", json=body, timeout=60).json()
+    assert res["status"] == "Success" and res["run_result"]["stdout"] == "42\n", res
