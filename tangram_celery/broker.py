@@ -43,6 +43,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _previous_address(data_dir: Path, bind: str) -> tuple[int, str | None]:
+    """(port, password) of the server that last ran on `data_dir`, from its `redis.conf`;
+    (0, None) when there is none, it is unreadable, or that port is taken now."""
+    try:
+        lines = (data_dir / "redis.conf").read_text().splitlines()
+    except OSError:
+        return 0, None
+    conf = dict(line.split(" ", 1) for line in lines if " " in line)
+    try:
+        port, password = int(conf.get("port", "0")), conf.get("requirepass") or None
+    except ValueError:
+        return 0, None
+    if not port or not password or conf.get("bind") != bind:
+        return 0, None
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server binds it
+        try:
+            s.bind((bind, port))
+        except OSError:
+            log.info("port %d of the previous embedded Redis is taken; a new one is picked", port)
+            return 0, None
+    return port, password
+
+
 class EmbeddedRedis:
     """A private redis-server process. Use as a context manager or call start()/stop()."""
 
@@ -56,20 +81,27 @@ class EmbeddedRedis:
         netns: str | None = None,
         maxmemory_mb: int = 2048,
         die_with_parent: bool = False,
+        keep_address: bool = False,
     ):
         """`bind`: the address to listen on (loopback by default; a multi-host deployment binds
         the host's private address and relies on the password plus a firewall). `netns`: run
         the server inside that network namespace (`ip netns exec`), as the multi-node tests do.
         `die_with_parent`: the server gets SIGTERM when this process ends, however it ends
-        (`tangram up`)."""
+        (`tangram up`). `keep_address`: without a `port` or `password` given, take those of the
+        server that last ran on `data_dir` (its `redis.conf`) while that port is free, so that
+        the URL stays the same across restarts (`tangram up`: a client of the previous run
+        reconnects by itself, as after any Redis restart)."""
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
         self.maxmemory_mb = maxmemory_mb
         self.bind = bind
         self.netns = netns
         self.die_with_parent = die_with_parent
-        self.port = port or _free_port()
-        self.password = password or secrets.token_urlsafe(24)
+        old_port, old_password = _previous_address(self.data_dir, bind) if keep_address else (0, None)
+        if port or password:
+            old_port, old_password = 0, None
+        self.port = port or old_port or _free_port()
+        self.password = password or old_password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
         self.held_down = False  # killed on purpose (`kill`): left down until `restart`
 

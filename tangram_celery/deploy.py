@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
 import yaml
 
 from tangram_celery import lifeline
@@ -95,6 +96,7 @@ class Deployment:
                 fsync=self.cfg.broker.fsync,
                 maxmemory_mb=self.cfg.broker.maxmemory_mb,
                 die_with_parent=True,
+                keep_address=True,  # the same URL as the last run's: its clients reconnect
             ).start()
             self.url = self.redis.url
         else:
@@ -309,7 +311,10 @@ class Deployment:
         while time.monotonic() < deadline:
             self.check_alive()
             if store.pool_view() is not None:
-                replies = app.control.ping(timeout=0.5) or []
+                try:
+                    replies = app.control.ping(timeout=0.5) or []
+                except (OSError, redis.RedisError):  # a pooled connection to an earlier server
+                    replies = []  # of this URL (a stack restarted in this process): once more
                 seen = {name.split("@")[0] for r in replies for name in r}
                 if expected <= seen:
                     if progress:

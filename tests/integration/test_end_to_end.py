@@ -279,3 +279,54 @@ def test_a_new_client_rides_out_a_redis_restart(deployment) -> None:
     assert "error" not in out, out
     assert out["state"] in ("queued", "dispatched", "running", "done"), out
     assert out["result"].output == {"value": 42}
+
+
+def test_a_client_of_the_last_run_carries_on_after_tangram_up_restarts(tmp_path: Path) -> None:
+    """Given a client connected to a running stack (embedded Redis), when the whole stack is
+    stopped and started again over the same state directory, then the broker comes back on the
+    same URL (port and password of the last run), and the same client object, never recreated,
+    submits and gets results again; an action it submitted while the stack was down completes
+    too. (Before, the new embedded Redis took a new port and password: every trainer holding a
+    client retried against the old address forever.)"""
+    import threading
+
+    from tangram_celery import TangramClient
+    from tangram_celery.config import load_config
+    from tangram_celery.deploy import Deployment
+    from tests.fixtures.redis import deployment_config
+
+    path = deployment_config(tmp_path, nodes={"cpu": []}, apis=CALC_AND_RECORD)
+    first = Deployment(load_config(path), path, with_flower=False, with_http=False)
+    first.start(progress=False)
+    client = TangramClient(first.url)
+    try:
+        ask = ApiAction(trajectory_id="t", api="calc", request={"expr": "6*7"})
+        assert client.submit(ask).result(timeout=60).output == {"value": 42}
+        url = first.url
+        first.stop()
+        out: dict[str, Any] = {}
+
+        def while_down() -> None:  # the caller does not know the stack is down
+            try:
+                act = ApiAction(trajectory_id="t", api="calc", request={"expr": "2*3"})
+                out["result"] = client.submit(act).result(timeout=120)
+            except BaseException as e:
+                out["error"] = e
+
+        user = threading.Thread(target=while_down)
+        user.start()
+        second = Deployment(load_config(path), path, with_flower=False, with_http=False)
+        try:
+            time.sleep(1.0)
+            second.start(progress=False)
+            assert second.url == url
+            user.join(150)
+            assert "error" not in out, out
+            assert out["result"].output == {"value": 6}
+            again = ApiAction(trajectory_id="t", api="calc", request={"expr": "1+1"})
+            assert client.submit(again).result(timeout=60).output == {"value": 2}
+        finally:
+            second.stop()
+    finally:
+        client.close()
+        first.stop()
