@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +32,8 @@ from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import TangramError
 from tangram_celery.store import Store, redact
+
+HTTP_PORT_FILE = "http.port"  # the HTTP server's last port, kept across runs (state dir)
 
 log = logging.getLogger("tangram.deploy")
 
@@ -238,17 +241,42 @@ class Deployment:
             say(f"http server not started: {why}")
             return False
         (self.state_dir / URL_FILE).unlink(missing_ok=True)
-        self.spawn("http", ["serve"])
+        args = ["serve"]
+        port = self._last_http_port()
+        if port:
+            args += ["--port", str(port)]
+        self.spawn("http", args)
         return True
+
+    def _last_http_port(self) -> int:
+        """With `http.port: 0`, the port the last run's server had (`HTTP_PORT_FILE` in the
+        state dir) while it is free: a restart of `tangram up` keeps the HTTP URL too."""
+        if self.cfg.http.port:
+            return 0
+        try:
+            port = int((self.state_dir / HTTP_PORT_FILE).read_text())
+        except (OSError, ValueError):
+            return 0
+        address = self.cfg.http.address
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+            try:
+                s.bind((address, port))
+            except OSError:
+                return 0
+        return port
 
     def _keep_http_port(self) -> None:
         """A restarted `tangram serve` binds the port the first one got (`http.port: 0` picks a
         free one): HTTP clients (SandboxFusion's, verl's) keep the URL `tangram up` printed
-        instead of losing the server for good after its first crash."""
+        instead of losing the server for good after its first crash. The next `tangram up`
+        over this state takes it again (`_last_http_port`)."""
         port = urlsplit(self.http_url).port
         child = self.children.get("http")
         if child is not None and port and "--port" not in child.args:
             child.args = [*child.args, "--port", str(port)]
+        if port:
+            (self.state_dir / HTTP_PORT_FILE).write_text(str(port))
 
     def _wait_http_url(self, timeout_s: float = 30.0) -> str:
         from tangram_celery.web.serve import read_url

@@ -251,3 +251,24 @@ def test_a_restarted_http_server_keeps_its_url(http_deployment: Any) -> None:
     body = {"code": "print(6 * 7)", "language": "python", "run_timeout": 10}
     res = requests.post(url + "/run_code", json=body, timeout=60).json()
     assert res["status"] == "Success" and res["run_result"]["stdout"] == "42\n", res
+
+
+def test_a_restarted_stack_keeps_its_http_url(tmp_path: Path) -> None:
+    """Given `tangram up` with `http.port: 0`, when it is stopped and started again over the same
+    state directory, then the HTTP server comes back on the same URL (a verl config naming it
+    stays right) and serves."""
+    from tangram_celery.config import load_config
+    from tangram_celery.deploy import Deployment
+    from tests.fixtures.redis import deployment_config
+
+    path = deployment_config(tmp_path, nodes={"cpu": []})
+    urls = []
+    for _ in range(2):
+        dep = Deployment(load_config(path), path, with_flower=False, with_http=True)
+        try:
+            dep.start(progress=False)
+            urls.append(dep.http_url)
+            assert requests.get(dep.http_url + "/v1/ping", timeout=10).ok
+        finally:
+            dep.stop()
+    assert urls[0] == urls[1], urls
