@@ -43,6 +43,7 @@ from tangram_celery.store import (
     CONFIG,
     INTAKE,
     LANGS,
+    READ_TTL_S,
     SUBMIT,
     SubmitBatch,
     akey,
@@ -142,6 +143,7 @@ class AsyncTangramClient:
         self._langs_read_s = float("-inf")
         self._checked: tuple[PoolView, dict[str, list[str]], PoolView] | None = None
         self._waiters: dict[str, _Waiter] = {}
+        self._read: list[str] = []  # results handed to their callers, not yet given READ_TTL_S
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
         self._mem: tuple[int, int] = (0, 0)  # (used, max) bytes of Redis memory, last read
@@ -340,6 +342,21 @@ class AsyncTangramClient:
                 w.settle(error=TangramError(f"unreadable result of {action_id}: {e}"))
                 return
             w.settle(result)
+            self._read.append(action_id)
+
+    async def _expire_read(self, retry: bool = True) -> None:
+        """Results handed to their callers are kept `READ_TTL_S` more instead of a day (see
+        `tangram_celery.store.keys`): one pipeline for all, from the listener, off the callers'
+        path (`retry` False: one try, as at close)."""
+        ids, self._read = self._read, []
+
+        async def expire() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            for i in ids:
+                pipe.expire(akey(i), READ_TTL_S)
+            return list(await pipe.execute())
+
+        await (self._retrying("expire read results", expire) if retry else expire())
 
     def _deliver(self, raws: list[str]) -> None:
         """Resolve the waiters of the results popped from the notification list."""
@@ -394,6 +411,8 @@ class AsyncTangramClient:
                     # Results whose wake-up was lost (see the module docstring).
                     await self._fetch(list(self._waiters))
                     next_sweep = time.monotonic() + self.poll_s
+                if self._read:
+                    await self._expire_read()
                 delay_s = 0.05
             except asyncio.CancelledError:
                 raise
@@ -444,6 +463,8 @@ class AsyncTangramClient:
         self._waiters.clear()
         try:
             await self.r.delete(self.notify)
+            if self._read:
+                await self._expire_read(retry=False)
         except redis.RedisError:
             pass
         await self._listen.aclose()

@@ -16,7 +16,17 @@ from redis.exceptions import NoScriptError
 
 from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
 from tangram_celery.store.base import StoreBase
-from tangram_celery.store.keys import CONFIG, EVENTS, GROUP, INTAKE, LANGS, RESULT_TTL_S, akey, nkey
+from tangram_celery.store.keys import (
+    CONFIG,
+    EVENTS,
+    GROUP,
+    INTAKE,
+    LANGS,
+    READ_TTL_S,
+    RESULT_TTL_S,
+    akey,
+    nkey,
+)
 from tangram_celery.store.scripts import SUBMIT
 from tangram_celery.wire import Completion, EventStatus, PoolView
 
@@ -93,12 +103,19 @@ class ClientSide(StoreBase):
 
                 got = self.retrying("wait for result", pop)
                 if got is not None:
+                    self.read_done(action_id)
                     return str(got[1])
             res = self.retrying("wait for result", lambda: self.r.hget(akey(action_id), "result"))
             if res is not None:
+                self.read_done(action_id)
                 return str(res)
             if deadline is not None and time.monotonic() >= deadline:
                 return None
+
+    def read_done(self, action_id: str) -> None:
+        """Its caller has the result: keep it `READ_TTL_S` more instead of the day an unread one
+        gets (`RESULT_TTL_S`, for a caller that died before reading)."""
+        self.retrying("expire a read result", lambda: self.r.expire(akey(action_id), READ_TTL_S))
 
     def action_state(self, action_id: str) -> str | None:
         s = self.retrying("read state", lambda: self.r.hget(akey(action_id), "state"))

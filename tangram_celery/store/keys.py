@@ -22,6 +22,10 @@ LANGS = P + "languages"  # CPU node -> JSON list of the languages its sandboxes 
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600
+# A result its caller has read is kept this much longer only (a re-read, a second handle),
+# not a day: broker memory then follows the rate of results times minutes. At 100 results a
+# second a day of them (about 2 KB each) would be some 17 GB, far past `broker.maxmemory_mb`.
+READ_TTL_S = 600
 
 
 class ActionState(StrEnum):

@@ -4,6 +4,7 @@ connection, results by id, cancel, lost wake-ups."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -78,6 +79,39 @@ def test_results_by_id_cancel_and_lost_wake_ups(deployment: Any) -> None:
             assert (await a.result(h2.id, timeout=30)).output["value"] == 2
 
     asyncio.run(go())
+
+
+def test_results_the_async_client_hands_out_are_kept_minutes(deployment: Any) -> None:
+    """Given results the asyncio client received (woken for its own submits, or found by id for
+    another client's), then its listener gives each `READ_TTL_S` instead of a day; a result no
+    client received keeps its day."""
+    from tangram_celery import TangramClient
+    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.store import READ_TTL_S, RESULT_TTL_S, Store, akey
+
+    store = Store(deployment.url)
+    with TangramClient(deployment.url) as other:
+        theirs, unread = (
+            other.submit(ApiAction(trajectory_id="ttl", api="calc", request={"expr": f"{i}+1"})).id
+            for i in range(2)
+        )
+
+    async def go() -> str:
+        async with AsyncTangramClient(deployment.url, poll_s=0.2) as a:
+            h = await a.submit(ApiAction(trajectory_id="ttl", api="calc", request={"expr": "5+1"}))
+            assert (await h.result(timeout=60)).ok
+            assert (await a.result(theirs, timeout=60)).ok
+            await asyncio.sleep(0.5)  # the listener's next turn
+            return h.id
+
+    mine = asyncio.run(go())
+    deadline = time.monotonic() + 30
+    while store.action_state(unread) != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for i in (mine, theirs):
+        assert 0 < store.r.ttl(akey(i)) <= READ_TTL_S, i
+    assert READ_TTL_S < store.r.ttl(akey(unread)) <= RESULT_TTL_S
 
 
 def test_a_submit_is_one_round_trip_and_survives_a_flushed_script_cache(redis_url: str) -> None:

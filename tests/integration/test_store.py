@@ -115,3 +115,23 @@ def test_completion_drops_the_payload_but_resubmission_stays_idempotent(redis_ur
 
     with pytest.raises(ActionRejected):
         store.submit([("d1", "{}", '{"p": 2}')], max_queued=0)
+
+
+def test_a_read_result_is_kept_minutes_and_an_unread_one_a_day(redis_url: str) -> None:
+    """Given two completed actions, when a client reads the result of one, then that one is kept
+    `READ_TTL_S` more (broker memory follows the rate of results times minutes, not a day) and
+    can still be read again meanwhile, while the unread one keeps its day for a caller that
+    died before reading it."""
+    from tangram_celery.store import READ_TTL_S, RESULT_TTL_S
+
+    store = Store(redis_url)
+    for i in ("r1", "r2"):
+        _submit(store, i)
+        store.r.hset(akey(i), mapping={"state": "dispatched", "attempt": "1"})
+        assert not isinstance(store.claim(i, 1, "w", time.time()), str)
+        store.complete(i, '{"status": "ok"}', OK)
+    assert store.r.ttl(akey("r1")) > READ_TTL_S
+    assert store.wait_result("r1", timeout_s=10) == '{"status": "ok"}'
+    assert 0 < store.r.ttl(akey("r1")) <= READ_TTL_S
+    assert store.wait_result("r1", timeout_s=10) == '{"status": "ok"}'  # a second read
+    assert RESULT_TTL_S - 60 < store.r.ttl(akey("r2")) <= RESULT_TTL_S
