@@ -45,6 +45,8 @@ class Child:
     log_path: Path
     args: list[str] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)  # monotonic times of restarts
+    # how to start it again when it is not `tangram <args>` (Flower); None with no args: never
+    again: Callable[[], Child] | None = None
 
 
 @dataclass
@@ -166,13 +168,13 @@ class Deployment:
                     break
                 self._revive_redis()
                 for c in list(self.children.values()):
-                    if c.proc.poll() is None or not c.args or self._stopping.is_set():
+                    if c.proc.poll() is None or not (c.args or c.again) or self._stopping.is_set():
                         continue
                     if not self._may_restart(c.name, c.restarts):
-                        c.args = []
+                        c.args, c.again = [], None
                         continue
                     log.warning("%s exited with %s; restarting", c.name, c.proc.returncode)
-                    new = self.spawn(c.name, c.args)
+                    new = c.again() if c.again is not None else self.spawn(c.name, c.args)
                     new.restarts = c.restarts
 
     def _may_restart(self, name: str, restarts: list[float]) -> bool:
@@ -322,10 +324,17 @@ class Deployment:
         password = self.cfg.flower.password or secrets.token_urlsafe(12)
         self.flower_auth = (self.cfg.flower.user, password)
         self.flower_url = f"http://127.0.0.1:{port}"
+        self._spawn_flower(port)
+
+    def _spawn_flower(self, port: int) -> Child:
+        """Flower on `port` with the deployment's credentials; the supervisor starts it again
+        the same way (same URL and password) when it exits."""
         cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth, pool_queues(self.cfg))
         log_path = self._log_path("flower")
         proc = self._popen(lifeline.wrapper_argv(cmd, os.getpid()), log_path, dict(os.environ, **extra))
-        self.children["flower"] = Child("flower", proc, log_path)
+        child = Child("flower", proc, log_path, again=lambda: self._spawn_flower(port))
+        self.children["flower"] = child
+        return child
 
     def wait_ready(self, timeout_s: float = 60.0, progress: bool = True) -> None:
         """Wait until the scheduler published its pools and every worker answers a ping."""

@@ -330,3 +330,51 @@ def test_a_client_of_the_last_run_carries_on_after_tangram_up_restarts(tmp_path:
     finally:
         client.close()
         first.stop()
+
+
+def test_a_flower_that_dies_is_started_again(tmp_path: Path) -> None:
+    """Given `tangram up` with Flower, when Flower is SIGKILLed, then the supervisor starts it
+    again on the same URL with the same credentials (an operator's open dashboard keeps
+    working)."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    from tangram_celery.config import load_config
+    from tangram_celery.deploy import Deployment
+    from tests.fixtures.redis import deployment_config
+
+    path = deployment_config(tmp_path, nodes={"cpu": []}, apis=CALC_AND_RECORD, flower={"port": 0})
+    dep = Deployment(load_config(path), path, with_flower=True, with_http=False)
+
+    def status(auth: bool) -> int:
+        req = urllib.request.Request(dep.flower_url + "/workers")
+        if auth:
+            token = base64.b64encode(":".join(dep.flower_auth).encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except OSError:
+            return 0
+
+    def wait_for(code: int) -> None:
+        deadline = time.monotonic() + 90
+        while status(True) != code:
+            assert time.monotonic() < deadline, f"Flower did not answer {code} on {dep.flower_url}"
+            time.sleep(0.3)
+
+    try:
+        dep.start(progress=False)
+        wait_for(200)
+        old = dep.kill("flower")
+        deadline = time.monotonic() + 30
+        while dep.children["flower"].proc.pid == old:
+            assert time.monotonic() < deadline, "Flower was not started again"
+            time.sleep(0.1)
+        wait_for(200)
+        assert status(False) == 401
+    finally:
+        dep.stop()
