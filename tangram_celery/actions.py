@@ -292,6 +292,9 @@ class ActionResult(BaseModel):
     compile: PhaseOutcome | None = None  # the compile phase, if any; stdout etc. are the run's
     output: Any = None  # reward scores / API response
     error: str = ""  # infrastructure or rejection reason
+    # why the sandbox chose the status or what it did about a limit, when that is not obvious:
+    # the files a disk-quota roll-back removed, deselected tests, a runner that was lost
+    detail: str = ""
     queue_s: float = 0.0
     exec_s: float = 0.0
     act_s: float = 0.0

@@ -107,6 +107,7 @@ class RunTestsResponse(BaseModel):
     units: int
     node: str
     error: str = ""
+    detail: str = Field("", description="why the sandbox chose the status, when not obvious")
 
 
 class Submitted(BaseModel):
@@ -314,6 +315,7 @@ async def run_tests(req: RunTestsRequest, request: Request) -> RunTestsResponse 
             units=res.units,
             node=res.node,
             error=res.error,
+            detail=res.detail,
         )
     finally:
         gate.leave()

@@ -108,6 +108,9 @@ class CpuHandler:
             files=res.files,
             sandbox_reset=res.sandbox_reset or sandbox.reset,
             cpu_s=res.cpu_s,
+            detail=res.detail,
+            # an infrastructure failure says what failed (the runner lost, a runner error)
+            error=res.detail if res.status is ActionStatus.ERROR else "",
         )
 
     def _verify(self, action_id: str, action: RewardAction) -> ActionResult:

@@ -378,3 +378,59 @@ def test_a_flower_that_dies_is_started_again(tmp_path: Path) -> None:
         assert status(False) == 401
     finally:
         dep.stop()
+
+
+@pytest.mark.deploy(sandbox={"backend": "namespace", "default_timeout_s": 20, "disk_quota_mb": 16})
+def test_a_result_says_what_the_sandbox_did_and_what_failed(deployment, client) -> None:
+    """Given a trajectory with a file, when an action fills the disk quota, then its result
+    (through the client) is `disk_limit` and its `detail` names the file the roll-back removed;
+    when the sandbox's runner is killed under a running action (an OOM kill, an operator), the
+    result is `error`, its `error` says the runner was lost and `sandbox_reset` is set, and
+    the next action runs in a fresh sandbox."""
+    from tangram_celery.sandbox.namespace import bwrap_path
+
+    if os.geteuid() != 0 or bwrap_path() is None:
+        pytest.skip("the namespace sandbox needs root and bubblewrap")
+    keep = CodeAction(trajectory_id="full", code="open('/work/keep.txt', 'w').write('k')")
+    assert client.submit(keep).result(timeout=120).ok
+    fill = "i = 0\nwhile True:\n    open(f'/work/big{i}', 'w').write('y' * (1 << 20))\n    i += 1\n"
+    res = client.submit(CodeAction(trajectory_id="full", code=fill)).result(timeout=120)
+    assert res.status is ActionStatus.DISK_LIMIT, res
+    assert "removed" in res.detail and "/work/big" in res.detail and "keep.txt" not in res.detail, res.detail
+
+    slow = client.submit(CodeAction(trajectory_id="lost", code="import time; time.sleep(15)"))
+    deadline = time.monotonic() + 60
+    while client.store.action_state(slow.id) != "running":
+        assert time.monotonic() < deadline, "the action never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    worker = deployment.children["worker-cpu-n0"].proc.pid
+    for pid in _descendants(worker):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 4 and argv[4].endswith(b"/runner.py") and argv[0].endswith(b"python3"):
+            os.kill(pid, signal.SIGKILL)
+    lost = slow.result(timeout=120)
+    assert lost.status is ActionStatus.ERROR and "runner lost" in lost.error, lost
+    assert lost.sandbox_reset and lost.detail == lost.error, lost
+    after = client.submit(CodeAction(trajectory_id="lost", code="print('again')")).result(timeout=120)
+    assert after.ok and after.stdout == "again\n", after
+
+
+def _descendants(root: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
