@@ -160,16 +160,22 @@ def test_worker_killed_mid_action_is_retried(deployment, client, tmp_path: Path)
     assert retried, "the interrupted actions should have been retried"
 
 
+def recorded_burst(client: Any, log: Path, n: int) -> list[Any]:
+    """`n` actions of the recording API over 8 trajectories, each appending its tag to `log`
+    when it executes (so a test can count executions)."""
+    return client.submit_many(
+        ApiAction(trajectory_id=f"t{i % 8}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.02})
+        for i in range(n)
+    )
+
+
 @pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
 def test_redis_killed_and_restarted_loses_nothing(deployment, client, tmp_path: Path) -> None:
     """Given a burst in flight, when Redis is SIGKILLed and restarted from its AOF, every action
     completes exactly once and the scheduler and workers carry on."""
     log = tmp_path / "executions.log"
     n = 200
-    handles = client.submit_many(
-        ApiAction(trajectory_id=f"t{i % 8}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.02})
-        for i in range(n)
-    )
+    handles = recorded_burst(client, log, n)
     time.sleep(0.5)
     deployment.redis.kill()
     time.sleep(1.0)
@@ -197,10 +203,7 @@ def test_an_embedded_redis_that_dies_is_started_again(deployment, client, tmp_pa
     exactly once: nothing waits for a server nobody starts."""
     log = tmp_path / "executions.log"
     n = 100
-    handles = client.submit_many(
-        ApiAction(trajectory_id=f"t{i % 8}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.02})
-        for i in range(n)
-    )
+    handles = recorded_burst(client, log, n)
     time.sleep(0.5)
     dead = deployment.redis.proc.pid
     os.kill(dead, signal.SIGKILL)  # the wrapper exec'd redis-server: this is the server
@@ -404,8 +407,10 @@ def test_a_result_says_what_the_sandbox_did_and_what_failed(deployment, client) 
         assert time.monotonic() < deadline, "the action never started"
         time.sleep(0.05)
     time.sleep(0.5)
+    from tests.integration.lifecycle_support import descendants
+
     worker = deployment.children["worker-cpu-n0"].proc.pid
-    for pid in _descendants(worker):
+    for pid, _ in descendants(worker):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -417,20 +422,3 @@ def test_a_result_says_what_the_sandbox_did_and_what_failed(deployment, client) 
     assert lost.sandbox_reset and lost.detail == lost.error, lost
     after = client.submit(CodeAction(trajectory_id="lost", code="print('again')")).result(timeout=120)
     assert after.ok and after.stdout == "again\n", after
-
-
-def _descendants(root: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
