@@ -57,15 +57,22 @@ def _previous_address(data_dir: Path, bind: str) -> tuple[int, str | None]:
         return 0, None
     if not port or not password or conf.get("bind") != bind:
         return 0, None
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server binds it
-        try:
-            s.bind((bind, port))
-        except OSError:
-            log.info("port %d of the previous embedded Redis is taken; a new one is picked", port)
-            return 0, None
+    if not port_free(bind, port):
+        log.info("port %d of the previous embedded Redis is taken; a new one is picked", port)
+        return 0, None
     return port, password
+
+
+def port_free(address: str, port: int) -> bool:
+    """Could a server listen on address:port now? (bound with SO_REUSEADDR, as servers bind:
+    connections of an earlier server left in TIME_WAIT do not count)"""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
 
 
 class EmbeddedRedis:
@@ -97,9 +104,8 @@ class EmbeddedRedis:
         self.bind = bind
         self.netns = netns
         self.die_with_parent = die_with_parent
-        old_port, old_password = _previous_address(self.data_dir, bind) if keep_address else (0, None)
-        if port or password:
-            old_port, old_password = 0, None
+        reuse = keep_address and not (port or password)
+        old_port, old_password = _previous_address(self.data_dir, bind) if reuse else (0, None)
         self.port = port or old_port or _free_port()
         self.password = password or old_password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None

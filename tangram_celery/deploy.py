@@ -13,7 +13,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import redis
 import yaml
 
 from tangram_celery import lifeline
-from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
+from tangram_celery.broker import URL_FILE, EmbeddedRedis, port_free, write_url
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import TangramError
 from tangram_celery.store import Store, redact
@@ -259,14 +258,7 @@ class Deployment:
             port = int((self.state_dir / HTTP_PORT_FILE).read_text())
         except (OSError, ValueError):
             return 0
-        address = self.cfg.http.address
-        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
-            try:
-                s.bind((address, port))
-            except OSError:
-                return 0
-        return port
+        return port if port_free(self.cfg.http.address, port) else 0
 
     def _keep_http_port(self) -> None:
         """A restarted `tangram serve` binds the port the first one got (`http.port: 0` picks a
