@@ -60,6 +60,11 @@ class RunnerGone(Exception):
     """The runner closed the connection or its socket vanished (the sandbox died)."""
 
 
+class RunnerUnreachable(RunnerGone):
+    """The request never reached the runner (no runner's socket, refused, reset before it was
+    all sent): nothing of the action ran, so it can run in another sandbox instead."""
+
+
 class RunnerTimeout(Exception):
     """The runner did not answer within the action's timeout plus a grace period."""
 
@@ -77,6 +82,7 @@ class Handle:
     last_used_s: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     gen: str = ""  # the scheduler's generation of this trajectory sandbox ("" when not told)
+    used: bool = False  # an action of this occupant reached its runner (its files may matter)
 
     @property
     def socket_path(self) -> Path:
@@ -95,14 +101,21 @@ def call_runner(path: Path, payload: dict[str, Any], timeout_s: float, owner_uid
         s.settimeout(timeout_s)
         fd = -1
         try:
-            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-            sock, parent = os.fstat(fd), os.lstat(path.parent)
-            if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != owner_uid:
-                raise RunnerGone(f"{path.name} is not a socket of uid {owner_uid}: not the runner's")
-            if parent.st_uid != owner_uid or parent.st_mode & 0o077:
-                raise RunnerGone("the runner's directory is no longer private to it")
-            s.connect(f"/proc/self/fd/{fd}")
-            s.sendall(json.dumps(payload).encode() + b"\n")
+            try:  # until the request is all sent, nothing of it can have run
+                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+                sock, parent = os.fstat(fd), os.lstat(path.parent)
+                if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != owner_uid:
+                    raise RunnerUnreachable(
+                        f"{path.name} is not a socket of uid {owner_uid}: not the runner's"
+                    )
+                if parent.st_uid != owner_uid or parent.st_mode & 0o077:
+                    raise RunnerUnreachable("the runner's directory is no longer private to it")
+                s.connect(f"/proc/self/fd/{fd}")
+                s.sendall(json.dumps(payload).encode() + b"\n")
+            except TimeoutError:
+                raise
+            except OSError as e:
+                raise RunnerUnreachable(repr(e)) from None
             buf = bytearray()
             while not buf.endswith(b"\n"):
                 chunk = s.recv(1 << 20)
@@ -195,7 +208,20 @@ class WarmPool(ABC):
         """Run `request` in the trajectory's warm sandbox, bound to `request.cores`."""
         h, reset = self._acquire(trajectory_id, request)
         try:
-            res = self._exec(h, request)
+            try:
+                res = self._exec(h, request, retry=True)
+            except RunnerUnreachable as e:
+                # It died before the action reached it (the liveness check just before could
+                # not see it yet): nothing ran, so the action runs in another sandbox, as it
+                # would have a moment later. The trajectory lost its files if it had used it.
+                log.warning(
+                    "sandbox of %s died before its action reached it (%s); another one runs it",
+                    trajectory_id,
+                    e,
+                )
+                reset = reset or h.used
+                self._refill(h, request)
+                res = self._exec(h, request)
         finally:
             self._resizing.leave(request)
             h.last_used_s = time.monotonic()
@@ -206,6 +232,23 @@ class WarmPool(ABC):
 
     def run_once(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a sandbox of its own (a ready one if any), discarded afterwards."""
+        h = self._one_shot(request)
+        try:
+            try:
+                return self._exec(h, request, retry=True)
+            except RunnerUnreachable as e:  # died before the action reached it: nothing ran
+                log.warning(
+                    "a one-shot sandbox died before its action reached it (%s); another one runs it", e
+                )
+                self._teardown(h)
+                h = self._one_shot(request)
+                return self._exec(h, request)
+        finally:
+            self._resizing.leave(request)
+            self._dispose(h)
+
+    def _one_shot(self, request: ExecRequest) -> Handle:
+        """A sandbox for a one-shot action: a ready one if any, else one started now."""
         h = self.ready.take(self._bound_for(request))
         if h is None:
             h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
@@ -215,11 +258,7 @@ class WarmPool(ABC):
             except BaseException:
                 self._teardown(h)
                 raise
-        try:
-            return self._exec(h, request)
-        finally:
-            self._resizing.leave(request)
-            self._dispose(h)
+        return h
 
     def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
         """Remove the trajectory's sandbox (in the background); with `generation`, only if it
@@ -416,24 +455,33 @@ class WarmPool(ABC):
         if h.ref is not None and self._alive(h):
             return h, reset
         try:
-            if h.ref is not None:  # a ready sandbox that died while it waited
+            self._refill(h, req)
+        except BaseException:
+            h.lock.release()
+            raise
+        return h, reset
+
+    def _refill(self, h: Handle, req: ExecRequest) -> None:
+        """Give the locked handle `h`, whose sandbox is gone or dead, a live one: a ready one,
+        or one started now. On failure the handle is forgotten (the trajectory's next action
+        starts from nothing) and the error raised; the caller still holds `h.lock`."""
+        try:
+            if h.ref is not None:  # a sandbox that died while it waited
                 self._teardown_in_place(h)
             ready = self.ready.take(self._bound_for(req))
             if ready is not None:
                 self._adopt(h, ready)
             else:
-                h.memory_mb, h.cores = req.memory_mb, tuple(req.cores)
+                h.memory_mb, h.cores, h.used = req.memory_mb, tuple(req.cores), False
                 self._start_and_wait(h)
-                log.info("%s sandbox for %s started (none ready)", self.name, tid)
+                log.info("%s sandbox for %s started (none ready)", self.name, h.trajectory_id)
         except BaseException:
             self._destroy(h)
             h.ref = None
             with self._lock:
-                if self._handles.get(tid) is h:
-                    del self._handles[tid]
-            h.lock.release()
+                if self._handles.get(h.trajectory_id) is h:
+                    del self._handles[h.trajectory_id]
             raise
-        return h, reset
 
     def _bound_for(self, req: ExecRequest) -> Callable[[Handle], bool]:
         """Whether a ready sandbox is bound to `req`'s cores already (handing it out then
@@ -447,7 +495,7 @@ class WarmPool(ABC):
         """Move a ready sandbox into `h` (whose own is gone)."""
         old_dir = h.state_dir
         h.state_dir, h.ref, h.cgroups = ready.state_dir, ready.ref, ready.cgroups
-        h.memory_mb, h.cores = ready.memory_mb, ready.cores
+        h.memory_mb, h.cores, h.used = ready.memory_mb, ready.cores, False
         if old_dir != h.state_dir:
             shutil.rmtree(old_dir, ignore_errors=True)
 
@@ -471,7 +519,10 @@ class WarmPool(ABC):
     def _logs(self, h: Handle) -> str:
         return ""
 
-    def _exec(self, h: Handle, req: ExecRequest) -> ExecResult:
+    def _exec(self, h: Handle, req: ExecRequest, retry: bool = False) -> ExecResult:
+        """Run `req` in `h`'s sandbox. With `retry`, a sandbox found dead before the request
+        reached it is torn down and `RunnerUnreachable` raised (the caller runs it in another);
+        otherwise that is reported as any lost runner is."""
         cores = self._resizing.enter(h, req)  # bound: the request's cores, or a loan's since
         payload = runner_payload(req, self.limits, self.pythonpath)
         payload["cores"] = list(cores)
@@ -482,6 +533,10 @@ class WarmPool(ABC):
         try:
             facts = call_runner(h.socket_path, payload, runner_timeout_s(req))
         except (RunnerGone, RunnerTimeout) as e:
+            if retry and isinstance(e, RunnerUnreachable):
+                self._teardown_in_place(h)
+                raise
+            h.used = True
             after = h.cgroups.counters() if h.cgroups else None
             delta = counter_delta(before, after)
             self._teardown_in_place(h)
@@ -494,6 +549,7 @@ class WarmPool(ABC):
         finally:
             with self._lock:
                 self._running -= 1
+        h.used = True
         if "runner_error" in facts:
             return ExecResult(
                 status=ActionStatus.ERROR, detail=str(facts["runner_error"]), exec_s=time.monotonic() - t0
