@@ -63,6 +63,22 @@ def _previous_address(data_dir: Path, bind: str) -> tuple[int, str | None]:
     return port, password
 
 
+class _PortTaken(Exception):
+    """redis-server exited because its port was taken."""
+
+
+def _address_in_use(log_file: Path, seen: int, stderr: str) -> bool:
+    """Did the server that just exited say its port was taken (in its log, past `seen` bytes,
+    or on stderr)?"""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(seen)
+            said = f.read().decode(errors="replace")
+    except OSError:
+        said = ""
+    return "Address already in use" in said + stderr
+
+
 def port_free(address: str, port: int) -> bool:
     """Could a server listen on address:port now? (bound with SO_REUSEADDR, as servers bind:
     connections of an earlier server left in TIME_WAIT do not count)"""
@@ -107,6 +123,9 @@ class EmbeddedRedis:
         reuse = keep_address and not (port or password)
         old_port, old_password = _previous_address(self.data_dir, bind) if reuse else (0, None)
         self.port = port or old_port or _free_port()
+        # a port of our choosing may change if it is taken before the server binds it (another
+        # process got it between the check and the start), until the URL is first handed out
+        self._may_move = not port
         self.password = password or old_password or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
         self.held_down = False  # killed on purpose (`kill`): left down until `restart`
@@ -116,6 +135,22 @@ class EmbeddedRedis:
         return f"redis://:{self.password}@{self.bind}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers. A port this object chose (none was
+        given) that another process takes before the server binds it is replaced by a free
+        one, on the first start only: after that clients know the URL (`restart` keeps it)."""
+        for attempt in range(5):
+            try:
+                self._start(timeout_s)
+                break
+            except _PortTaken:
+                if not self._may_move or attempt == 4:
+                    raise BrokerError(f"redis-server: port {self.bind}:{self.port} is taken") from None
+                log.warning("port %d was taken before redis-server could bind it; trying another", self.port)
+                self.port = _free_port()
+        self._may_move = False
+        return self
+
+    def _start(self, timeout_s: float) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _owner_only(self.data_dir)
         conf = self.data_dir / "redis.conf"
@@ -158,10 +193,12 @@ class EmbeddedRedis:
             umask=0o077,  # AOF, RDB and log: owner only
         )
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
         while True:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                if _address_in_use(log_file, seen, err):
+                    raise _PortTaken
                 raise BrokerError(f"redis-server exited with {self.proc.returncode}: {err.strip()}")
             if self._ready(client, log_file, seen):
                 break
@@ -171,7 +208,6 @@ class EmbeddedRedis:
             time.sleep(0.02)
         client.close()
         log.info("embedded redis on %s:%d (data %s)", self.bind, self.port, self.data_dir)
-        return self
 
     def _ready(self, client: redis.Redis, log_file: Path, seen: int) -> bool:
         """Answers PING; inside another network namespace, says so in its log instead."""

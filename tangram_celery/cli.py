@@ -158,7 +158,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve_metrics(registry, args.metrics_port, args.metrics_addr)
     # uvicorn handles SIGINT / SIGTERM itself: it stops accepting, finishes requests, exits
     try:
-        serve(cfg, resolve_url(cfg), port=args.port, address=args.address, registry=registry)
+        serve(
+            cfg,
+            resolve_url(cfg),
+            port=args.port,
+            prefer_port=args.prefer_port,
+            address=args.address,
+            registry=registry,
+        )
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
         pass
     return 0
@@ -263,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(sv)
     _add_metrics(sv)
     sv.add_argument("--port", type=int, default=None, help="override http.port (0 = a free port)")
+    sv.add_argument(
+        "--prefer-port", type=int, default=0, help="with http.port 0: try this port first (taken: a free one)"
+    )
     sv.add_argument("--address", default=None, help="override http.address")
     sv.set_defaults(fn=cmd_serve)
 

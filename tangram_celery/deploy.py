@@ -244,8 +244,8 @@ class Deployment:
         (self.state_dir / URL_FILE).unlink(missing_ok=True)
         args = ["serve"]
         port = self._last_http_port()
-        if port:
-            args += ["--port", str(port)]
+        if port:  # tried first: taken since the check, the server takes a free one
+            args += ["--prefer-port", str(port)]
         self.spawn("http", args)
         return True
 

@@ -28,12 +28,21 @@ def missing_extra() -> str | None:
     return None
 
 
-def bind(address: str, port: int) -> socket.socket:
-    """A listening socket on address:port (port 0: a free one), so the URL is known before serving."""
+def bind(address: str, port: int, prefer: int = 0) -> socket.socket:
+    """A listening socket on address:port (port 0: `prefer` if that is free, else any free one),
+    so the URL is known before serving."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address, port))
+    if not port and prefer:
+        try:
+            sock.bind((address, prefer))
+        except OSError as e:
+            log.warning("http: port %d is taken (%s); a free one is used", prefer, e)
+        else:
+            port = prefer
+    if sock.getsockname()[1] == 0:  # not bound yet
+        sock.bind((address, port))
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -65,10 +74,12 @@ def serve(
     broker_url: str,
     *,
     port: int | None = None,
+    prefer_port: int = 0,
     address: str | None = None,
     registry: CollectorRegistry | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; the URL is printed and written to <state_dir>/http.url."""
+    """Serve until SIGINT/SIGTERM; the URL is printed and written to <state_dir>/http.url. With
+    `http.port` 0, `prefer_port` is tried first (`tangram up`: the last run's port)."""
     why = missing_extra()
     if why is not None:
         raise ConfigError(why)
@@ -82,7 +93,7 @@ def serve(
         http = http.model_validate({**http.model_dump(), **changes})  # validated: token off loopback
         cfg = cfg.model_copy(update={"http": http})
     app = create_app(cfg, broker_url, registry=registry)
-    sock = bind(http.address, http.port)
+    sock = bind(http.address, http.port, prefer_port)
     url = url_of(sock)
     path = write_url(cfg.state_dir, url)
     print(f"http: {url} (docs {url}/docs; SandboxFusion URL {url}/run_code); url in {path}", flush=True)

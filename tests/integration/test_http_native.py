@@ -253,22 +253,34 @@ def test_a_restarted_http_server_keeps_its_url(http_deployment: Any) -> None:
     assert res["status"] == "Success" and res["run_result"]["stdout"] == "42\n", res
 
 
-def test_a_restarted_stack_keeps_its_http_url(tmp_path: Path) -> None:
+def test_a_restarted_stack_keeps_its_http_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Given `tangram up` with `http.port: 0`, when it is stopped and started again over the same
     state directory, then the HTTP server comes back on the same URL (a verl config naming it
-    stays right) and serves."""
+    stays right) and serves. When another process takes that port after the check that it is
+    free, the third start still comes up, on another port."""
+    import socket
+
+    import tangram_celery.deploy as deploy
     from tangram_celery.config import load_config
-    from tangram_celery.deploy import Deployment
     from tests.fixtures.redis import deployment_config
 
     path = deployment_config(tmp_path, nodes={"cpu": []})
     urls = []
-    for _ in range(2):
-        dep = Deployment(load_config(path), path, with_flower=False, with_http=True)
-        try:
-            dep.start(progress=False)
-            urls.append(dep.http_url)
-            assert requests.get(dep.http_url + "/v1/ping", timeout=10).ok
-        finally:
-            dep.stop()
-    assert urls[0] == urls[1], urls
+    squatter = socket.socket()
+    try:
+        for run in range(3):
+            if run == 2:  # the port is taken between the check and the server's bind
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                squatter.bind(("127.0.0.1", int(urls[0].rsplit(":", 1)[1])))
+                squatter.listen(1)
+                monkeypatch.setattr(deploy, "port_free", lambda address, port: True)
+            dep = deploy.Deployment(load_config(path), path, with_flower=False, with_http=True)
+            try:
+                dep.start(progress=False)
+                urls.append(dep.http_url)
+                assert requests.get(dep.http_url + "/v1/ping", timeout=10).ok
+            finally:
+                dep.stop()
+    finally:
+        squatter.close()
+    assert urls[0] == urls[1] != urls[2], urls
