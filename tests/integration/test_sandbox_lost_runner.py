@@ -18,26 +18,12 @@ import pytest
 
 from tangram_celery.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
-from tests.fixtures.common import unavailable
-from tests.fixtures.docker import SMALL_LIMITS
+from tests.fixtures.docker import namespace_sandbox
 
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Any]:
-    from tangram_celery.config import SandboxConfig
-    from tangram_celery.errors import SandboxError
-    from tangram_celery.sandbox import open_sandbox
-
-    # one ready sandbox at most: the one the next taker gets is known
-    cfg = SandboxConfig.model_validate({"backend": "namespace", **SMALL_LIMITS, "prewarm": 1, "ready_max": 1})
-    try:
-        b = open_sandbox(cfg)
-    except SandboxError as e:
-        unavailable(f"namespace sandbox backend unavailable: {e}")
-    try:
-        yield b
-    finally:
-        b.close()
+    yield from namespace_sandbox(prewarm=1, ready_max=1)  # the next taker's sandbox is known
 
 
 @pytest.fixture

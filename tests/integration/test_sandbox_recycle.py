@@ -12,8 +12,7 @@ import pytest
 
 from tangram_celery.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
-from tests.fixtures.common import unavailable
-from tests.fixtures.docker import SMALL_LIMITS
+from tests.fixtures.docker import namespace_sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -85,19 +84,7 @@ CLEAN = "['main.py'] [] [] [] [[], [], []] 0o755"
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Any]:
-    from tangram_celery.config import SandboxConfig
-    from tangram_celery.errors import SandboxError
-    from tangram_celery.sandbox import open_sandbox
-
-    cfg = SandboxConfig.model_validate({"backend": "namespace", **SMALL_LIMITS, "prewarm": 1})
-    try:
-        b = open_sandbox(cfg)
-    except SandboxError as e:
-        unavailable(f"namespace sandbox backend unavailable: {e}")
-    try:
-        yield b
-    finally:
-        b.close()
+    yield from namespace_sandbox(prewarm=1)
 
 
 def req(code: str, timeout_s: float = 20) -> ExecRequest:
@@ -212,11 +199,7 @@ def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up
     """Given a freshly started ready sandbox, when its first action looks around, then one
     verifier and its seed are already waiting, no other process of the user's uid runs, and the
     workdir holds only the action's own main.py (the warm-up test wrote nothing)."""
-    from tangram_celery.config import SandboxConfig
-    from tangram_celery.sandbox import open_sandbox
-
-    fresh = open_sandbox(SandboxConfig.model_validate({"backend": "namespace", **SMALL_LIMITS, "prewarm": 1}))
-    try:
+    for fresh in namespace_sandbox(prewarm=1):
         assert fresh.ready.wait_full(60)
         h = fresh.ready.take()
         res = fresh._exec(h, req(PROCS))
@@ -224,8 +207,6 @@ def test_a_ready_sandbox_has_a_verifier_waiting_and_keeps_nothing_of_its_warm_up
         assert (res.status, len(verifiers), users, work) == (ActionStatus.OK, 1, [], ["main.py"]), res
         assert len(seeds) == 1 and seeds != verifiers, res
         fresh._teardown(h)
-    finally:
-        fresh.close()
 
 
 def test_a_scrub_kills_the_verifiers_of_the_previous_occupant_and_primes_a_new_one(box: Any) -> None:
