@@ -64,6 +64,7 @@ from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
 from scheduler.policies.time_share import HostCache, time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
+from scheduler.pools import CpuNode
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
@@ -139,8 +140,14 @@ class Round:
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
         self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
-        # how many of them run on each node: a round looks at nodes, not at every borrower
-        self._borrower_nodes: dict[str, int] = {}
+        # the same by node, in the same order: a round looks at nodes, not at every borrower
+        self._borrower_nodes: dict[str, dict[str, Borrower]] = {}
+        # each node's state (object, version) when its borrowers were last looked at: a node
+        # whose version has not moved has had no action end since
+        self._borrowers_seen: dict[str, tuple[CpuNode, int]] = {}
+        # nodes where no borrower gains from a core (each at its largest unit count or no
+        # faster with one more): so until an allocation or a take-back there changes them
+        self._saturated: set[str] = set()
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
         self._hosts: HostCache = {}  # time sharing: each CPU node's hosts, by its version
@@ -197,9 +204,7 @@ class Round:
         `scheduler.policies.malleable`); updates `lent` and returns the changed loans."""
         borrowers = self._borrowers
         lent = self.lent
-        for aid in [aid for aid in borrowers if aid not in state.running]:
-            self._drop_borrower(aid)
-            lent.pop(aid, None)
+        self._drop_ended(state)
         taken: dict[str, set[int]] = {}
         for a in allocs:
             if a.kind is ResourceKind.CPU:
@@ -210,24 +215,29 @@ class Round:
         if not borrowers:
             return {}
         # Only nodes where something can change: an allocation took cores, or cores are spare
-        # (free beyond those on loan). Lent cores are free in `state` and disjoint.
+        # (free beyond those on loan) and a borrower there can use one. Lent cores are free in
+        # `state` and disjoint.
+        saturated = self._saturated
+        saturated.difference_update(taken)
         on_loan: dict[str, int] = {}
         for node, ids in lent.values():
             on_loan[node] = on_loan.get(node, 0) + len(ids)
         active = set(taken)
         for node in self._borrower_nodes:
-            if node not in active:
+            if node not in active and node not in saturated:
                 cpu = state.cpu.get(node)
                 if cpu is not None and len(cpu.free) > on_loan.get(node, 0):
                     active.add(node)
         if not active:
             return {}
+        nodes = self._borrower_nodes
         changed = lend_cores(
-            [b for b in borrowers.values() if b.alloc.pool in active],
+            [b for node, on in nodes.items() if node in active for b in on.values()],
             {aid: loan for aid, loan in lent.items() if loan[0] in active},
             taken,
             state,
             now_s,
+            saturated,
         )
         for aid, loan in changed.items():
             if loan[1]:
@@ -288,23 +298,40 @@ class Round:
         if action.cost.malleable and alloc.kind is ResourceKind.CPU:
             self._add_borrower(Borrower(action, alloc))
 
+    def _drop_ended(self, state: ClusterState) -> None:
+        """Forget the borrowers that ended (and their loans), looking only at nodes whose
+        state changed since the last round."""
+        seen = self._borrowers_seen
+        for node, on in list(self._borrower_nodes.items()):
+            cpu = state.cpu.get(node)
+            last = seen.get(node)
+            if cpu is not None and last is not None and last[0] is cpu and last[1] == cpu.version:
+                continue
+            for aid in [aid for aid in on if aid not in state.running]:
+                self._drop_borrower(aid)
+                self.lent.pop(aid, None)
+            if cpu is not None:
+                seen[node] = (cpu, cpu.version)
+
     def _add_borrower(self, b: Borrower) -> None:
         aid = b.alloc.action_id
-        if aid in self._borrowers:
-            self._uncount(self._borrowers[aid].alloc.pool)
+        self._saturated.discard(b.alloc.pool)
+        old = self._borrowers.get(aid)
+        if old is not None and old.alloc.pool != b.alloc.pool:
+            self._uncount(old.alloc.pool, aid)
         self._borrowers[aid] = b  # (one already there keeps its place: loans go in this order)
-        node = b.alloc.pool
-        self._borrower_nodes[node] = self._borrower_nodes.get(node, 0) + 1
+        self._borrower_nodes.setdefault(b.alloc.pool, {})[aid] = b
 
     def _drop_borrower(self, aid: str) -> None:
-        self._uncount(self._borrowers.pop(aid).alloc.pool)
+        self._uncount(self._borrowers.pop(aid).alloc.pool, aid)
 
-    def _uncount(self, node: str) -> None:
-        left = self._borrower_nodes[node] - 1
-        if left:
-            self._borrower_nodes[node] = left
-        else:
+    def _uncount(self, node: str, aid: str) -> None:
+        on = self._borrower_nodes[node]
+        del on[aid]
+        if not on:
             del self._borrower_nodes[node]
+            self._borrowers_seen.pop(node, None)
+            self._saturated.discard(node)
 
     def order(
         self, queue: WaitingQueue, state: ClusterState, now_s: float

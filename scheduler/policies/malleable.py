@@ -42,12 +42,15 @@ def lend_cores(
     taken: Mapping[str, set[int]],
     state: ClusterState,
     now_s: float,
+    saturated: set[str] | None = None,
 ) -> Lent:
     """Each borrower's lent cores after this round (only the borrowers whose set changes).
 
     `lent`: what each borrower holds on loan now; `taken`: per node, the cores this round's
     allocations take (a lent one among them is taken back); `state`: before the allocations
-    apply (lent cores are free in it). A node that is offline lends nothing.
+    apply (lent cores are free in it). A node that is offline lends nothing. `saturated`, if
+    given, gets the nodes with spare cores where no borrower would gain from one (which stays
+    so until an allocation or a take-back there changes its borrowers or their loans).
     """
     by_node: dict[str, list[Borrower]] = {}
     for b in borrowers:
@@ -55,6 +58,7 @@ def lend_cores(
             by_node.setdefault(b.alloc.pool, []).append(b)
     out: Lent = {}
     kept: dict[str, frozenset[int]] = {}
+    kept_on: dict[str, list[frozenset[int]]] = {}  # node -> its loans after the take-backs
     lent_n: dict[str, int] = {}  # node -> cores on loan there after the take-backs
     for aid, (node, ids) in lent.items():
         back = taken.get(node)
@@ -62,6 +66,7 @@ def lend_cores(
             ids = ids - back
             out[aid] = (node, ids)
         kept[aid] = ids
+        kept_on.setdefault(node, []).append(ids)
         lent_n[node] = lent_n.get(node, 0) + len(ids)
     for node, group in by_node.items():
         cpu = state.cpu.get(node)
@@ -70,17 +75,22 @@ def lend_cores(
         # lent and taken cores are free in `state` and disjoint: count before building sets
         if len(cpu.free) - len(taken.get(node, ())) - lent_n.get(node, 0) <= 0:
             continue
-        spare = cpu.free - taken.get(node, set())
-        for aid, (n, _) in lent.items():
-            if n == node:
-                spare -= kept[aid]
         units = {b.alloc.action_id: b.alloc.units + len(kept.get(b.alloc.action_id, ())) for b in group}
         heap: list[tuple[float, int, str]] = []
         weight: dict[str, float] = {}
         for k, b in enumerate(group):
             aid = b.alloc.action_id
+            if units[aid] >= b.action.cost.units.max:
+                continue  # at its largest unit count: no core would help (`_push`)
             weight[aid] = _left_share(b, state, now_s)
             _push(heap, b, units[aid], weight[aid], k)
+        if not heap:  # nobody here gains from a core: no need to know which are spare
+            if saturated is not None:
+                saturated.add(node)
+            continue
+        spare = cpu.free - taken.get(node, set())
+        for ids in kept_on.get(node, ()):
+            spare -= ids
         grant: dict[str, list[int]] = {}
         free = sorted(spare)
         while free and heap:
