@@ -139,6 +139,7 @@ class Round:
         self.observed = observed
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
         self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
+        self._on_loan: dict[str, int] = {}  # node -> cores on loan there (`_loan`)
         self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
         # the same by node, in the same order: a round looks at nodes, not at every borrower
         self._borrower_nodes: dict[str, dict[str, Borrower]] = {}
@@ -219,9 +220,7 @@ class Round:
         # `state` and disjoint.
         saturated = self._saturated
         saturated.difference_update(taken)
-        on_loan: dict[str, int] = {}
-        for node, ids in lent.values():
-            on_loan[node] = on_loan.get(node, 0) + len(ids)
+        on_loan = self._on_loan
         active = set(taken)
         for node in self._borrower_nodes:
             if node not in active and node not in saturated:
@@ -240,11 +239,24 @@ class Round:
             saturated,
         )
         for aid, loan in changed.items():
-            if loan[1]:
-                lent[aid] = loan
-            else:
-                lent.pop(aid, None)
+            self._loan(aid, loan if loan[1] else None)
         return changed
+
+    def _loan(self, aid: str, loan: tuple[str, frozenset[int]] | None) -> None:
+        """Set (or with None, end) a borrower's loan, keeping the count per node."""
+        lent, on_loan = self.lent, self._on_loan
+        old = lent.get(aid)
+        if old is not None:
+            left = on_loan[old[0]] - len(old[1])
+            if left:
+                on_loan[old[0]] = left
+            else:
+                del on_loan[old[0]]
+        if loan is None:
+            lent.pop(aid, None)
+        else:
+            lent[aid] = loan  # (one already there keeps its place)
+            on_loan[loan[0]] = on_loan.get(loan[0], 0) + len(loan[1])
 
     def warm(
         self, started: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float
@@ -309,7 +321,7 @@ class Round:
                 continue
             for aid in [aid for aid in on if aid not in state.running]:
                 self._drop_borrower(aid)
-                self.lent.pop(aid, None)
+                self._loan(aid, None)
             if cpu is not None:
                 seen[node] = (cpu, cpu.version)
 
