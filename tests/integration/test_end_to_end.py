@@ -137,16 +137,26 @@ def test_scheduler_killed_mid_run_loses_nothing(deployment, client, tmp_path: Pa
     assert max(executed.values()) == 1, "an action ran twice"
 
 
+def recorded_burst(client: Any, log: Path, n: int, trajectories: int = 8, sleep_s: float = 0.02) -> list[Any]:
+    """`n` actions of the recording API over `trajectories` trajectories, each sleeping
+    `sleep_s` and appending its tag to `log` when it executes (so a test can count executions)."""
+    return client.submit_many(
+        ApiAction(
+            trajectory_id=f"t{i % trajectories}",
+            api="rec",
+            request={"tag": i, "log": str(log), "sleep_s": sleep_s},
+        )
+        for i in range(n)
+    )
+
+
 @pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
 def test_worker_killed_mid_action_is_retried(deployment, client, tmp_path: Path) -> None:
     """Given actions running on a worker, when it is SIGKILLed and restarted, every action
     completes exactly once from the client's view, with attempt 2 for the interrupted ones."""
     log = tmp_path / "executions.log"
     n = 12
-    handles = client.submit_many(
-        ApiAction(trajectory_id=f"t{i}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 1.0})
-        for i in range(n)
-    )
+    handles = recorded_burst(client, log, n, trajectories=n, sleep_s=1.0)
     time.sleep(0.5)  # the first four are mid-sleep on the worker
     deployment.kill("worker-api-rec")  # the deployment's supervisor starts a new one
     results = [h.result(timeout=180) for h in handles]
@@ -158,15 +168,6 @@ def test_worker_killed_mid_action_is_retried(deployment, client, tmp_path: Path)
     assert all(r.status is ActionStatus.OK for r in results)
     assert sorted(executed) == list(range(n))
     assert retried, "the interrupted actions should have been retried"
-
-
-def recorded_burst(client: Any, log: Path, n: int) -> list[Any]:
-    """`n` actions of the recording API over 8 trajectories, each appending its tag to `log`
-    when it executes (so a test can count executions)."""
-    return client.submit_many(
-        ApiAction(trajectory_id=f"t{i % 8}", api="rec", request={"tag": i, "log": str(log), "sleep_s": 0.02})
-        for i in range(n)
-    )
 
 
 @pytest.mark.deploy(apis=CALC_AND_RECORD, nodes={"cpu": []})
