@@ -27,7 +27,7 @@ import redis
 import yaml
 
 from tangram_celery import lifeline
-from tangram_celery.broker import URL_FILE, EmbeddedRedis, port_free, write_url
+from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
 from tangram_celery.config import TangramConfig
 from tangram_celery.errors import TangramError
 from tangram_celery.store import Store, redact
@@ -244,21 +244,21 @@ class Deployment:
         (self.state_dir / URL_FILE).unlink(missing_ok=True)
         args = ["serve"]
         port = self._last_http_port()
-        if port:  # tried first: taken since the check, the server takes a free one
+        if port:  # tried first: taken, the server takes a free one
             args += ["--prefer-port", str(port)]
         self.spawn("http", args)
         return True
 
     def _last_http_port(self) -> int:
         """With `http.port: 0`, the port the last run's server had (`HTTP_PORT_FILE` in the
-        state dir) while it is free: a restart of `tangram up` keeps the HTTP URL too."""
+        state dir): a restart of `tangram up` keeps the HTTP URL too. The server binds it if it
+        is free, else a free one (`tangram serve --prefer-port`)."""
         if self.cfg.http.port:
             return 0
         try:
-            port = int((self.state_dir / HTTP_PORT_FILE).read_text())
+            return int((self.state_dir / HTTP_PORT_FILE).read_text())
         except (OSError, ValueError):
             return 0
-        return port if port_free(self.cfg.http.address, port) else 0
 
     def _keep_http_port(self) -> None:
         """A restarted `tangram serve` binds the port the first one got (`http.port: 0` picks a

@@ -34,15 +34,14 @@ def bind(address: str, port: int, prefer: int = 0) -> socket.socket:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if not port and prefer:
+    if port or not prefer:
+        sock.bind((address, port))
+    else:
         try:
             sock.bind((address, prefer))
         except OSError as e:
             log.warning("http: port %d is taken (%s); a free one is used", prefer, e)
-        else:
-            port = prefer
-    if sock.getsockname()[1] == 0:  # not bound yet
-        sock.bind((address, port))
+            sock.bind((address, 0))
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
