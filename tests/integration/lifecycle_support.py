@@ -30,6 +30,22 @@ def running(ident: tuple[int, str]) -> bool:
     return st is not None and st[19] == ident[1] and st[0] not in ("Z", "X")
 
 
+def status_field(pid: int, name: str) -> list[str]:
+    """The values of one line of /proc/<pid>/status (`Uid`, `NSpid`, ...); [] when gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return []
+    return next((x.split()[1:] for x in lines if x.startswith(name + ":")), [])
+
+
+def is_sandbox_runner(pid: int) -> bool:
+    """Is `pid` a sandbox's runner: PID 1 of a pid namespace of its own (its NSpid ends in 1;
+    the zygote and verifier seed it forks share its command line, not that)?"""
+    nspid = status_field(pid, "NSpid")
+    return len(nspid) > 1 and nspid[-1] == "1"
+
+
 def descendants(pid: int) -> set[tuple[int, str]]:
     """Every live descendant of `pid` (by parent links in /proc), as (pid, start time)."""
     parent: dict[int, int] = {}

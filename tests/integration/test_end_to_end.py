@@ -409,33 +409,16 @@ def test_a_result_says_what_the_sandbox_did_and_what_failed(deployment, client) 
         time.sleep(0.05)
     time.sleep(0.5)
     from tangram_celery.sandbox.limits import SANDBOX_UID
-    from tests.integration.lifecycle_support import descendants
-
-    def uid(pid: int) -> int:
-        try:
-            return int(
-                next(
-                    x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("Uid:")
-                ).split()[1]
-            )
-        except (OSError, StopIteration):
-            return -1
+    from tests.integration.lifecycle_support import descendants, is_sandbox_runner, status_field
 
     # the runner of the sandbox the action runs in: the one with a user process under it (the
     # ready sandboxes' runners are left alone)
     worker = deployment.children["worker-cpu-n0"].proc.pid
     killed = 0
     for pid, _ in descendants(worker):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        runner = len(argv) > 4 and argv[4].endswith(b"/runner.py") and argv[0].endswith(b"python3")
-        try:  # not its zygote or verifier seed: forks of it, with the same command line
-            runner = runner and Path(f"/proc/{pid}/comm").read_text().strip() == "python3"
-        except OSError:
-            continue
-        if runner and any(uid(p) == SANDBOX_UID for p, _ in descendants(pid)):
+        if is_sandbox_runner(pid) and any(
+            status_field(p, "Uid")[:1] == [str(SANDBOX_UID)] for p, _ in descendants(pid)
+        ):
             os.kill(pid, signal.SIGKILL)
             killed += 1
     assert killed == 1, killed

@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from tangram_celery.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.docker import namespace_sandbox
+from tests.integration.lifecycle_support import is_sandbox_runner, status_field
 
 
 @pytest.fixture(scope="module")
@@ -42,24 +42,13 @@ def req(code: str) -> ExecRequest:
 def kill_runner(h: Any) -> None:
     """SIGKILL the runner (PID 1 of the sandbox's pid namespace) and wait until it is gone."""
     assert h.cgroups is not None
-    runner = None
-    for pid in h.cgroups.procs():
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
-        if len(nspid) > 1 and nspid[-1] == "1":
-            runner = int(pid)
-    assert runner is not None, "no runner found in the sandbox's cgroup"
+    runners = [int(pid) for pid in h.cgroups.procs() if is_sandbox_runner(int(pid))]
+    assert len(runners) == 1, f"runners in the sandbox's cgroup: {runners}"
+    runner = runners[0]
     os.kill(runner, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # until reaped, or a zombie (dead, not yet reaped)
-        try:
-            if "State:\tZ" in Path(f"/proc/{runner}/status").read_text():
-                break
-        except OSError:
-            break
+    # until reaped ([]: no status any more), or a zombie (dead, not yet reaped)
+    while status_field(runner, "State")[:1] not in ([], ["Z"]) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
