@@ -200,6 +200,15 @@ class SandboxConfig(StrictModel):
         "raises it to its cores times scheduler.cpu_batch.max_actions: a batch of new trajectories "
         "takes that many at once)",
     )
+    ready_idle: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="sandboxes a CPU worker keeps started while it runs no action, ready ones and those its "
+        "trajectories hold together (ready ones at most ready_max; default: ready_max, at most as many as "
+        "the node's sandbox memory holds trajectories at default_memory_mb; 0: only prewarm): a burst of "
+        "new trajectories with no idle one to evict (the first after a start) then starts none itself",
+    )
     recycle: bool = Field(
         True,
         description="scrub the sandbox of a closed/evicted trajectory or one-shot action and reuse it "

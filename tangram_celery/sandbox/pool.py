@@ -169,10 +169,14 @@ class WarmPool(ABC):
             self._alive,
             keep=cfg.ready_max,
             starved=self._disposer.hurry,
+            reserve=cfg.ready_idle or 0,
+            quiet_s=self._quiet_s,
+            held=lambda: len(self._handles),  # no lock: `_prime` asks the pool under ours
         )
         # running actions a core loan can resize (`resize`)
         self._resizing = Resizing(self._bind, lambda h, req: call_runner(h.socket_path, req, 5.0))
         self._running = 0  # actions executing now (`_prime` warms verifiers only when none is)
+        self._idle_since = time.monotonic()  # when the last action ended (the pool grows after)
         self._reaper = threading.Thread(target=self._reap_loop, name="sandbox-reaper", daemon=True)
         self._reaper.start()
 
@@ -404,6 +408,11 @@ class WarmPool(ABC):
         warm = idle and len(self.ready) >= self.ready.size
         return {"prime": {"nofile": self.limits.nofile, "pythonpath": self.pythonpath, "warm_verifier": warm}}
 
+    def _quiet_s(self) -> float:
+        """Seconds since the last action ended, 0 while one runs (`ReadyPool` grows meanwhile)."""
+        with self._lock:
+            return 0.0 if self._running else time.monotonic() - self._idle_since
+
     def _tampered(self, h: Handle) -> str:
         """What, seen from outside, rules out reusing a scrubbed sandbox ("" when nothing): the
         backend's check (namespace: its cgroup's processes)."""
@@ -549,6 +558,7 @@ class WarmPool(ABC):
         finally:
             with self._lock:
                 self._running -= 1
+                self._idle_since = time.monotonic()
         h.used = True
         if "runner_error" in facts:
             return ExecResult(

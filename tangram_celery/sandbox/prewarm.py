@@ -8,6 +8,10 @@ other. When the pool is empty (a burst of new trajectories), the caller starts o
 Ready sandboxes are fresh or recycled: a recycled one ran another occupant's code and was then
 scrubbed (`WarmPool._recycle`, docs/sandbox.md "Recycling"); up to `keep` of those are kept
 (`sandbox.ready_max`, at least twice `size`), so that a scrubbed sandbox is rarely thrown away.
+While the worker runs no action, the pool grows, one start at a time, until its sandboxes and
+those trajectories hold reach `reserve` (`sandbox.ready_idle`): a burst of new trajectories that
+finds no idle trajectory to evict (the first after a start), and so no sandbox to recycle, then
+takes ready ones instead of starting its own on the cores its actions need.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ SCRUB_WAIT_S = 2.0  # a taker waits this long at most for a sandbox being scrubb
 # long after the last one came back. Else it started one whenever a taker had just emptied the
 # pool, and as many scrubbed ones were later thrown away.
 RECYCLED_SUPPLY_S = 1.0
+# The worker has run no action for this long: the pool may grow beyond `size` (`reserve`).
+IDLE_GROW_S = 0.25
 
 
 class ReadyPool(Generic[H]):
@@ -41,7 +47,11 @@ class ReadyPool(Generic[H]):
     `start()` returns a started, ready sandbox (blocking), `destroy(h)` removes one, `alive(h)`
     says whether it still runs. Scrubbed sandboxes are kept up to `keep` in all (default
     `2 * size`): a burst of new trajectories (a batch of riders) takes them as fast as the
-    trajectories it evicts give them back.
+    trajectories it evicts give them back. With `reserve` above `size`, `quiet_s` (seconds since
+    the worker last ran an action, 0 while one runs) and `held` (sandboxes handed out and still
+    in use), the pool grows once the worker has been idle for `IDLE_GROW_S` until ready, held
+    and scrubbing sandboxes reach `reserve` (ready ones at most `keep`), and stops growing while
+    an action runs: those starts never take a core from an action.
     """
 
     def __init__(
@@ -52,9 +62,16 @@ class ReadyPool(Generic[H]):
         alive: Callable[[H], bool],
         keep: int | None = None,
         starved: Callable[[], None] | None = None,
+        reserve: int = 0,
+        quiet_s: Callable[[], float] | None = None,
+        held: Callable[[], int] = lambda: 0,
     ) -> None:
         self.size = size
         self.keep = max(2 * size, keep or 0)
+        # grown to while idle, counting the sandboxes handed out (`quiet_s` given; 0: not at all)
+        self.reserve = reserve if quiet_s is not None and size > 0 else 0
+        self._quiet_s = quiet_s
+        self._held = held
         self._start = start
         self._destroy = destroy
         self._alive = alive
@@ -172,12 +189,20 @@ class ReadyPool(Generic[H]):
         for h in left:
             self._destroy(h)
 
+    def _idle_wait(self) -> float:
+        """0 when the worker has run no action for `IDLE_GROW_S`; else how long to wait before
+        looking again."""
+        assert self._quiet_s is not None
+        return max(0.0, IDLE_GROW_S - self._quiet_s())
+
     def _fill(self) -> None:
         while not self._stop.is_set():
             self._wanted.wait()
+            held = self._held() if self.reserve else 0  # not under the lock: the caller's own
             with self._lock:
                 short = self.size - len(self._ready) - self._pending
-                if short <= 0:
+                grow = min(self.reserve - held, self.keep) - len(self._ready) - self._pending
+                if short <= 0 and grow <= 0:
                     self._wanted.clear()
                     continue
                 left = len(self._ready)
@@ -185,7 +210,17 @@ class ReadyPool(Generic[H]):
             if quiet_s > 0:  # scrubbed ones are coming back: look again once they stop
                 self._stop.wait(quiet_s)
                 continue
-            if left and self.started:  # one is still ready: let the taker's action run first
+            if short <= 0:  # only the idle reserve is missing: grow while no action runs
+                busy_s = self._idle_wait()
+                if busy_s > 0:
+                    with self._lock:  # a taker empties the pool under the lock, then wakes it
+                        self._wanted.clear()
+                        short = self.size - len(self._ready) - self._pending
+                    if short <= 0:
+                        self._wanted.wait(busy_s)
+                    self._wanted.set()
+                    continue
+            elif left and self.started:  # one is still ready: let the taker's action run first
                 self._stop.wait(BACKGROUND_DELAY_S)
                 with self._lock:  # a sandbox given up meanwhile is being scrubbed for the pool
                     if self.size - len(self._ready) - self._pending <= 0:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from tangram_celery.app import make_app, queue_name
 from tangram_celery.broker import resolve_url
-from tangram_celery.config import SandboxConfig, TangramConfig
+from tangram_celery.config import CpuNodeConfig, SandboxConfig, TangramConfig
 from tangram_celery.errors import ConfigError
 from tangram_celery.metrics import serve
 from tangram_celery.workers import tasks
@@ -31,13 +31,20 @@ def quiet_task_lines() -> None:
     quiet()
 
 
-def ready_for_batches(cfg: TangramConfig, cores: int) -> SandboxConfig:
-    """The node's sandbox settings, keeping enough scrubbed sandboxes ready for a batch of new
-    trajectories on every core (`scheduler.cpu_batch`) unless `sandbox.ready_max` says."""
+def ready_for_batches(cfg: TangramConfig, node: CpuNodeConfig) -> SandboxConfig:
+    """The node's sandbox settings: enough scrubbed sandboxes kept ready for a batch of new
+    trajectories on every core (`scheduler.cpu_batch`) unless `sandbox.ready_max` says; and, unless
+    `sandbox.ready_idle` says, as many started ahead while the worker is idle, at most as many as
+    the node's sandbox memory holds trajectories at the default memory: the first burst of new
+    trajectories after a start (before any sandbox can be recycled) then starts none itself."""
     box, batch = cfg.sandbox, cfg.scheduler.cpu_batch
-    if box.ready_max is not None or not batch.enabled:
-        return box
-    return box.model_copy(update={"ready_max": cores * batch.max_actions})
+    update: dict[str, int] = {}
+    if box.ready_max is None and batch.enabled:
+        update["ready_max"] = node.cores * batch.max_actions
+    if box.ready_idle is None:
+        keep = update.get("ready_max", box.ready_max if box.ready_max is not None else 2 * box.prewarm)
+        update["ready_idle"] = min(keep, node.memory_mb // box.default_memory_mb)
+    return box.model_copy(update=update)
 
 
 def sharers_per_core(cfg: TangramConfig) -> int:
@@ -72,7 +79,7 @@ def run_worker(
         rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
         # the scope (state dir + node) lets this worker remove what a previous one of the same
         # node left before it serves; nobody else's sandboxes are touched
-        sandbox = open_sandbox(ready_for_batches(cfg, node.cores), SandboxScope.of_node(cfg.state_dir, name))
+        sandbox = open_sandbox(ready_for_batches(cfg, node), SandboxScope.of_node(cfg.state_dir, name))
         closing.append(sandbox.close)
         handler = CpuHandler(sandbox, cfg.sandbox, rules)
         # what this node's sandboxes run: clients refuse actions in anything else at submit

@@ -40,6 +40,30 @@ def test_a_new_trajectory_gets_a_ready_sandbox_bound_at_hand_out(sandbox_factory
     assert box.ready.started >= 3
 
 
+def test_an_idle_worker_keeps_a_burst_of_new_trajectories_off_sandbox_starts(sandbox_factory: Any) -> None:
+    """Given a worker with prewarm 1 and ready_idle 4 (ready_max 4), idle, when its pool has grown to 4
+    ready sandboxes and four new trajectories start at once, then each runs in a ready one
+    (none started on its critical path) and the pool, with 4 sandboxes held, refills to 1."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    box = sandbox_factory(prewarm=1, ready_max=4, ready_idle=4)
+    deadline = time.monotonic() + 120
+    while len(box.ready) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(box.ready) == 4
+    started = box.ready.started
+    trajs = [tid() for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(lambda t: box.run(t, req("print(1)", cores=(0,), memory_mb=64)), trajs))
+    assert [(r.status, r.stdout.strip(), r.sandbox_reset) for r in out] == [(ActionStatus.OK, "1", False)] * 4
+    assert box.ready.handed_out == 4
+    assert box.ready.wait_full(60)
+    time.sleep(0.5)  # idle: it would grow now if the held sandboxes did not count
+    assert len(box.ready) == 1 and box.ready.started == started + 1
+    for t in trajs:
+        box.close_trajectory(t)
+
+
 def test_a_one_shot_run_leaves_nothing_behind(sandbox_factory: Any) -> None:
     """Given a backend, when two one-shot runs each list the workdir and write a file, then
     neither sees a file, and no trajectory sandbox is left."""

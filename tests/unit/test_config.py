@@ -102,3 +102,22 @@ def test_build_needs_a_path_and_a_matching_backend() -> None:
                 ],
             }
         )
+
+
+def test_a_cpu_worker_keeps_sandboxes_ready_for_a_batch_and_its_memory() -> None:
+    """Given the embedded default (2 cores, 8 GiB of sandbox memory, 512 MiB per trajectory,
+    batches of 8), when a CPU worker derives its sandbox settings, then it keeps 16 scrubbed
+    sandboxes ready and grows its pool to 16 while idle; on a node whose memory holds 4
+    trajectories it grows to 4; and what the config says wins."""
+    from tangram_celery.workers.process import ready_for_batches
+
+    cfg = load_config(default_config_path())
+    node = cfg.nodes.cpu[0]
+    box = ready_for_batches(cfg, node)
+    assert (box.ready_max, box.ready_idle) == (16, 16)
+    small = node.model_copy(update={"memory_mb": 2048})
+    assert ready_for_batches(cfg, small).ready_idle == 4
+    said = cfg.model_copy(
+        update={"sandbox": cfg.sandbox.model_copy(update={"ready_max": 3, "ready_idle": 0})}
+    )
+    assert (ready_for_batches(said, node).ready_max, ready_for_batches(said, node).ready_idle) == (3, 0)
