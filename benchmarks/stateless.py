@@ -17,6 +17,12 @@ side by side in one run, through `TangramClient`:
    per program (program + its check), no isolation. Target: (2) <= 0.8 x (3), best of each;
    also reported paired by round (each run against the plain run just before it, median).
 4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts).
+5. first contact: before all of the above, right after the deployment has started and settled,
+   the plain harness and then (2) once: the first burst of new trajectories, which finds no
+   idle trajectory to evict and so no sandbox to recycle (`sandbox.ready_idle`), with the
+   sandboxes the CPU worker started on demand during it.
+Before each run the stack is let settle (`settle`: its ready pool grown, its disposer done),
+so that neither it nor the plain harness runs beside the other's leftovers.
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
 and a Python speed yardstick are recorded, since other jobs share the machine. Beside the wall
 times, each run's CPU seconds (every process involved: the client or the harness and its
@@ -160,6 +166,47 @@ def _part_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
     return out
 
 
+def settle(
+    parts: dict[str, list[int]], max_s: float = 60.0, window_s: float = 0.5, quiet: float = 0.05
+) -> float:
+    """Wait until the deployment's processes have used under `quiet` of a core for two windows of
+    `window_s` in a row (its ready pool grown, its disposer done), `max_s` at most; the seconds
+    waited."""
+
+    def used() -> float:
+        return sum(sum(per.values()) for per in _part_cpu(parts).values())
+
+    t0, calm, last = time.monotonic(), 0, used()
+    while calm < 2 and time.monotonic() - t0 < max_s:
+        time.sleep(window_s)
+        now = used()
+        calm = calm + 1 if 0 <= now - last < quiet * window_s else 0
+        last = now
+    return time.monotonic() - t0
+
+
+def on_demand_starts(dep: Deployment) -> int:
+    """Sandboxes the CPU worker has started for an action because none was ready (its log)."""
+    log = Path(dep.state_dir) / "logs" / "worker-cpu-local.log"
+    return log.read_text(errors="replace").count("started (none ready)") if log.exists() else 0
+
+
+def first_burst(dep: Deployment, client: TangramClient, problems: list[Problem]) -> dict[str, Any]:
+    """The plain harness, then the programs as new trajectories once, on a stack that has just
+    started and settled: the first burst, with no idle trajectory to evict."""
+    out: dict[str, Any] = {"settle_s": settle(stack_parts(dep))}
+    out["plain"] = with_cpu({}, lambda: plain(problems))
+    before = on_demand_starts(dep)
+    out["fresh"] = with_cpu(stack_parts(dep), lambda: through_client(client, problems, "fresh"))
+    out["started_on_demand"] = on_demand_starts(dep) - before
+    out["ratio"] = out["fresh"]["wall_s"] / out["plain"]["wall_s"]
+    print(
+        f"first burst after start: {out['fresh']['wall_s']:.2f} s against {out['plain']['wall_s']:.2f} s "
+        f"plain ({out['ratio']:.2f}x), {out['started_on_demand']} sandboxes started on demand"
+    )
+    return out
+
+
 def with_cpu(parts: dict[str, list[int]], run: Any) -> dict[str, Any]:
     """`run()`'s result with `cpu_s`: what it cost in CPU, in this process (the client, or the
     plain harness and its interpreters) and in the deployment's processes; and `cpu_parts`, the
@@ -239,9 +286,10 @@ def plot(res: dict[str, Any], out: Path) -> None:
         "new trajectories\n(never closed)",
         "one-shot",
         "2 warm trajectories\n(reference)",
+        "first burst\nafter start",
     ]
-    vals = [res["best"][n]["wall_s"] for n in names]
-    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:green", "tab:olive"])
+    vals = [res["best"][n]["wall_s"] for n in names] + [res["first_burst"]["fresh"]["wall_s"]]
+    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:green", "tab:olive", "tab:purple"])
     for x, v in enumerate(vals):
         b.text(x, v, f"{v:.2f} s", ha="center", va="bottom")
     b.axhline(0.8 * vals[0], color="tab:red", ls="--", lw=1, label="target: 0.8 x plain")
@@ -278,6 +326,8 @@ def main() -> int:
             docker_host = stack.enter_context(engine(None))
         dep = stack.enter_context(deployment(args.backend, docker_host, args.prewarm))
         client = stack.enter_context(TangramClient(dep.url))
+        res["first_burst"] = first_burst(dep, client, problems)
+        settle(stack_parts(dep))
         res["latency"] = latency(client, args.latency_n)
         lat = res["latency"]
         print(f"latency p50: warm {lat['warm_p50_ms']:.1f} ms, new trajectory {lat['new_p50_ms']:.1f} ms")
@@ -291,6 +341,7 @@ def main() -> int:
         for r in range(args.rounds):
             for variant in runs:
                 time.sleep(1.0)  # let the ready pool refill and evictions settle
+                settle(stack_parts(dep))
                 out = with_cpu(
                     {} if variant == "plain" else stack_parts(dep),
                     (lambda: plain(problems))
@@ -348,6 +399,8 @@ def main() -> int:
         "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
         "new_within_5_ms_of_warm": res["latency"]["new_minus_warm_p50_ms"] <= 5.0,
         "fresh_at_most_0.8x_plain": res["ratio_fresh_vs_plain"] <= 0.8,
+        "first_burst_all_pass": res["first_burst"]["fresh"]["passed"] == n,
+        "first_burst_started_no_sandbox_on_demand": res["first_burst"]["started_on_demand"] == 0,
     }
     paired = res["paired_ratio_vs_plain"]
     print(
@@ -359,7 +412,7 @@ def main() -> int:
     path = write_json(name, res)
     plot(res, RESULTS / f"{name}.png")
     print(f"wrote {path}")
-    ok = res["checks"]["all_references_pass"] and res["checks"]["all_broken_fail"]
+    ok = all(res["checks"][k] for k in ("all_references_pass", "all_broken_fail", "first_burst_all_pass"))
     return 0 if ok else 1
 
 
