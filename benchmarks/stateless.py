@@ -20,7 +20,9 @@ side by side in one run, through `TangramClient`:
 5. first contact: before all of the above, right after the deployment has started and settled,
    the plain harness and then (2) once: the first burst of new trajectories, which finds no
    idle trajectory to evict and so no sandbox to recycle (`sandbox.ready_idle`), with the
-   sandboxes the CPU worker started on demand during it.
+   sandboxes the CPU worker started on demand during it; and the same, before everything else,
+   on a deployment whose idle worker starts no sandboxes ahead (`ready_idle: 0`, the behaviour
+   before it existed).
 Before each run the stack is let settle (`settle`: its ready pool grown, its disposer done),
 so that neither it nor the plain harness runs beside the other's leftovers.
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
@@ -77,7 +79,9 @@ def machine_us() -> float:
 
 
 @contextlib.contextmanager
-def deployment(backend: str, docker_host: str | None, prewarm: int) -> Iterator[Deployment]:
+def deployment(
+    backend: str, docker_host: str | None, prewarm: int, ready_idle: int | None = None
+) -> Iterator[Deployment]:
     """configs/local.yaml's CPU node, sandbox and scheduler settings, with a private state dir,
     the chosen backend, no Flower, and without the GPU node and reward models (a Triton server
     warming models in the background would share the 2 cores with what is measured)."""
@@ -88,6 +92,8 @@ def deployment(backend: str, docker_host: str | None, prewarm: int) -> Iterator[
         cfg["state_dir"] = f"{tmp}/state"
         cfg["broker"]["data_dir"] = f"{tmp}/state/redis"
         cfg["sandbox"].update(backend=backend, prewarm=prewarm)
+        if ready_idle is not None:
+            cfg["sandbox"]["ready_idle"] = ready_idle
         if docker_host:
             cfg["sandbox"]["docker_host"] = docker_host
         path = Path(tmp) / "tangram.yaml"
@@ -324,6 +330,12 @@ def main() -> int:
             from benchmarks.sandbox import engine
 
             docker_host = stack.enter_context(engine(None))
+        with (
+            deployment(args.backend, docker_host, args.prewarm, ready_idle=0) as bare,
+            TangramClient(bare.url) as bare_client,
+        ):
+            print("without sandboxes started ahead while idle (ready_idle: 0):")
+            res["first_burst_without_reserve"] = first_burst(bare, bare_client, problems)
         dep = stack.enter_context(deployment(args.backend, docker_host, args.prewarm))
         client = stack.enter_context(TangramClient(dep.url))
         res["first_burst"] = first_burst(dep, client, problems)
