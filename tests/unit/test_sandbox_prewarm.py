@@ -4,8 +4,10 @@ worker's pool grows beyond its size."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -117,6 +119,19 @@ def growing(w: Worker, size: int = 2, reserve: int = 6, keep: int = 8) -> ReadyP
     )
 
 
+@contextlib.contextmanager
+def filled_while_busy(w: Worker) -> Iterator[ReadyPool[Box]]:
+    """A growing pool (size 2) started while the worker runs an action, once it holds 2."""
+    w.running = True
+    p = growing(w)
+    p.start()
+    try:
+        assert wait_for(lambda: len(p) == 2)
+        yield p
+    finally:
+        p.close()
+
+
 def wait_for(cond: object, timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -154,18 +169,12 @@ def test_the_pool_grows_beyond_its_size_only_while_no_action_runs() -> None:
     and no more; when the action ends, then after IDLE_GROW_S it grows to its reserve, and every
     start beyond `size` happened while no action ran."""
     w = Worker()
-    w.running = True
-    p = growing(w)
-    p.start()
-    try:
-        assert wait_for(lambda: len(p) == 2)
+    with filled_while_busy(w) as p:
         time.sleep(0.6)
         assert len(p) == 2
         w.running, w.idle_since = False, time.monotonic()
         assert wait_for(lambda: len(p) == 6)
         assert w.starts[2:] == [False] * 4
-    finally:
-        p.close()
 
 
 def test_a_taker_that_empties_a_growing_pool_is_refilled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,16 +182,9 @@ def test_a_taker_that_empties_a_growing_pool_is_refilled_at_once(monkeypatch: py
     taker takes both ready sandboxes, then the pool refills to `size` without waiting for the
     worker to be idle."""
     monkeypatch.setattr(prewarm, "IDLE_GROW_S", 5.0)
-    w = Worker()
-    w.running = True
-    p = growing(w)
-    p.start()
-    try:
-        assert wait_for(lambda: len(p) == 2)
+    with filled_while_busy(Worker()) as p:
         time.sleep(0.1)  # the filler now waits for the worker to be idle
         t0 = time.monotonic()
         assert p.take() is not None and p.take() is not None
         assert wait_for(lambda: len(p) == 2)
         assert time.monotonic() - t0 < 2.0
-    finally:
-        p.close()
