@@ -41,6 +41,12 @@ RECYCLED_SUPPLY_S = 1.0
 IDLE_GROW_S = 0.25
 
 
+def kept_ready(size: int, keep: int | None) -> int:
+    """How many ready sandboxes a pool of `size` keeps at most (`sandbox.ready_max` as `keep`):
+    at least twice its size."""
+    return max(2 * size, keep or 0)
+
+
 class ReadyPool(Generic[H]):
     """`size` started sandboxes, kept ready by a background thread (`size` 0: none, no thread).
 
@@ -67,7 +73,7 @@ class ReadyPool(Generic[H]):
         held: Callable[[], int] = lambda: 0,
     ) -> None:
         self.size = size
-        self.keep = max(2 * size, keep or 0)
+        self.keep = kept_ready(size, keep)
         # grown to while idle, counting the sandboxes handed out (`quiet_s` given; 0: not at all)
         self.reserve = reserve if quiet_s is not None and size > 0 else 0
         self._quiet_s = quiet_s

@@ -37,12 +37,14 @@ def ready_for_batches(cfg: TangramConfig, node: CpuNodeConfig) -> SandboxConfig:
     `sandbox.ready_idle` says, as many started ahead while the worker is idle, at most as many as
     the node's sandbox memory holds trajectories at the default memory: the first burst of new
     trajectories after a start (before any sandbox can be recycled) then starts none itself."""
+    from tangram_celery.sandbox.prewarm import kept_ready  # here: API and GPU workers need no sandbox
+
     box, batch = cfg.sandbox, cfg.scheduler.cpu_batch
     update: dict[str, int] = {}
     if box.ready_max is None and batch.enabled:
         update["ready_max"] = node.cores * batch.max_actions
-    if box.ready_idle is None:
-        keep = update.get("ready_max", box.ready_max if box.ready_max is not None else 2 * box.prewarm)
+    if box.ready_idle is None:  # what its pool keeps ready (`kept_ready`), at most what memory holds
+        keep = kept_ready(box.prewarm, update.get("ready_max", box.ready_max))
         update["ready_idle"] = min(keep, node.memory_mb // box.default_memory_mb)
     return box.model_copy(update=update)
 
