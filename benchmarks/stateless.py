@@ -352,8 +352,7 @@ def main() -> int:
         }
         for r in range(args.rounds):
             for variant in runs:
-                time.sleep(1.0)  # let the ready pool refill and evictions settle
-                settle(stack_parts(dep))
+                settle(stack_parts(dep))  # the ready pool refilled, evictions done (a second at least)
                 out = with_cpu(
                     {} if variant == "plain" else stack_parts(dep),
                     (lambda: plain(problems))
