@@ -23,6 +23,9 @@ side by side in one run, through `TangramClient`:
    sandboxes the CPU worker started on demand during it; and the same, before everything else,
    on a deployment whose idle worker starts no sandboxes ahead (`ready_idle: 0`, the behaviour
    before it existed).
+6. the new trajectories of (2) again on a second deployment, alive beside the first, whose
+   verifiers judge one occupant's tests only (`sandbox.verifier_scope: occupant`, the behaviour
+   before the default became `job`): each new trajectory then has a verifier forked for it.
 Before each run the stack is let settle (`settle`: its ready pool grown, its disposer done),
 so that neither it nor the plain harness runs beside the other's leftovers.
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
@@ -79,21 +82,18 @@ def machine_us() -> float:
 
 
 @contextlib.contextmanager
-def deployment(
-    backend: str, docker_host: str | None, prewarm: int, ready_idle: int | None = None
-) -> Iterator[Deployment]:
+def deployment(backend: str, docker_host: str | None, prewarm: int, **sandbox: Any) -> Iterator[Deployment]:
     """configs/local.yaml's CPU node, sandbox and scheduler settings, with a private state dir,
     the chosen backend, no Flower, and without the GPU node and reward models (a Triton server
-    warming models in the background would share the 2 cores with what is measured)."""
+    warming models in the background would share the 2 cores with what is measured); `sandbox`
+    overrides settings of its `sandbox` section."""
     cfg = yaml.safe_load(LOCAL.read_text())
     cfg["nodes"]["gpu"] = []
     cfg["reward_models"] = []
     with tempfile.TemporaryDirectory(prefix="tangram-stateless-") as tmp:
         cfg["state_dir"] = f"{tmp}/state"
         cfg["broker"]["data_dir"] = f"{tmp}/state/redis"
-        cfg["sandbox"].update(backend=backend, prewarm=prewarm)
-        if ready_idle is not None:
-            cfg["sandbox"]["ready_idle"] = ready_idle
+        cfg["sandbox"].update(backend=backend, prewarm=prewarm, **sandbox)
         if docker_host:
             cfg["sandbox"]["docker_host"] = docker_host
         path = Path(tmp) / "tangram.yaml"
@@ -277,7 +277,7 @@ def plot(res: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 2]})
+    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4), gridspec_kw={"width_ratios": [1, 2]})
     lat = res["latency"]
     a.bar(
         ["warm trajectory", "new trajectory"],
@@ -286,16 +286,17 @@ def plot(res: dict[str, Any], out: Path) -> None:
     )
     a.set_ylabel("p50 client latency (ms)")
     a.set_title("trivial action, one at a time")
-    names = ["plain", "fresh", "one-shot", "warm"]
+    names = ["plain", "fresh", "fresh-occupant", "one-shot", "warm"]
     labels = [
         "plain harness\n(2 procs, python -c)",
         "new trajectories\n(never closed)",
+        "the same, a verifier\nper occupant",
         "one-shot",
         "2 warm trajectories\n(reference)",
         "first burst\nafter start",
     ]
     vals = [res["best"][n]["wall_s"] for n in names] + [res["first_burst"]["fresh"]["wall_s"]]
-    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:green", "tab:olive", "tab:purple"])
+    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:cyan", "tab:green", "tab:olive", "tab:purple"])
     for x, v in enumerate(vals):
         b.text(x, v, f"{v:.2f} s", ha="center", va="bottom")
     b.axhline(0.8 * vals[0], color="tab:red", ls="--", lw=1, label="target: 0.8 x plain")
@@ -339,25 +340,35 @@ def main() -> int:
         dep = stack.enter_context(deployment(args.backend, docker_host, args.prewarm))
         client = stack.enter_context(TangramClient(dep.url))
         res["first_burst"] = first_burst(dep, client, problems)
-        settle(stack_parts(dep))
+        occ = stack.enter_context(
+            deployment(args.backend, docker_host, args.prewarm, verifier_scope="occupant")
+        )
+        occ_client = stack.enter_context(TangramClient(occ.url))
+        through_client(occ_client, problems, "fresh")  # its memory filled: later runs evict, as on dep
+        # the deployment a variant runs on, and every process of both (both settle before a run)
+        on = {"fresh-occupant": (occ, occ_client)}
+        both = {k: v + stack_parts(occ)[k] for k, v in stack_parts(dep).items()}
+        settle(both)
         res["latency"] = latency(client, args.latency_n)
         lat = res["latency"]
         print(f"latency p50: warm {lat['warm_p50_ms']:.1f} ms, new trajectory {lat['new_p50_ms']:.1f} ms")
         runs: dict[str, list[dict[str, Any]]] = {
             "plain": [],
             "fresh": [],
+            "fresh-occupant": [],
             "one-shot": [],
             "broken": [],
             "warm": [],
         }
         for r in range(args.rounds):
             for variant in runs:
-                settle(stack_parts(dep))  # the ready pool refilled, evictions done (a second at least)
+                settle(both)  # the ready pools refilled, evictions done (a second at least)
+                d, c = on.get(variant, (dep, client))
                 out = with_cpu(
-                    {} if variant == "plain" else stack_parts(dep),
+                    {} if variant == "plain" else stack_parts(d),
                     (lambda: plain(problems))
                     if variant == "plain"
-                    else (lambda v=variant: through_client(client, problems, v)),
+                    else (lambda v=variant.removesuffix("-occupant"), c=c: through_client(c, problems, v)),
                 )
                 out["load"] = os.getloadavg()[0]
                 runs[variant].append(out)
@@ -366,7 +377,9 @@ def main() -> int:
                     f"passed {out['passed']}/{out['n']}  load {out['load']:.1f}  ms/program: "
                     + ", ".join(f"{k} {1000 * c / len(problems):.1f}" for k, c in out["cpu_parts"].items())
                 )
-        log = (Path(dep.state_dir) / "logs" / "scheduler.log").read_text(errors="replace")
+        log = "".join(
+            (Path(d.state_dir) / "logs" / "scheduler.log").read_text(errors="replace") for d in (dep, occ)
+        )
         res["scheduler_stalls_logged"] = log.count("no progress")
         res["evictions_logged"] = sum(int(n) for n in re.findall(r"evicted (\d+) idle", log))
     res["runs"] = runs
@@ -396,16 +409,19 @@ def main() -> int:
     # run back to back sees nearly the same machine, where the best of each may not.
     res["paired_ratio_vs_plain"] = {
         v: statistics.median(x["wall_s"] / p["wall_s"] for x, p in zip(runs[v], runs["plain"], strict=True))
-        for v in ("fresh", "one-shot", "warm")
+        for v in ("fresh", "fresh-occupant", "one-shot", "warm")
     }
     res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
+    res["ratio_fresh_occupant_vs_plain"] = res["best"]["fresh-occupant"]["wall_s"] / plain_s
     res["ratio_one_shot_vs_plain"] = res["best"]["one-shot"]["wall_s"] / plain_s
     res["ratio_warm_vs_plain"] = res["best"]["warm"]["wall_s"] / plain_s
     res["load_after"] = list(os.getloadavg())
     res["machine_us_after"] = machine_us()
     n = len(problems)
     res["checks"] = {
-        "all_references_pass": all(x["passed"] == n for v in ("fresh", "one-shot", "warm") for x in runs[v]),
+        "all_references_pass": all(
+            x["passed"] == n for v in ("fresh", "fresh-occupant", "one-shot", "warm") for x in runs[v]
+        ),
         "all_broken_fail": all(x["passed"] == 0 for x in runs["broken"]),
         "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
         "new_within_5_ms_of_warm": res["latency"]["new_minus_warm_p50_ms"] <= 5.0,
@@ -415,8 +431,10 @@ def main() -> int:
     }
     paired = res["paired_ratio_vs_plain"]
     print(
-        f"fresh / plain = {res['ratio_fresh_vs_plain']:.2f}x, one-shot / plain = {res['ratio_one_shot_vs_plain']:.2f}x "
-        f"(best of each); paired by round (median): fresh {paired['fresh']:.2f}x, one-shot {paired['one-shot']:.2f}x"
+        f"fresh / plain = {res['ratio_fresh_vs_plain']:.2f}x, one-shot / plain = {res['ratio_one_shot_vs_plain']:.2f}x, "
+        f"fresh with a verifier per occupant / plain = {res['ratio_fresh_occupant_vs_plain']:.2f}x (best of each); "
+        f"paired by round (median): fresh {paired['fresh']:.2f}x, one-shot {paired['one-shot']:.2f}x, "
+        f"fresh with a verifier per occupant {paired['fresh-occupant']:.2f}x"
     )
     print(f"checks: {res['checks']}; load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}")
     name = "stateless" if args.backend == "namespace" else f"stateless_{args.backend}"

@@ -214,6 +214,13 @@ class SandboxConfig(StrictModel):
         description="scrub the sandbox of a closed/evicted trajectory or one-shot action and reuse it "
         "(docs/sandbox.md, Recycling); false: destroy it and start new ones",
     )
+    verifier_scope: Literal["job", "occupant"] = Field(
+        "job",
+        description="which occupants of a recycled sandbox a verifier (the process that judges assert "
+        "tests; no user code runs in it) may serve: 'job': later trajectories and one-shot actions of "
+        "the same job_id too, so a new trajectory needs no verifier of its own; 'occupant': only the "
+        "one it first judged for (killed at the next scrub). docs/sandbox.md, Verifier scope",
+    )
 
 
 class RewardModelConfig(StrictModel):

@@ -42,6 +42,10 @@ class ExecRequest:
     # a time sharer's sandbox CPU weight relative to the default while it runs, restored after
     # (`scheduler.policies.time_share`: it shares `cores` with the action that holds them)
     cpu_weight: float | None = None
+    # The verifiers that judge this action's assert tests may judge those of later occupants of
+    # the sandbox that name the same group, and no others ("": this occupant's only; the worker
+    # names the action's job, `SandboxConfig.verifier_scope`)
+    verifier_group: str = ""
 
 
 @dataclass

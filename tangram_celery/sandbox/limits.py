@@ -71,6 +71,7 @@ def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> d
         "env": dict(req.env),
         "pythonpath": pythonpath,
         "key": req.action_id,  # what the host's resize names (_tangram_control)
+        "verifier_group": req.verifier_group,
     }
     if limits.use_rlimits:
         payload["rlimits"] = {"AS": req.memory_mb * 1024 * 1024, "NPROC": limits.pids_limit}

@@ -91,6 +91,7 @@ class CpuHandler:
             # a time sharer: on cores another action holds, at a lower CPU weight than its
             # (`scheduler.policies.time_share`); the sandbox's weight is restored after
             cpu_weight=order.cpu_weight if order.shares else None,
+            verifier_group=f"job:{action.job_id}" if self.cfg.verifier_scope == "job" else "",
         )
         if action.one_shot or action.trajectory_id is None:
             res = self.sandbox.run_once(req)

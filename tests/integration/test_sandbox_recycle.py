@@ -248,6 +248,53 @@ def test_a_verifier_that_never_got_a_job_stays_for_the_next_occupant(box: Any) -
     box._teardown(fresh)
 
 
+def in_group(r: ExecRequest, group: str) -> ExecRequest:
+    r.verifier_group = group
+    return r
+
+
+def test_a_verifier_of_a_group_judges_later_occupants_of_that_group_only(box: Any) -> None:
+    """Given an occupant whose assert test a verifier judged for the group `job:a` (what a
+    worker names with `sandbox.verifier_scope: job`), when its sandbox is scrubbed, then that
+    verifier alone waits and judges the next `job:a` occupant's test (none is forked for it);
+    the test of a `job:b` occupant after the next scrub gets a new verifier and the `job:a` one
+    is gone; and so does an occupant of no group after that, whose verifier the next scrub
+    kills as without groups."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    first = box._exec(h, in_group(with_test(PROCS), "job:a"))
+    assert first.status is ActionStatus.OK and first.tests[0].passed, first
+    a, _, _ = seen(first)
+    assert len(a) == 1, first
+
+    def next_occupant(h: Any) -> Any:
+        fresh = box._recycle(h)
+        assert fresh is not None
+        return fresh
+
+    h = next_occupant(h)
+    same = box._exec(h, in_group(with_test(PROCS), "job:a"))
+    assert same.status is ActionStatus.OK and same.tests[0].passed, same
+    assert seen(same)[:2] == (a, []), same  # the job:a verifier, nothing else, judged it
+
+    h = next_occupant(h)
+    other = box._exec(h, in_group(with_test("def f():\n    return 1"), "job:b"))
+    assert other.status is ActionStatus.OK and other.tests[0].passed, other
+    b, users, _ = seen(box._exec(h, in_group(req(PROCS), "job:b")))
+    assert len(b) == 1 and b != a and users == [], b  # a new one judged job:b; job:a's is gone
+
+    h = next_occupant(h)
+    own = box._exec(h, with_test("def f():\n    return 1"))
+    assert own.status is ActionStatus.OK and own.tests[0].passed, own
+    c, _, _ = seen(box._exec(h, req(PROCS)))
+    assert len(c) == 1 and c != b, c
+
+    h = next_occupant(h)
+    d, _, _ = seen(box._exec(h, req(PROCS)))
+    assert len(d) == 1 and d != c, d  # the occupant's own verifier was killed, a new one primed
+    box._teardown(h)
+
+
 def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup_write(box: Any) -> None:
     """Given a sandbox that ran an action on core 1 with 128 MiB, when it is scrubbed, then it
     stays bound to core 1 and 128 MiB, and the next action on core 1 writes no cgroup file."""

@@ -290,7 +290,7 @@ class Action:
         at `sock_fd`; the record is the job's stream "record". None if no verifier could start."""
         pool = self.zygote.verifiers
         try:
-            v = pool.get(verifier_spec(self.req))
+            v = pool.get(verifier_spec(self.req), str(self.req.get("verifier_group") or ""))
         except SpawnFailed as e:
             self.fork_failed, self.spawn_error = True, str(e)
             return None

@@ -3,10 +3,12 @@ ran one trajectory's code to another trajectory instead of building a new one.
 
 The previous occupant's code was written by a policy paid for passing and may have tried to
 leave something for the next one. The runner (PID 1, root in the sandbox) therefore:
-1. kills the pooled verifiers that judged the previous occupant's tests (talking to its code
-   through proxies; SIGKILL by pidfd, so none of them runs again), but not their seed nor a
-   verifier that never got a job (neither has talked to user code); then, if any process but
-   itself, the zygote, the seed and those verifiers is alive (nothing should be: every action
+1. kills the pooled verifiers that judged the previous occupant's own tests (talking to its
+   code through proxies; SIGKILL by pidfd, so none of them runs again), but not their seed, a
+   verifier that never got a job (neither has talked to user code), nor one of a group (it
+   judges later occupants' tests only if their actions name its group, the job,
+   `_tangram_verifiers`); then, if any process but itself, the zygote, the seed and those
+   verifiers is alive (nothing should be: every action
    ends with the runner killing what it left), or the zygote is gone, kills every process but
    itself with `kill(-1)` and exec's a fresh zygote.
    The zygote is root, never sees a request or user data, and user code cannot signal, trace or
@@ -19,11 +21,12 @@ leave something for the next one. The runner (PID 1, root in the sandbox) theref
 3. puts both mount points back to their owner and mode;
 4. checks that no SysV IPC object exists in the sandbox's IPC namespace (user code cannot create
    one: the seccomp filter refuses shmget/semget/msgget and mq_open; one found means tampering).
-It answers what it could not remove, and afterwards (when the host asks, and unless one that
-never got a job is waiting) has the seed fork one verifier for the next occupant's first assert
-test: a new process no user code has talked to (`runner.py`, `_tangram_proc.prime`). The host then checks from outside (no process of the
-sandbox uid in the sandbox's cgroup, every process in the sandbox's pid namespace) and destroys
-the sandbox instead of recycling it when anything is off. See docs/sandbox.md, "Recycling".
+It answers what it could not remove, and afterwards (when the host asks, and unless a verifier
+that never got a job or one of a group is waiting) has the seed fork one verifier for the next
+occupant's first assert test: a new process no user code has talked to (`runner.py`,
+`_tangram_proc.prime`). The host then checks from outside (no process of the sandbox uid in the
+sandbox's cgroup, every process in the sandbox's pid namespace) and destroys the sandbox instead
+of recycling it when anything is off. See docs/sandbox.md, "Recycling".
 """
 
 from __future__ import annotations
@@ -83,9 +86,10 @@ def sysv_objects() -> list[str]:
 
 
 def _drop_verifiers(zygote: Any) -> set[int]:
-    """SIGKILL every pooled verifier that judged a test (by pidfd); the pids the pool still
-    holds: its seed and the verifiers that never got a job (neither has talked to user code:
-    they stay), and the killed ones not yet exited. These are not waited for: a process with
+    """SIGKILL every pooled verifier that judged a test of the previous occupant's own (by
+    pidfd, `VerifierPool.drop_used`); the pids the pool still holds: its seed, the verifiers
+    that never got a job (neither has talked to user code) and those of a group (they stay),
+    and the killed ones not yet exited. These are not waited for: a process with
     a SIGKILL pending never runs user-space code again, and their ends are seen with the next
     action's (`VerifierPool.prune`). A verifier that has exited no longer holds its pid, so
     that pid is not left out of the check for strays."""

@@ -4,7 +4,10 @@ Verifiers are pooled: a verifier process (uid of its own, never forked from the 
 one test at a time, each in a fresh namespace, and waits for the next; so an assert test costs
 one fork (its user process), not two. Test code is trusted; user code never runs in a verifier
 and cannot reach one (other uid, not dumpable, seccomp). A verifier judges the tests of one
-occupant of the sandbox only: a scrub kills them all (_tangram_scrub).
+*group* only: those of one occupant of the sandbox (group "", killed at the next scrub,
+_tangram_scrub), or those of every occupant whose actions name the same group (the worker names
+the action's job, `sandbox.verifier_scope`: a new trajectory of the job then needs no verifier
+of its own; docs/sandbox.md, "Verifier scope").
 
 Each new verifier is forked from the sandbox's *seed*: a process the zygote forks once with the
 verifiers' uid, limits and filter, which warms itself up and never judges a test itself
@@ -92,6 +95,7 @@ class Verifier:
         self.fd = ctl.fileno()  # kept: a selector unregisters by number after the close
         self.dead = False
         self.used = False  # handed a job: it has talked to an occupant's user process
+        self.group = ""  # the group of the tests it judged ("": one occupant's only)
 
     def close(self) -> None:
         self.dead = True
@@ -149,29 +153,33 @@ class VerifierPool:
         for pid in [p for p, fd in self.dying.items() if exited(fd)]:
             os.close(self.dying.pop(pid))
 
-    def get(self, spec: dict[str, Any]) -> Verifier:
-        """An idle verifier with these limits, or a new one. Raises SpawnFailed."""
+    def get(self, spec: dict[str, Any], group: str = "") -> Verifier:
+        """An idle verifier with these limits that may judge a test of `group` (it never got a
+        job, or judged only tests of that group), or a new one. Raises SpawnFailed."""
         self.prune()
         key = json.dumps(spec, sort_keys=True)
         for v in list(self.idle):
             self.idle.remove(v)
-            if v.key == key and not v.dead:
-                v.used = True
+            if v.key == key and not v.dead and (not v.used or v.group == group):
+                v.used, v.group = True, group
                 return v
-            self.discard(v)  # other limits: the pool keeps only what the actions ask for now
+            self.discard(v)  # other limits or another group: the pool keeps what actions ask for now
         v = self._new(spec, key)
-        v.used = True
+        v.used, v.group = True, group
         return v
 
     def drop_used(self) -> None:
-        """Kill every verifier that judged a test (between occupants: `_tangram_scrub`). One
-        that never got a job has talked to no user code and stays for the next occupant."""
-        for v in [v for v in self.live.values() if v.used or v not in self.idle]:
+        """Between occupants (`_tangram_scrub`): kill every verifier that judged a test of the
+        previous occupant's own (group "") and any still busy. One that never got a job has
+        talked to no user code, and one of a group (the job of the actions it judged for,
+        `sandbox.verifier_scope`) judges that group's tests only (`get`): both stay."""
+        for v in [v for v in self.live.values() if (v.used and not v.group) or v not in self.idle]:
             self.discard(v)
 
     def prime(self, spec: dict[str, Any], warm: bool = True) -> int:
         """Make sure one verifier with these limits is idle: start one now (off an action's
-        critical path) unless there is; with `warm`, it warms itself up (`_new`). Returns how
+        critical path) unless there is (one kept for a group counts: the next occupant of
+        another group then starts its own on its first assert test); with `warm`, it warms itself up (`_new`). Returns how
         many were started. Raises SpawnFailed."""
         self.prune()
         key = json.dumps(spec, sort_keys=True)
