@@ -295,6 +295,34 @@ def test_a_verifier_of_a_group_judges_later_occupants_of_that_group_only(box: An
     box._teardown(h)
 
 
+def test_a_verifier_a_test_left_large_retires_after_that_test(box: Any) -> None:
+    """Given a verifier of a group whose test left 72 MiB allocated in it (a module of the
+    test's own; `_tangram_verifier.MAX_RSS_MB` is 64), when that test is done, then its verdict
+    stands, the verifier has ended, and the next test gets a new one, which stays."""
+    from tangram_celery.actions import TestCase
+
+    def grouped(code: str, test: str | None = None) -> ExecRequest:
+        r = in_group(req(code), "job:a")
+        r.memory_mb = 512  # the sandbox's memory holds the verifier's 72 MiB
+        if test is not None:
+            r.test_cases = [TestCase(name="t", assert_code=test)]
+        return r
+
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    keep = "import sys\nsys.modules['_kept_by_a_test'] = b'x' * (72 << 20)\nassert f() == 1"
+    large = box._exec(h, grouped(PROCS, keep))
+    assert large.status is ActionStatus.OK and large.tests[0].passed, large
+    (first,) = seen(large)[0]
+    after = box._exec(h, grouped(PROCS, "assert f() == 1"))
+    assert after.status is ActionStatus.OK and after.tests[0].passed, after
+    again = box._exec(h, grouped(PROCS, "assert f() == 1"))
+    assert again.status is ActionStatus.OK and again.tests[0].passed, again
+    (second,) = seen(again)[0]
+    assert second != first and seen(after)[0] in ([], [second]), (after, again)
+    box._teardown(h)
+
+
 def test_a_recycled_sandbox_keeps_its_binding_and_is_handed_out_without_a_cgroup_write(box: Any) -> None:
     """Given a sandbox that ran an action on core 1 with 128 MiB, when it is scrubbed, then it
     stays bound to core 1 and 128 MiB, and the next action on core 1 writes no cgroup file."""

@@ -331,13 +331,14 @@ class Action:
         except OSError:
             msg = b""
         try:
-            done = bool(msg) and json.loads(msg).get("done") == job.job_id
-        except ValueError:
-            done = False
+            report = json.loads(msg) if msg else {}
+            done = report.get("done") == job.job_id
+        except (ValueError, AttributeError):
+            report, done = {}, False
         if job.pending is None:
             job.pending = 0 if done else -signal.SIGKILL
         self._unwatch(v)
-        if not done:
+        if not done or report.get("last"):  # died, or retires after this job: no other job
             self.zygote.verifiers.discard(v)
 
     def _unwatch(self, v: Verifier) -> None:

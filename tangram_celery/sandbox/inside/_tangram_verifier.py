@@ -44,6 +44,10 @@ except ImportError:  # inside the sandbox this directory is sys.path[0]
 
 CTL_FD = 3
 MAX_JOBS = 1000  # then a fresh verifier takes over (bounds what tests leave behind)
+# A verifier larger than this after a job retires too: what a test left allocated counts against
+# the sandbox's memory, and a verifier may go on to judge later occupants' tests (its group,
+# `_tangram_verifiers`), whose user processes share that memory. About four times a fresh one.
+MAX_RSS_MB = 64
 
 
 def serve_jobs(warm: bool = False) -> None:
@@ -58,7 +62,10 @@ def serve_jobs(warm: bool = False) -> None:
     after this one: a verifier forked for a new occupant often judges a single test and is
     then killed, and a restore touches every builtin (copy-on-write faults on pages shared
     with the zygote) for nothing then. The standard streams go back at once. With `warm`, one
-    test of the harness's own runs first (`warm_up`)."""
+    test of the harness's own runs first (`warm_up`).
+
+    Its last job's report says so (`"last": true`: after `MAX_JOBS`, or when a job left it
+    above `MAX_RSS_MB`), and it exits: the runner never gives it another job."""
     null, out, err = std_io()
     ctl = socket.socket(fileno=CTL_FD)
     clean = PRISTINE
@@ -66,7 +73,7 @@ def serve_jobs(warm: bool = False) -> None:
     if warm:
         warm_up()
         dirty = True
-    for _ in range(MAX_JOBS):
+    for n in range(MAX_JOBS):
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 8)
         except OSError:
@@ -109,11 +116,23 @@ def serve_jobs(warm: bool = False) -> None:
         os.dup2(null, 1)  # the job's output pipes close here: the runner sees their end
         os.dup2(null, 2)
         sys.stdin, sys.stdout, sys.stderr = clean.streams
+        last = n == MAX_JOBS - 1 or rss_mb() > MAX_RSS_MB
         try:
-            ctl.send(json.dumps({"done": job.get("job")}).encode())
+            ctl.send(json.dumps({"done": job.get("job"), **({"last": True} if last else {})}).encode())
         except OSError:
             break
+        if last:
+            break
     os._exit(0)
+
+
+def rss_mb() -> float:
+    """This process's resident memory, MiB (0 when /proc cannot tell)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 _io: list[Any] = []  # (/dev/null's descriptor, stdout, stderr), once per process (or seed)
