@@ -36,6 +36,13 @@ class CpuBatchConfig(StrictModel):
         50.0, gt=0, le=60_000, description="only kinds measured to take at most this long ride"
     )
     max_batch_ms: float = Field(200.0, gt=0, le=600_000, description="measured work per batch, in all")
+    join_below: int = Field(
+        2,
+        ge=0,
+        le=256,
+        description="a running batch with at most this many actions left takes the next riders "
+        "behind them, so that they are on their way while those run (below 2: never)",
+    )
     hand_back_after_ms: float = Field(
         2000.0,
         ge=0,
@@ -59,7 +66,9 @@ class CpuBatchConfig(StrictModel):
 
         if not self.enabled:
             return None
-        return CpuBatchSpec(self.max_actions, self.max_action_ms / 1000, self.max_batch_ms / 1000)
+        return CpuBatchSpec(
+            self.max_actions, self.max_action_ms / 1000, self.max_batch_ms / 1000, self.join_below
+        )
 
 
 class TimeShareConfig(StrictModel):

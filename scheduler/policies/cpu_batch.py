@@ -19,6 +19,10 @@ Which actions ride, walking the waiting queue in its (fair, else FCFS) order:
 - a batch holds at most `max_actions` actions and `max_batch_s` of expected work; a rider goes
   to the batch of its node expected to end first; an action whose trajectory's previous action
   starts in a batch this round may only follow it there (never beside it);
+- a batch already running whose cores have at most `join_below` actions left (the running one
+  included) takes riders too, queued behind them on its cores: the next batch is on its way
+  while the last actions of this one run, instead of the cores idling through the round, the
+  message and the claim that start it after the last one ended;
 - FCFS holds for every action that competes for the same cores: the walk closes a node at the
   first action that could run there next but cannot ride (too long, another unit count, no
   batch with room, no memory even by eviction), so nothing overtakes it. Actions that could
@@ -47,14 +51,16 @@ Observed = Callable[[QueuedAction, int], float | None]
 @dataclass(frozen=True, slots=True)
 class CpuBatchSpec:
     """Bounds of one batch: `max_actions` (leader included), `max_action_s` for each action,
-    `max_batch_s` of expected work in all (seconds, as measured)."""
+    `max_batch_s` of expected work in all (seconds, as measured); a running batch with at most
+    `join_below` actions left on its cores takes riders behind them (below 2: never)."""
 
     max_actions: int = 8
     max_action_s: float = 0.05
     max_batch_s: float = 0.2
+    join_below: int = 2
 
     def __post_init__(self) -> None:
-        if self.max_actions < 1 or self.max_action_s <= 0 or self.max_batch_s <= 0:
+        if self.max_actions < 1 or self.max_action_s <= 0 or self.max_batch_s <= 0 or self.join_below < 0:
             raise ValueError(f"bad CPU batch bounds: {self}")
 
 
@@ -74,8 +80,9 @@ def cpu_riders(
     observed: Observed,
     now_s: float,
 ) -> list[Allocation]:
-    """The riders of this round's short CPU allocations, in the order they run per batch (see
-    the module doc). `order` is the waiting queue in the order the round considered it."""
+    """The riders of this round's short CPU allocations and of running batches near their end,
+    in the order they run per batch (see the module doc). `order` is the waiting queue in the
+    order the round considered it."""
     allocs = list(allocs)
     by_node: dict[str, list[_Batch]] = {}
     for a in allocs:
@@ -84,6 +91,8 @@ def cpu_riders(
         d = observed(queue.action(a.action_id), a.units)
         if d is not None and d <= spec.max_action_s and spec.max_actions > 1:
             by_node.setdefault(a.pool, []).append(_Batch(a, d))
+    for b in ending_batches(state, spec, now_s):
+        by_node.setdefault(b.lead.pool, []).append(b)
     if not by_node:
         return []
     # The state as it will be once this round's allocations are applied: their pins, memory
@@ -146,6 +155,32 @@ def cpu_riders(
         _add(rider, qa, batch, work, evictions, out, now_s)
         chained[tid] = batch
     return out
+
+
+def ending_batches(state: ClusterState, spec: CpuBatchSpec, now_s: float) -> list[_Batch]:
+    """Running batches that may take riders behind them: cores held by a batch (an action with
+    riders queued behind it) with at most `spec.join_below` actions left, on a node that is not
+    offline. Each as a `_Batch` led by its last action, `size` its actions left, `work_s` the
+    time until they are expected to end."""
+    if spec.join_below < 2 or spec.max_actions < 2:  # a batch is an action with a rider at least
+        return []
+    ending: dict[tuple[str, tuple[int, ...]], int] = {}
+    for name, node in state.cpu.items():
+        if state.offline and f"{ResourceKind.CPU}:{name}" in state.offline:
+            continue
+        for ids, riders in node.riders.items():
+            if riders + 1 <= spec.join_below:
+                ending[(name, ids)] = riders + 1
+    if not ending:
+        return []
+    last: dict[tuple[str, tuple[int, ...]], tuple[float, Allocation]] = {}
+    for aid, a in state.running.items():
+        key = (a.pool, a.unit_ids)
+        if a.kind is ResourceKind.CPU and not a.shares and key in ending:
+            end_s = state.expected_end_s.get(aid, now_s)
+            if key not in last or end_s >= last[key][0]:
+                last[key] = (end_s, a)
+    return [_Batch(a, max(0.0, end_s - now_s), ending[key]) for key, (end_s, a) in last.items()]
 
 
 def _add(

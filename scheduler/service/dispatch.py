@@ -36,7 +36,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
     elastic.retire(ctx, rnd, now)
     plan = rnd.plan(ctx.waiting, ctx.state, now)
     ctx.metrics.decision.observe(plan.decision_s)
-    if not plan.allocs and not plan.sharers:
+    if not plan.started:
         elastic.carry_out(ctx, plan, now)
         _check(ctx, rnd)
         return 0
@@ -57,9 +57,8 @@ def schedule(ctx: Context, rnd: Round) -> int:
         if alloc.shares:  # last: time-shares cores held by a running action
             state.share_cores(alloc, qa, now)
             ctx.metrics.time_shares.labels(pool=f"cpu:{alloc.pool}").inc()
-        elif (
-            rider
-        ):  # after every allocation (a GPU rider joins its batch's chunk, a CPU one queues on its cores)
+        elif rider:  # after every allocation (a GPU rider joins its batch's chunk, a CPU one queues on its
+            # cores, behind this round's allocation or a batch already running there)
             state.share(alloc, qa, now)
         else:
             state.apply(alloc, qa, now)

@@ -258,7 +258,8 @@ class Simulator:
             qa = self.queue.pop(r.action_id)
             self.state.share(r, qa, now)
             self._evicted(r)
-            self._next_cpu.setdefault(lead[(r.kind, r.pool, r.unit_ids)], []).append((qa, r))
+            head = lead.get((r.kind, r.pool, r.unit_ids)) or self._cpu_chain_head(r)
+            self._next_cpu.setdefault(head, []).append((qa, r))
         for aid, (_, ids) in plan.lends.items():
             self._resize(now, aid, len(ids))
         for r in plan.sharers:
@@ -373,6 +374,20 @@ class Simulator:
         run.end_s = now + run.setup_s + sa.true_duration_s(alloc.units)
         run.seg_s, run.units_now = now + run.setup_s, alloc.units
         self._push(run.end_s, _FINISH, qa.action_id)
+
+    def _cpu_chain_head(self, rider: Allocation) -> str:
+        """The running action a rider of an earlier round's batch queues behind: the one on its
+        cores (it holds the rest of the batch's chain, `_next_rider`)."""
+        for aid, run in self.running.items():
+            a = run.alloc
+            if (
+                a.kind is ResourceKind.CPU
+                and a.pool == rider.pool
+                and a.unit_ids == rider.unit_ids
+                and not a.shares
+            ):
+                return aid
+        raise AssertionError(f"rider {rider.action_id} joins no running batch on {rider.unit_ids}")
 
     def _next_rider(self, now: float, aid: str) -> None:
         """CPU action `aid` ended: the next rider queued behind it starts on its cores."""

@@ -24,6 +24,7 @@ from tangram_celery.actions import ActionResult, ActionStatus
 from tangram_celery.metrics import WorkerMetrics
 from tangram_celery.store import Store
 from tangram_celery.wire import ActionMeta, Completion, EventStatus, TaskOrder, residency
+from tangram_celery.workers.turns import CoreTurns, turn_key
 
 log = logging.getLogger("tangram.worker")
 
@@ -54,6 +55,9 @@ class WorkerRuntime:
         self.closer: Callable[[str, str], None] | None = None
         # a CPU batch running this long hands its riders not yet started back (0: never)
         self.batch_hand_back_s = 2.0
+        # (CPU workers) actions sent for the same cores run one after another (a batch sent
+        # behind one that still runs there waits for it)
+        self.turns = CoreTurns()
         self._reported: tuple[int, list[tuple[str, str]]] | None = None
         self._reported_at = 0.0
         self._stop = threading.Event()
@@ -136,10 +140,13 @@ class WorkerRuntime:
         order = self._order(action_id, record)
         if order is None:
             return "skipped:malformed"
-        started = time.time()
-        return self._run(
-            action_id, order, self.store.claim(action_id, order.attempt, self.name, started), handler
-        )
+        claimed = self.store.claim(action_id, order.attempt, self.name, time.time())
+        if isinstance(claimed, str):
+            return self._run(action_id, order, claimed, handler)
+        with self.turns.turn(turn_key(order), self.batch_hand_back_s) as mine:
+            if not mine:  # the batch before it on its cores still runs: placed again
+                return self._hand_back(action_id, order, claimed, "its cores stayed busy")
+            return self._run(action_id, order, claimed, handler)
 
     def execute_batch(self, items: list[list[Any]], handler: Handler) -> list[str]:
         """Run a CPU batch (an allocation and its riders, [action id, order] each) one after
@@ -171,28 +178,37 @@ class WorkerRuntime:
         # the riders not started yet go back to the scheduler instead of waiting for it. The
         # clock restarts with every action: a batch that moves on (each action slowed by a
         # sandbox start or a loaded machine) keeps its riders.
-        clock = OverrunClock(self.batch_hand_back_s, hand_back_rest)
-        if len(todo) > 1 and self.batch_hand_back_s > 0:
-            clock.start()
-        try:
-            while True:
-                with lock:
-                    i = nxt[0]
-                    if i >= len(todo):
-                        break
-                    nxt[0] = i + 1
-                clock.restart()
-                out.append(self._run(*todo[i], handler))
-        finally:
-            clock.stop()
+        key = turn_key(orders[0][1]) if orders else None
+        with self.turns.turn(key, self.batch_hand_back_s) as mine:
+            if not mine:  # the batch before it on its cores still runs: all placed again
+                for action_id, order, claimed in todo:
+                    out.append(self._hand_back(action_id, order, claimed, "its cores stayed busy"))
+                return out
+            clock = OverrunClock(self.batch_hand_back_s, hand_back_rest)
+            if len(todo) > 1 and self.batch_hand_back_s > 0:
+                clock.start()
+            try:
+                while True:
+                    with lock:
+                        i = nxt[0]
+                        if i >= len(todo):
+                            break
+                        nxt[0] = i + 1
+                    clock.restart()
+                    out.append(self._run(*todo[i], handler))
+            finally:
+                clock.stop()
         return out
 
-    def _hand_back(self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str) -> str:
+    def _hand_back(
+        self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str, what: str = ""
+    ) -> str:
         """Give a claimed, not started rider back to the scheduler, to be placed again."""
         if isinstance(claimed, str):
             return f"skipped:{claimed}"
         tid = ActionMeta.model_validate_json(claimed[0]).trajectory_id
-        why = f"an action ahead of it in its batch ran past {self.batch_hand_back_s:.1f} s"
+        what = what or "an action ahead of it in its batch ran"
+        why = f"{what} past {self.batch_hand_back_s:.1f} s"
         back = Completion(status=EventStatus.RETRY, error=why, trajectory_id=tid, unstarted=True)
         if self.store.give_back(action_id, self.name, order.attempt, back):
             log.info("action %s handed back: %s", action_id, why)
