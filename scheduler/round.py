@@ -176,7 +176,7 @@ class Round:
         if (
             self.cpu_batch is not None
             and self.observed is not None
-            and (allocs or ending_batches(state, self.cpu_batch, now_s))
+            and (allocs or ending_batches(state, self.cpu_batch))
         ):  # riders of this round's allocations, or queued behind a batch near its end
             cpu = cpu_riders(allocs, ordered, queue, state, self.cpu_batch, self.observed, now_s)
             if cpu:

@@ -53,6 +53,12 @@ class SchedulerMetrics:
         self.loans = Counter(
             "tangram_core_loans_total", "Core loan changes sent to CPU workers", ["pool"], registry=r
         )
+        self.batch_joins = Counter(
+            "tangram_cpu_batch_joins_total",
+            "CPU riders queued behind a batch that was already running on their cores",
+            ["pool"],
+            registry=r,
+        )
         self.time_shares = Counter(
             "tangram_time_shares_total",
             "Actions started time-sharing cores held by a running action",

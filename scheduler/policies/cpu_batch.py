@@ -91,7 +91,7 @@ def cpu_riders(
         d = observed(queue.action(a.action_id), a.units)
         if d is not None and d <= spec.max_action_s and spec.max_actions > 1:
             by_node.setdefault(a.pool, []).append(_Batch(a, d))
-    for b in ending_batches(state, spec, now_s):
+    for b in ending_batches(state, spec):
         by_node.setdefault(b.lead.pool, []).append(b)
     if not by_node:
         return []
@@ -157,11 +157,12 @@ def cpu_riders(
     return out
 
 
-def ending_batches(state: ClusterState, spec: CpuBatchSpec, now_s: float) -> list[_Batch]:
+def ending_batches(state: ClusterState, spec: CpuBatchSpec) -> list[_Batch]:
     """Running batches that may take riders behind them: cores held by a batch (an action with
     riders queued behind it) with at most `spec.join_below` actions left, on a node that is not
-    offline. Each as a `_Batch` led by its last action, `size` its actions left, `work_s` the
-    time until they are expected to end."""
+    offline. Each as a `_Batch` led by one of those actions, `size` the actions left; its work
+    counts only what queues behind them (the actions left are short: measured so when they
+    joined, while their expected ends follow the estimates, which a prior can make far longer)."""
     if spec.join_below < 2 or spec.max_actions < 2:  # a batch is an action with a rider at least
         return []
     ending: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -173,14 +174,12 @@ def ending_batches(state: ClusterState, spec: CpuBatchSpec, now_s: float) -> lis
                 ending[(name, ids)] = riders + 1
     if not ending:
         return []
-    last: dict[tuple[str, tuple[int, ...]], tuple[float, Allocation]] = {}
-    for aid, a in state.running.items():
+    out: dict[tuple[str, tuple[int, ...]], _Batch] = {}
+    for a in state.running.values():
         key = (a.pool, a.unit_ids)
-        if a.kind is ResourceKind.CPU and not a.shares and key in ending:
-            end_s = state.expected_end_s.get(aid, now_s)
-            if key not in last or end_s >= last[key][0]:
-                last[key] = (end_s, a)
-    return [_Batch(a, max(0.0, end_s - now_s), ending[key]) for key, (end_s, a) in last.items()]
+        if key in ending and key not in out and a.kind is ResourceKind.CPU and not a.shares:
+            out[key] = _Batch(a, 0.0, ending[key])
+    return list(out.values())
 
 
 def _add(

@@ -47,6 +47,7 @@ def schedule(ctx: Context, rnd: Round) -> int:
     to_close: list[tuple[str, str, str]] = []  # (node, trajectory, generation) evicted
     resets_done: list[str] = []
     riders = {a.action_id for a in plan.riders}
+    leads = {(a.pool, a.unit_ids) for a in plan.allocs}
     for alloc in plan.started:
         qa = by_id[alloc.action_id]
         rider = alloc.action_id in riders
@@ -60,6 +61,8 @@ def schedule(ctx: Context, rnd: Round) -> int:
         elif rider:  # after every allocation (a GPU rider joins its batch's chunk, a CPU one queues on its
             # cores, behind this round's allocation or a batch already running there)
             state.share(alloc, qa, now)
+            if alloc.kind is ResourceKind.CPU and (alloc.pool, alloc.unit_ids) not in leads:
+                ctx.metrics.batch_joins.labels(pool=f"cpu:{alloc.pool}").inc()
         else:
             state.apply(alloc, qa, now)
         load = plan.gpu_loads.get(alloc.action_id)

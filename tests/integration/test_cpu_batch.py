@@ -7,9 +7,11 @@ runs a few actions of that kind.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -153,3 +155,49 @@ def test_riders_behind_a_hung_action_are_handed_back(client) -> None:
     assert [(r.status, r.stdout.strip()) for r in results] == [(ActionStatus.OK, str(i)) for i in range(30)]
     assert any(r.attempts > 1 for r in results), "the hung action's riders should have been handed back"
     assert hung.result(timeout=60).status is ActionStatus.TIMEOUT
+
+
+def _scheduler_counter(deployment: Any, name: str) -> float:
+    """The sum of a counter's samples on the scheduler's metrics endpoint."""
+    port = deployment.metrics_ports["scheduler"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@pytest.mark.deploy(nodes=NODE, sandbox=NAMESPACE)
+def test_batches_queued_behind_running_ones_take_turns_on_their_cores(client, deployment) -> None:
+    """Given a measured short kind, when 96 new trajectories' actions arrive at once on 2 cores,
+    then riders are queued behind batches still running (the scheduler counts them), every
+    action completes once with its own output, and no two actions ran at once on a core: each
+    reports the cores it may run on and when it started and ended, and on each core those
+    intervals do not overlap (a batch sent behind another waits for it in the worker)."""
+    _measure(client)
+    joined = _scheduler_counter(deployment, "tangram_cpu_batch_joins_total")
+    n = 96
+    code = (
+        "import os, time; t0 = time.time(); time.sleep(0.004); "
+        "print({i}, *sorted(os.sched_getaffinity(0)), t0, time.time(), sep=',')"
+    )
+    hs = client.submit_many(
+        [
+            CodeAction(trajectory_id=f"j{i}", code=code.format(i=i), memory_mb=128, timeout_s=30)
+            for i in range(n)
+        ]
+    )
+    results = [h.result(timeout=300) for h in hs]
+    assert all(r.status is ActionStatus.OK for r in results), [r for r in results if not r.ok][:1]
+    rows = [r.stdout.strip().split(",") for r in results]
+    assert [int(row[0]) for row in rows] == list(range(n))
+    by_cores: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        by_cores.setdefault(" ".join(row[1:-2]), []).append((float(row[-2]), float(row[-1])))
+    assert all(len(k.split()) == 1 for k in by_cores), (
+        f"an action ran on more than one core: {list(by_cores)}"
+    )
+    for cores, spans in by_cores.items():
+        spans.sort()
+        overlaps = [(a, b) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+        assert not overlaps, f"core {cores}: actions ran at once: {overlaps[:3]}"
+    assert _scheduler_counter(deployment, "tangram_cpu_batch_joins_total") > joined
+    assert all(r.attempts == 1 for r in results)

@@ -7,7 +7,7 @@ import pytest
 
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.policies import get_policy
-from scheduler.policies.cpu_batch import CpuBatchSpec, cpu_riders
+from scheduler.policies.cpu_batch import CpuBatchSpec, cpu_riders, ending_batches
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import Round
@@ -161,6 +161,66 @@ def test_shared_cores_come_back_with_the_last_of_the_batch_and_survive_a_restore
         assert s.cpu["n"].free == {0, 1} and not s.cpu["n"].riders
     with pytest.raises(ValueError, match="not held"):
         state.share(Allocation("x", ResourceKind.CPU, "n", 1, (0,)), _code("x"), 0.0)
+
+
+def _batch_on(state: ClusterState, core: int, n: int, left: int, prefix: str = "c") -> None:
+    """A batch of `n` short actions on `core` (a leader and its riders), all but `left` ended."""
+    for i in range(n):
+        qa = _code(f"{prefix}{i}")
+        alloc = Allocation(qa.action_id, ResourceKind.CPU, "n", 1, (core,))
+        (state.apply if i == 0 else state.share)(alloc, qa, 0.0)
+    for i in range(n - left):
+        state.release(f"{prefix}{i}", 0.5)
+
+
+def test_a_batch_near_its_end_takes_the_next_riders_behind_it() -> None:
+    """Given no free core and a batch with 2 actions left on it, a round allocates nothing and
+    queues short waiting actions behind those 2, in FCFS order, until the batch holds
+    max_actions (4) again; the riders apply to the state as riders of those cores. With 3 left,
+    with `join_below` 0, or behind a long action at the head of the queue (FCFS), none."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    _batch_on(state, 0, 4, left=2)
+    assert [(b.lead.unit_ids, b.size) for b in ending_batches(state, SPEC)] == [((0,), 2)]
+    waiting = [_code(f"w{i}") for i in range(5)]
+    plan = _plan(waiting, state)
+    assert not plan.allocs
+    assert [(r.action_id, r.unit_ids) for r in plan.riders] == [("w0", (0,)), ("w1", (0,))]
+    for r in plan.riders:
+        state.share(r, next(qa for qa in waiting if qa.action_id == r.action_id), 0.6)
+    assert state.cpu["n"].riders == {(0,): 3} and not state.cpu["n"].free
+    assert not ending_batches(state, SPEC)  # 4 left now
+    off = CpuBatchSpec(max_actions=4, max_action_s=0.05, max_batch_s=0.2, join_below=0)
+    fresh = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    _batch_on(fresh, 0, 4, left=2)
+    assert not _plan(waiting, fresh, spec=off).riders
+    assert not _plan([_code("s", kind="slow"), *waiting], fresh).riders
+    three = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    _batch_on(three, 0, 4, left=3)
+    assert not ending_batches(three, SPEC) and not _plan(waiting, three).riders
+
+
+def test_a_batch_near_its_end_on_an_offline_node_takes_no_riders() -> None:
+    """A node that went offline takes nothing new, behind a batch either."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
+    _batch_on(state, 0, 4, left=2)
+    state.set_offline({"cpu:n"})
+    assert not ending_batches(state, SPEC)
+
+
+def test_the_simulator_queues_riders_behind_batches_near_their_end() -> None:
+    """A burst of short actions on 2 cores, with riders joining batches near their end and
+    without: every action finishes, never two at once on a core, in the same total time (the
+    simulator charges nothing for a dispatch, which the live service saves)."""
+    off = CpuBatchSpec(max_actions=4, max_action_s=0.05, max_batch_s=0.2, join_below=0)
+    results = [
+        Simulator(_burst(60, 0.01), get_policy("tangram-fast"), cpu_batch=spec).run() for spec in (SPEC, off)
+    ]
+    for res in results:
+        assert res.unfinished == 0 and len(res.records) == 60
+        spans = sorted((r.started_s, r.ended_s) for r in res.records)
+        for t in {s for s, _ in spans}:
+            assert sum(1 for s, e in spans if s <= t < e) <= 2
+    assert results[0].makespan_s == pytest.approx(results[1].makespan_s)
 
 
 def test_cpu_riders_needs_no_round() -> None:
