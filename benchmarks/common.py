@@ -141,6 +141,20 @@ def tree_cpu_s(roots: list[int], table: dict[int, tuple[int, float]] | None = No
     return out
 
 
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time counters (/proc/stat, all CPUs): user .. steal, in ticks."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def busy_between(before: list[int], after: list[int]) -> float:
+    """The share of the machine's CPU time that was not idle between two `cpu_ticks` readings
+    (how well a run kept the cores busy; other jobs count too)."""
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d)
+    return 1.0 - (d[3] + d[4]) / total if total else 0.0
+
+
 def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds the trees used between two `tree_cpu_s` readings (processes started since
     count whole; those ended since count through the parent that reaped them)."""

@@ -28,6 +28,9 @@ side by side in one run, through `TangramClient`:
    before the default became `job`): each new trajectory then has a verifier forked for it.
 Before each run the stack is let settle (`settle`: its ready pool grown, its disposer done),
 so that neither it nor the plain harness runs beside the other's leftovers.
+Each run also records how busy the machine's cores were (the share of CPU time not idle: the
+plain harness keeps both busy, the stack idles while it waits between its steps), and the
+deployment how many riders it queued behind batches still running (`cpu_batch.join_below`).
 Rounds alternate between the variants (best of `--rounds` each). The machine's load average
 and a Python speed yardstick are recorded, since other jobs share the machine. Beside the wall
 times, each run's CPU seconds (every process involved: the client or the harness and its
@@ -61,7 +64,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
 
-from benchmarks.common import RESULTS, cpu_between, percentile, proc_table, tree_cpu_s, write_json
+from benchmarks.common import (
+    RESULTS,
+    busy_between,
+    cpu_between,
+    cpu_ticks,
+    percentile,
+    proc_table,
+    tree_cpu_s,
+    write_json,
+)
 from tangram_celery import ActionStatus, CodeAction, TangramClient
 from tangram_celery.config import load_config
 from tangram_celery.deploy import Deployment
@@ -216,10 +228,12 @@ def first_burst(dep: Deployment, client: TangramClient, problems: list[Problem])
 def with_cpu(parts: dict[str, list[int]], run: Any) -> dict[str, Any]:
     """`run()`'s result with `cpu_s`: what it cost in CPU, in this process (the client, or the
     plain harness and its interpreters) and in the deployment's processes; and `cpu_parts`, the
-    same split by part (`stack_parts`; "client" is this process). A sandbox destroyed during
+    same split by part (`stack_parts`; "client" is this process); and `busy`, the share of the
+    machine's CPU time that was not idle meanwhile. A sandbox destroyed during
     the run counts in the CPU worker, which reaps it (recycled ones, the usual case, do not)."""
-    before, mine = _part_cpu(parts), own_cpu_s()
+    before, mine, ticks = _part_cpu(parts), own_cpu_s(), cpu_ticks()
     out: dict[str, Any] = run()
+    out["busy"] = busy_between(ticks, cpu_ticks())
     after = _part_cpu(parts)
     split = {name: cpu_between(before.get(name, {}), after[name]) for name in after}
     split["client"] = own_cpu_s() - mine
@@ -374,7 +388,7 @@ def main() -> int:
                 runs[variant].append(out)
                 print(
                     f"round {r + 1} {variant:9s} {out['wall_s']:6.2f} s  cpu {out['cpu_s']:5.2f} s  "
-                    f"passed {out['passed']}/{out['n']}  load {out['load']:.1f}  ms/program: "
+                    f"passed {out['passed']}/{out['n']}  busy {out['busy']:.2f}  load {out['load']:.1f}  ms/program: "
                     + ", ".join(f"{k} {1000 * c / len(problems):.1f}" for k, c in out["cpu_parts"].items())
                 )
         log = "".join(
@@ -382,9 +396,13 @@ def main() -> int:
         )
         res["scheduler_stalls_logged"] = log.count("no progress")
         res["evictions_logged"] = sum(int(n) for n in re.findall(r"evicted (\d+) idle", log))
+        res["cpu_batch_joins"] = dep.counter("scheduler", "tangram_cpu_batch_joins_total")
     res["runs"] = runs
     res["best"] = {v: min(rs, key=lambda x: x["wall_s"]) for v, rs in runs.items()}
     res["median_wall_s"] = {v: statistics.median(x["wall_s"] for x in rs) for v, rs in runs.items()}
+    # how busy the machine's cores were during each variant's runs (median): the plain harness
+    # keeps both busy; the stack's share that is idle is waiting between its steps
+    res["busy_median"] = {v: statistics.median(x["busy"] for x in rs) for v, rs in runs.items()}
     # CPU per program (all processes: client or harness, Redis, scheduler, workers, sandboxes):
     # what the wall time would be on 2 idle cores at full use, and barely moved by other jobs
     if args.backend == "namespace":

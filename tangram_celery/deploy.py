@@ -363,6 +363,18 @@ class Deployment:
                 tail = c.log_path.read_text(errors="replace")[-2000:] if c.log_path.exists() else ""
                 raise TangramError(f"{c.name} exited with {c.proc.returncode}; last log lines:\n{tail}")
 
+    def counter(self, name: str, metric: str) -> float:
+        """The sum of counter `metric`'s samples on child `name`'s metrics endpoint (e.g. the
+        scheduler's `tangram_cpu_batch_joins_total`)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric + "{")
+        )
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Signal one child (fault injection) and reap it; the supervisor restarts it. Returns its pid."""
         with self._lock:

@@ -91,11 +91,15 @@ def run_worker(
         runtime.closer = handler.close_trajectory  # evictions carried by the task orders
         runtime.batch_hand_back_s = cfg.scheduler.cpu_batch.hand_back_after_ms / 1000
         # One thread per core for the actions (the scheduler never sends more than the node's
-        # cores can run: a batch of riders is one message), as many more as time sharers may
-        # run beside them (`per_core` per core), and two more so that sandbox closes
-        # (evictions) are taken while every core is busy: their sandboxes are scrubbed and
-        # ready for the next new trajectories instead of waiting behind the running batches.
-        slots = concurrency or node.cores * (1 + sharers_per_core(cfg)) + 2
+        # cores can run: a batch of riders is one message), one more per core for the next
+        # batch sent for those cores while the last actions of one run there (it waits for its
+        # turn: `cpu_batch.join_below`), as many more as time sharers may run beside them
+        # (`per_core` per core), and two more so that sandbox closes (evictions) are taken
+        # while every core is busy: their sandboxes are scrubbed and ready for the next new
+        # trajectories instead of waiting behind the running batches.
+        batch = cfg.scheduler.cpu_batch
+        queued = 1 if batch.enabled and batch.join_below >= 2 else 0
+        slots = concurrency or node.cores * (1 + queued + sharers_per_core(cfg)) + 2
     elif kind == "api":
         api = cfg.api(name)
         if api is None:

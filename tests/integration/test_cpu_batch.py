@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -157,14 +156,6 @@ def test_riders_behind_a_hung_action_are_handed_back(client) -> None:
     assert hung.result(timeout=60).status is ActionStatus.TIMEOUT
 
 
-def _scheduler_counter(deployment: Any, name: str) -> float:
-    """The sum of a counter's samples on the scheduler's metrics endpoint."""
-    port = deployment.metrics_ports["scheduler"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
 @pytest.mark.deploy(nodes=NODE, sandbox=NAMESPACE)
 def test_batches_queued_behind_running_ones_take_turns_on_their_cores(client, deployment) -> None:
     """Given a measured short kind, when 96 new trajectories' actions arrive at once on 2 cores,
@@ -173,7 +164,7 @@ def test_batches_queued_behind_running_ones_take_turns_on_their_cores(client, de
     reports the cores it may run on and when it started and ended, and on each core those
     intervals do not overlap (a batch sent behind another waits for it in the worker)."""
     _measure(client)
-    joined = _scheduler_counter(deployment, "tangram_cpu_batch_joins_total")
+    joined = deployment.counter("scheduler", "tangram_cpu_batch_joins_total")
     n = 96
     code = (
         "import os, time; t0 = time.time(); time.sleep(0.004); "
@@ -199,5 +190,5 @@ def test_batches_queued_behind_running_ones_take_turns_on_their_cores(client, de
         spans.sort()
         overlaps = [(a, b) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
         assert not overlaps, f"core {cores}: actions ran at once: {overlaps[:3]}"
-    assert _scheduler_counter(deployment, "tangram_cpu_batch_joins_total") > joined
+    assert deployment.counter("scheduler", "tangram_cpu_batch_joins_total") > joined
     assert all(r.attempts == 1 for r in results)
