@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Literal
 
@@ -56,6 +57,10 @@ def sharers_per_core(cfg: TangramConfig) -> int:
     return spec.per_core if spec is not None else 0
 
 
+# How long a CPU worker's thread keeps the GIL while another waits for it (CPython: 5 ms).
+CPU_SWITCH_S = 0.0005
+
+
 def run_worker(
     cfg: TangramConfig,
     kind: Literal["cpu", "api", "gpu"],
@@ -72,6 +77,11 @@ def run_worker(
     runtime = WorkerRuntime(url, kind, name)
     closing: list[Callable[[], None]] = []
     if kind == "cpu":
+        # The worker's threads (a batch per core set, sandbox closes, the Celery consumer) take
+        # turns on the GIL, and a thread whose runner has answered waits for it while its core
+        # idles. CPython hands the GIL over after 5 ms by default, as long as a whole short
+        # action; with CPU_SWITCH_S the stateless HumanEval run took less wall and CPU time.
+        sys.setswitchinterval(CPU_SWITCH_S)
         node = next((n for n in cfg.nodes.cpu if n.name == name), None)
         if node is None:
             raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
