@@ -60,7 +60,7 @@ from scheduler.fairshare import order_queue
 from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
-from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders, ending_batches
+from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
 from scheduler.policies.time_share import HostCache, time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
@@ -173,11 +173,8 @@ class Round:
             out.lends = self.lend(allocs, queue, state, now_s)
         if allocs and self.max_batch is not None:
             out.riders = riders(allocs, queue, self.max_batch)
-        if (
-            self.cpu_batch is not None
-            and self.observed is not None
-            and (allocs or ending_batches(state, self.cpu_batch))
-        ):  # riders of this round's allocations, or queued behind a batch near its end
+        if self.cpu_batch is not None and self.observed is not None:
+            # riders of this round's allocations, or queued behind a batch near its end
             cpu = cpu_riders(allocs, ordered, queue, state, self.cpu_batch, self.observed, now_s)
             if cpu:
                 out.riders += cpu

@@ -63,6 +63,12 @@ class CpuBatchSpec:
         if self.max_actions < 1 or self.max_action_s <= 0 or self.max_batch_s <= 0 or self.join_below < 0:
             raise ValueError(f"bad CPU batch bounds: {self}")
 
+    @property
+    def joins(self) -> bool:
+        """Do running batches take riders behind them? (A batch is an action with a rider at
+        least, so it takes `join_below` 2 and batches of 2 or more.)"""
+        return self.join_below >= 2 and self.max_actions >= 2
+
 
 @dataclass(slots=True)
 class _Batch:
@@ -163,7 +169,7 @@ def ending_batches(state: ClusterState, spec: CpuBatchSpec) -> list[_Batch]:
     offline. Each as a `_Batch` led by one of those actions, `size` the actions left; its work
     counts only what queues behind them (the actions left are short: measured so when they
     joined, while their expected ends follow the estimates, which a prior can make far longer)."""
-    if spec.join_below < 2 or spec.max_actions < 2:  # a batch is an action with a rider at least
+    if not spec.joins:
         return []
     ending: dict[tuple[str, tuple[int, ...]], int] = {}
     for name, node in state.cpu.items():

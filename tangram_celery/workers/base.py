@@ -201,13 +201,16 @@ class WorkerRuntime:
         return out
 
     def _hand_back(
-        self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str, what: str = ""
+        self,
+        action_id: str,
+        order: TaskOrder,
+        claimed: tuple[str, str, float] | str,
+        what: str = "an action ahead of it in its batch ran",
     ) -> str:
         """Give a claimed, not started rider back to the scheduler, to be placed again."""
         if isinstance(claimed, str):
             return f"skipped:{claimed}"
         tid = ActionMeta.model_validate_json(claimed[0]).trajectory_id
-        what = what or "an action ahead of it in its batch ran"
         why = f"{what} past {self.batch_hand_back_s:.1f} s"
         back = Completion(status=EventStatus.RETRY, error=why, trajectory_id=tid, unstarted=True)
         if self.store.give_back(action_id, self.name, order.attempt, back):

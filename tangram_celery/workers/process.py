@@ -107,8 +107,8 @@ def run_worker(
         # (`per_core` per core), and two more so that sandbox closes (evictions) are taken
         # while every core is busy: their sandboxes are scrubbed and ready for the next new
         # trajectories instead of waiting behind the running batches.
-        batch = cfg.scheduler.cpu_batch
-        queued = 1 if batch.enabled and batch.join_below >= 2 else 0
+        batch = cfg.scheduler.cpu_batch.spec()
+        queued = 1 if batch is not None and batch.joins else 0
         slots = concurrency or node.cores * (1 + queued + sharers_per_core(cfg)) + 2
     elif kind == "api":
         api = cfg.api(name)
