@@ -126,7 +126,7 @@ class ReadyPool(Generic[H]):
                     h = self._ready.popleft()
                 else:
                     self._ready.remove(h)
-            self._wanted.set()
+            self._wake()
             if self._alive(h):
                 with self._lock:
                     self.handed_out += 1
@@ -153,7 +153,25 @@ class ReadyPool(Generic[H]):
         with self._lock:
             self._pending -= 1
             self._changed.notify_all()
-        self._wanted.set()  # if it did not come back, the filler makes up for it
+        self._wake()  # if it did not come back, the filler makes up for it
+
+    def _missing(self, held: int) -> tuple[int, int]:
+        """(short, grow), under the lock: how many sandboxes the pool lacks to reach `size`,
+        and to reach its idle reserve (`held` sandboxes handed out and in use)."""
+        short = self.size - len(self._ready) - self._pending
+        grow = min(self.reserve - held, self.keep) - len(self._ready) - self._pending
+        return short, grow
+
+    def _wake(self) -> None:
+        """Wake the filler if it has anything to do. Not for every take and every scrubbed
+        sandbox back: a stateless caller's steady state (each new trajectory takes one, the one
+        it evicts comes back) keeps the pool full, and each needless wake cost the worker two
+        thread switches and a turn of the GIL per action."""
+        held = self._held() if self.reserve else 0
+        with self._lock:
+            short, grow = self._missing(held)
+        if short > 0 or grow > 0:
+            self._wanted.set()
 
     def recycle(self, h: H) -> bool:
         """Keep a scrubbed sandbox for the next taker (False: the pool is full, destroy it)."""
@@ -206,8 +224,7 @@ class ReadyPool(Generic[H]):
             self._wanted.wait()
             held = self._held() if self.reserve else 0  # not under the lock: the caller's own
             with self._lock:
-                short = self.size - len(self._ready) - self._pending
-                grow = min(self.reserve - held, self.keep) - len(self._ready) - self._pending
+                short, grow = self._missing(held)
                 if short <= 0 and grow <= 0:
                     self._wanted.clear()
                     continue
