@@ -14,6 +14,7 @@ recovery return plans, the round returns a plan, and only the loop calls what ca
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -246,6 +247,8 @@ class SchedulerService:
                 # round may have been half applied): what Redis kept is the truth; rebuild from it.
                 log.warning("lost Redis (%s); rebuilding state once it is back", e)
                 self._rejoin()
+        with contextlib.suppress(*_TRANSIENT):  # else they are done again after a restart
+            self.store.settle()
         self.ctx.recorder.close()
         self.store.close()
 

@@ -35,6 +35,12 @@ log = logging.getLogger("tangram.store")
 
 
 class SchedulerSide(StoreBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Writes `events_done` owes Redis: (command, arguments), sent with the next command
+        # (`_owed_first`, `settle`).
+        self._owed: list[tuple[str, tuple[Any, ...]]] = []
+
     def ensure_groups(self) -> None:
         for stream in (INTAKE, EVENTS):
             try:
@@ -47,10 +53,18 @@ class SchedulerSide(StoreBase):
         self.r.set(CONFIG, view.model_dump_json())
 
     def read(self, count: int, block_ms: int | None) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
-        """Read new intake and events (one blocking call over both streams)."""
-        resp: Any = self.r.xreadgroup(
-            GROUP, CONSUMER, {EVENTS: ">", INTAKE: ">"}, count=count, block=block_ms
-        )
+        """Read new intake and events (one blocking call over both streams), and write what
+        `events_done` owes in the same round trip: after the read, whose answer comes with
+        theirs (written first, their answers would wake the scheduler once more)."""
+        streams = {EVENTS: ">", INTAKE: ">"}
+        resp: Any
+        if self._owed:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)
+            resp = self._owed_first(pipe).execute()[0]
+            self._owed.clear()
+        else:
+            resp = self.r.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)  # type: ignore[arg-type]
         intake: list[IntakeEntry] = []
         events: list[IntakeEntry] = []
         for stream, entries in resp or []:
@@ -60,6 +74,7 @@ class SchedulerSide(StoreBase):
 
     def read_pending(self, stream: str, count: int = 10_000) -> Iterator[list[IntakeEntry]]:
         """This consumer's delivered but unacknowledged entries of `stream`, in order, in pages."""
+        self.settle()
         after = "0"
         while True:
             resp: Any = self.r.xreadgroup(GROUP, CONSUMER, {stream: after}, count=count)
@@ -80,6 +95,7 @@ class SchedulerSide(StoreBase):
     def load_running(self) -> dict[str, DispatchRecord]:
         """Every dispatched, unfinished action's record. A record that does not parse (written
         by hand, or by an incompatible version) is logged and left out."""
+        self.settle()
         out: dict[str, DispatchRecord] = {}
         for k, v in self.r.hgetall(RUNNING).items():
             try:
@@ -89,6 +105,7 @@ class SchedulerSide(StoreBase):
         return out
 
     def load_pins(self) -> dict[str, dict[str, Any]]:
+        self.settle()
         return {str(k): json.loads(v) for k, v in self.r.hgetall(TRAJ).items()}
 
     def states(self, action_ids: Sequence[str]) -> list[str | None]:
@@ -135,6 +152,7 @@ class SchedulerSide(StoreBase):
         args += list(resets_done)
         args += list(intake_ids)
         keys = [RUNNING, TRAJ, INTAKE, RESETS, *(akey(r.alloc.action_id) for r in records)]
+        self.settle()  # first: a pin written by a completion, deleted here by an eviction
         return [str(a) for a in self._dispatch(keys=keys, args=args)]
 
     def dead_letter(self, stream_id: str, fields: dict[str, str], why: str) -> None:
@@ -147,26 +165,39 @@ class SchedulerSide(StoreBase):
         self, finished: Sequence[str], pins: dict[str, dict[str, Any]], event_ids: Sequence[str]
     ) -> None:
         """After a page of events: forget the finished actions' dispatch records, write the pin
-        records whose owner changed, and take the events off the stream, in one round trip
-        (`forget_running`, `update_pins`, `ack`; all idempotent, so a scheduler that dies before
-        it reads the events again and does the same)."""
-        if not (finished or pins or event_ids):
-            return
-        pipe = self.r.pipeline(transaction=True)
+        records whose owner changed, and take the events off the stream. Owed, not written at
+        once: the writes go with the scheduler's next command, in the round trip of its next
+        `read` (one per completion fewer) or before any other command (`settle`), in order.
+        Nothing reads them meanwhile but this scheduler, which writes them before it does.
+        All are idempotent, so a scheduler that dies before they reach Redis reads the events
+        again (`read_pending`) and does the same."""
         if finished:
-            pipe.hdel(RUNNING, *finished)
+            self._owed.append(("hdel", (RUNNING, *finished)))
         for tid, pin in pins.items():
-            pipe.hset(TRAJ, tid, json.dumps(pin))
+            self._owed.append(("hset", (TRAJ, tid, json.dumps(pin))))
         if event_ids:
-            pipe.xack(EVENTS, GROUP, *event_ids)
-            pipe.xdel(EVENTS, *event_ids)
-        pipe.execute()
+            self._owed.append(("xack", (EVENTS, GROUP, *event_ids)))
+            self._owed.append(("xdel", (EVENTS, *event_ids)))
+
+    def settle(self) -> None:
+        """Write now what `events_done` owes (one round trip; nothing when it owes nothing).
+        Kept owed when Redis fails: the next command writes it."""
+        if self._owed:
+            self._owed_first(self.r.pipeline(transaction=True)).execute()
+            self._owed.clear()
+
+    def _owed_first(self, pipe: Any) -> Any:
+        for command, args in self._owed:
+            getattr(pipe, command)(*args)
+        return pipe
 
     def forget_running(self, action_ids: Sequence[str]) -> None:
+        self.settle()
         if action_ids:
             self.r.hdel(RUNNING, *action_ids)
 
     def forget_pin(self, trajectory_id: str) -> None:
+        self.settle()
         self.r.hdel(TRAJ, trajectory_id)
 
     def update_pins(
@@ -180,7 +211,7 @@ class SchedulerSide(StoreBase):
         unmark them, in one round trip."""
         if not (pins or forget or resets or resets_done):
             return
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self._owed_first(self.r.pipeline(transaction=True))
         for tid, pin in pins.items():
             pipe.hset(TRAJ, tid, json.dumps(pin))
         if forget:
@@ -190,6 +221,7 @@ class SchedulerSide(StoreBase):
         if resets_done:
             pipe.hdel(RESETS, *resets_done)
         pipe.execute()
+        self._owed.clear()
 
     def load_resets(self) -> dict[str, float]:
         return {str(k): float(v) for k, v in self.r.hgetall(RESETS).items()}

@@ -122,7 +122,8 @@ def h(tmp_path: Any) -> Iterator[Harness]:
 def test_an_action_is_dispatched_run_and_released(h: Harness) -> None:
     """Given a code action, one step sends its order (cores, attempt 1, a new sandbox) and
     persists its dispatch record; when its worker completes it, the next step releases its
-    cores, forgets its record and keeps its trajectory pinned for the next action."""
+    cores and keeps its trajectory pinned for the next action, and its record is forgotten
+    with the scheduler's next command to Redis (here its next read)."""
     handle = h.client.submit(CodeAction(id="a1", trajectory_id="t", code="print(1)"))
     assert h.svc.step(block_ms=None) == 1
     [(aid, order)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
@@ -131,7 +132,9 @@ def test_an_action_is_dispatched_run_and_released(h: Harness) -> None:
     assert h.store.r.hexists(RUNNING, "a1")
     h.run(aid, order)
     h.svc.step(block_ms=None)
-    assert not h.svc.state.running and not h.store.r.hexists(RUNNING, "a1")
+    assert not h.svc.state.running and h.store.r.hexists(RUNNING, "a1")  # owed
+    h.svc.step(block_ms=None)
+    assert not h.store.r.hexists(RUNNING, "a1")
     assert h.svc.state.trajectory_node["t"] == order.pool
     assert handle.result(timeout=1).status is ActionStatus.OK
 
@@ -318,6 +321,46 @@ def test_recovery_replays_unacknowledged_events(h: Harness) -> None:
     assert [e.fields["id"] for e in delivered] == ["e1"]
     again = h.restart()
     assert not again.svc.state.running and again.store.r.xlen(EVENTS) == 0
+
+
+def test_a_completion_is_written_with_the_next_read_or_replayed_after_a_restart(h: Harness) -> None:
+    """Given a completion the scheduler handled, its writes (record forgotten, pin written,
+    event acknowledged) are owed until the scheduler's next command; a scheduler that dies
+    before that replays the event and reaches the same state, and one that lives writes them
+    with its next read."""
+    h.client.submit(CodeAction(id="o1", trajectory_id="t", code="x"))
+    h.svc.step(block_ms=None)
+    [(aid, order)] = h.messages("tangram.cpu.n0") + h.messages("tangram.cpu.n1")
+    h.run(aid, order)
+    h.svc.step(block_ms=None)
+    assert not h.svc.state.running and h.store.r.hexists(RUNNING, "o1")  # owed
+    assert h.store.r.xlen(EVENTS) == 1
+    h.svc.step(block_ms=None)
+    assert not h.store.r.hexists(RUNNING, "o1") and h.store.r.xlen(EVENTS) == 0
+    assert h.store.load_pins()["t"]["node"] == order.pool
+
+    h.client.submit(CodeAction(id="o2", trajectory_id="t", code="x"))
+    h.svc.step(block_ms=None)
+    [(aid, order)] = h.messages("tangram.cpu.n0") + h.messages("tangram.cpu.n1")
+    h.run(aid, order)
+    h.svc.step(block_ms=None)  # handled, owed, and then the scheduler dies
+    again = h.restart()
+    assert not again.svc.state.running and again.svc.state.trajectory_node["t"] == order.pool
+    again.svc.step(block_ms=None)
+    assert not again.store.r.hexists(RUNNING, "o2") and again.store.r.xlen(EVENTS) == 0
+    assert again.store.load_pins()["t"]["node"] == order.pool
+
+
+def test_an_owed_pin_is_written_before_a_later_change_of_it() -> None:
+    """Writes `events_done` owes go to Redis before any other command of the scheduler's, in
+    order: a pin owed and then deleted stays deleted."""
+    store = memory_store()
+    store.events_done(["x1"], {"t": {"node": "n0"}}, [])
+    store.forget_pin("t")
+    assert store.load_pins() == {}
+    store.events_done([], {"u": {"node": "n0"}}, [])
+    store.update_pins({}, forget=["u"])
+    assert store.load_pins() == {}
 
 
 def test_a_cancel_after_the_round_chose_the_action_undoes_its_pin(h: Harness) -> None:
