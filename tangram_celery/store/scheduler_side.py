@@ -56,7 +56,7 @@ class SchedulerSide(StoreBase):
         """Read new intake and events (one blocking call over both streams), and write what
         `events_done` owes in the same round trip: after the read, whose answer comes with
         theirs (written first, their answers would wake the scheduler once more)."""
-        streams = {EVENTS: ">", INTAKE: ">"}
+        streams: dict[Any, Any] = {EVENTS: ">", INTAKE: ">"}
         resp: Any
         if self._owed:
             pipe = self.r.pipeline(transaction=False)
@@ -64,7 +64,7 @@ class SchedulerSide(StoreBase):
             resp = self._owed_first(pipe).execute()[0]
             self._owed.clear()
         else:
-            resp = self.r.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)  # type: ignore[arg-type]
+            resp = self.r.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)
         intake: list[IntakeEntry] = []
         events: list[IntakeEntry] = []
         for stream, entries in resp or []:
