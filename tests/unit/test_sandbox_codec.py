@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.sandbox.inside._tangram_codec import MAX_DEPTH, CodecError, decode, encode
+from tangram_celery.sandbox.inside._tangram_codec import (
+    FIRST_READ_B,
+    MAX_DEPTH,
+    CodecError,
+    decode,
+    encode,
+    recv_msg,
+)
 
 pytestmark = pytest.mark.unit
 EXACT = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
@@ -175,3 +182,50 @@ def test_random_bytes_decode_to_exact_builtins_or_fail() -> None:
         except CodecError:
             continue
         assert _exact_only(v)
+
+
+class Chunks:
+    """A socket whose `recv` returns the given pieces, then end of stream."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+
+    def recv(self, n: int) -> bytes:
+        if not self.pieces:
+            return b""
+        piece = self.pieces.pop(0)
+        if len(piece) > n:  # the kernel hands out at most n bytes; the rest stays queued
+            self.pieces.insert(0, piece[n:])
+            piece = piece[:n]
+        return piece
+
+
+def test_messages_arrive_whole_however_the_stream_splits_them() -> None:
+    """Given a message split anywhere (inside its length, across reads, or larger than the
+    first read), when received, then it comes back whole; at end of stream, None."""
+    body = encode(["x" * 20_000, 1], Table().handle_of)
+    wire = struct.pack("<I", len(body)) + body
+    assert len(wire) > FIRST_READ_B
+    for cuts in ([], [2], [4], [7, 9000], [1, 2, 3]):
+        pieces, last = [], 0
+        for c in [*cuts, len(wire)]:
+            pieces.append(wire[last:c])
+            last = c
+        sock = Chunks(*pieces)
+        assert recv_msg(sock) == body
+        assert recv_msg(sock) is None
+
+
+def test_a_second_message_before_the_answer_is_refused() -> None:
+    """Given a peer that sends two messages at once (the sides take turns), when received,
+    then CodecError rather than one of them read as the answer to a later request."""
+    one = struct.pack("<I", 1) + b"N"
+    with pytest.raises(CodecError):
+        recv_msg(Chunks(one + one))
+
+
+def test_a_message_cut_short_is_refused() -> None:
+    with pytest.raises(CodecError):
+        recv_msg(Chunks(struct.pack("<I", 10) + b"N"))
+    with pytest.raises(CodecError):
+        recv_msg(Chunks(b"\x01\x00"))

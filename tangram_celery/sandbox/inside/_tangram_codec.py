@@ -26,10 +26,13 @@ from typing import Any
 
 MAX_DEPTH = 100
 MAX_MESSAGE_B = 32 << 20
+FIRST_READ_B = 8192
 
 _U32 = struct.Struct("<I")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
+_S_HEAD = struct.Struct("<BI")  # a tag and a length
+_F_HEAD = struct.Struct("<Bd")  # a tag and a double
 _SEQ_TAGS: dict[type, bytes] = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}
 _SEQ_TYPES = {b"l": list, b"t": tuple, b"S": set, b"z": frozenset}
 
@@ -53,22 +56,25 @@ def encode(obj: Any, handle_of: Callable[[Any], int]) -> bytes:
 
 def _enc(obj: Any, handle_of: Callable[[Any], int], out: bytearray, depth: int, path: set[int]) -> None:
     t = type(obj)
-    if obj is None:
+    if t is str:
+        raw = obj.encode("utf-8", "surrogatepass")
+        out += _S_HEAD.pack(115, len(raw))  # b"s"
+        out += raw
+    elif t is int:
+        raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
+        out += _S_HEAD.pack(105, len(raw))  # b"i"
+        out += raw
+    elif obj is None:
         out += b"N"
     elif t is bool:
         out += b"T" if obj else b"F"
-    elif t is int:
-        raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
-        out += b"i" + _U32.pack(len(raw)) + raw
     elif t is float:
-        out += b"f" + _F64.pack(obj)
+        out += _F_HEAD.pack(102, obj)  # b"f"
     elif t is complex:
         out += b"c" + _C128.pack(obj.real, obj.imag)
-    elif t is str:
-        raw = obj.encode("utf-8", "surrogatepass")
-        out += b"s" + _U32.pack(len(raw)) + raw
     elif t is bytes:
-        out += b"b" + _U32.pack(len(obj)) + obj
+        out += _S_HEAD.pack(98, len(obj))  # b"b"
+        out += obj
     elif t in _SEQ_TAGS or t is dict:
         if depth >= MAX_DEPTH or id(obj) in path:  # too deep, or a cycle: keep it where it is
             out += b"h" + _U32.pack(handle_of(obj))
@@ -95,64 +101,84 @@ def decode(data: bytes, from_handle: Callable[[int], Any]) -> Any:
     """The value encoded in `data` (exact builtins; handles through `from_handle`)."""
     if len(data) > MAX_MESSAGE_B:
         raise CodecError("message too large")
-    dec = _Decoder(data, from_handle)
+    dec = _Decoder(bytes(data), from_handle)
     value = dec.value(0)
-    if dec.pos != len(data):
-        raise CodecError(f"{len(data) - dec.pos} trailing bytes")
+    if dec.pos != dec.end:
+        raise CodecError(f"{dec.end - dec.pos} trailing bytes")
     return value
 
 
+# the tags as the integers that indexing bytes gives (the decoder compares those: no slice and
+# no bytes object per tag, a verifier decodes every answer of user code)
+_N, _T, _F, _I, _FL, _C, _S, _B, _H, _D = b"NTFifcsbhd"
+_KINDS = {ord(k): t for k, t in _SEQ_TYPES.items()}
+
+
 class _Decoder:
+    __slots__ = ("data", "end", "from_handle", "pos")
+
     def __init__(self, data: bytes, from_handle: Callable[[int], Any]) -> None:
-        self.data = memoryview(data)
+        self.data = data
         self.pos = 0
+        self.end = len(data)
         self.from_handle = from_handle
 
-    def _take(self, n: int) -> memoryview:
-        end = self.pos + n
-        if n < 0 or end > len(self.data):
+    def _take(self, n: int) -> bytes:
+        start = self.pos
+        end = start + n
+        if end > self.end:
             raise CodecError("truncated message")
-        chunk = self.data[self.pos : end]
         self.pos = end
-        return chunk
+        return self.data[start:end]
 
     def _u32(self) -> int:
-        n: int = _U32.unpack(self._take(4))[0]
+        start = self.pos
+        if start + 4 > self.end:
+            raise CodecError("truncated message")
+        self.pos = start + 4
+        n: int = _U32.unpack_from(self.data, start)[0]
         return n
 
     def _count(self) -> int:
         n = self._u32()
-        if n > len(self.data) - self.pos:  # every item takes at least one byte
+        if n > self.end - self.pos:  # every item takes at least one byte
             raise CodecError("count larger than the message")
         return n
 
     def value(self, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise CodecError("nested too deep")
-        tag = bytes(self._take(1))
-        if tag == b"N":
-            return None
-        if tag == b"T":
-            return True
-        if tag == b"F":
-            return False
-        if tag == b"i":
-            return int.from_bytes(self._take(self._u32()), "little", signed=True)
-        if tag == b"f":
-            return _F64.unpack(self._take(8))[0]
-        if tag == b"c":
-            re, im = _C128.unpack(self._take(16))
-            return complex(re, im)
-        if tag == b"s":
+        pos = self.pos
+        if pos >= self.end:
+            raise CodecError("truncated message")
+        tag = self.data[pos]
+        self.pos = pos + 1
+        if tag == _S:
             try:
-                return str(self._take(self._u32()), "utf-8", "surrogatepass")
+                return self._take(self._u32()).decode("utf-8", "surrogatepass")
             except UnicodeDecodeError as e:
                 raise CodecError(f"bad text: {e}") from None
-        if tag == b"b":
-            return bytes(self._take(self._u32()))
-        if tag == b"h":
+        if tag == _I:
+            return int.from_bytes(self._take(self._u32()), "little", signed=True)
+        if tag == _N:
+            return None
+        if tag == _T:
+            return True
+        if tag == _F:
+            return False
+        if tag == _H:
             return self.from_handle(self._u32())
-        if tag == b"d":
+        if tag == _FL:
+            if pos + 9 > self.end:
+                raise CodecError("truncated message")
+            self.pos = pos + 9
+            return _F64.unpack_from(self.data, pos + 1)[0]
+        if tag == _C:
+            re, im = _C128.unpack(self._take(16))
+            return complex(re, im)
+        if tag == _B:
+            return self._take(self._u32())
+        if tag == _D:
             n = self._count()
             d = {}
             for _ in range(n):
@@ -163,9 +189,9 @@ class _Decoder:
                 except TypeError as e:
                     raise CodecError(f"unhashable dict key: {e}") from None
             return d
-        kind = _SEQ_TYPES.get(tag)
+        kind = _KINDS.get(tag)
         if kind is None:
-            raise CodecError(f"unknown tag {tag!r}")
+            raise CodecError(f"unknown tag {bytes([tag])!r}")
         n = self._count()
         items = [self.value(depth + 1) for _ in range(n)]
         if kind is list:
@@ -182,17 +208,29 @@ def send_msg(sock: Any, payload: bytes) -> None:
 
 
 def recv_msg(sock: Any) -> bytes | None:
-    """The next message, or None at end of stream. Raises CodecError on a bad length."""
-    head = _recv_exact(sock, 4)
-    if head is None:
+    """The next message, or None at end of stream. Raises CodecError on a bad length, and on
+    bytes past the message: the two sides take turns (a request, then its answer), so a peer
+    never sends a second message before the first is answered. One `recv` reads a message of
+    up to `FIRST_READ_B` whole."""
+    data = sock.recv(FIRST_READ_B)
+    if not data:
         return None
-    n = _U32.unpack(head)[0]
+    if len(data) < 4:
+        rest = _recv_exact(sock, 4 - len(data))
+        if rest is None:
+            raise CodecError("connection closed inside a message")
+        data += rest
+    n = _U32.unpack_from(data)[0]
     if n > MAX_MESSAGE_B:
         raise CodecError(f"message of {n} bytes exceeds {MAX_MESSAGE_B}")
-    body = _recv_exact(sock, n)
+    if len(data) - 4 > n:
+        raise CodecError("a second message before the first was answered")
+    if len(data) - 4 == n:
+        return data[4:]
+    body = _recv_exact(sock, n - (len(data) - 4))
     if body is None:
         raise CodecError("connection closed inside a message")
-    return body
+    return data[4:] + body
 
 
 def _recv_exact(sock: Any, n: int) -> bytes | None:
