@@ -136,6 +136,10 @@ HUMANEVAL_CHECK = (
             "assert abs(dist() - 2.5) < 1e-9\nassert dist() == 2.5\nassert round(dist()) == 2",
         ),
         ("def sort_in_place(xs):\n    xs.sort()\n", "a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]"),
+        (
+            "class Box:\n    pass\ndef put(xs, d=None):\n    xs.append(Box())\n    d['n'] = [len(xs)]\n",
+            "a, b = [1.5], {}\nput(a, d=b)\nassert len(a) == 2 and a[0] == 1.5 and b == {'n': [2]}",
+        ),
         ("MOD = 7\ndef f(x):\n    return x % MOD\n", "assert f(10) == 3 and MOD == 7"),
         (ADD, "import math\nassert math.isclose(add(0.1, 0.2), 0.3)\nraise SystemExit(0)"),
         ("", "assert [x for x in range(3)] == [0, 1, 2]"),
@@ -151,6 +155,7 @@ HUMANEVAL_CHECK = (
         "counter-defaultdict-namedtuple",
         "float-subclass",
         "in-place-mutation",
+        "in-place-mutation-object-and-keyword",
         "module-constant",
         "stdlib-and-exit-0",
         "no-user-code",

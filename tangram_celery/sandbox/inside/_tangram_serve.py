@@ -9,6 +9,7 @@ own functions could return; what passes or fails is decided in the verifier.
 from __future__ import annotations
 
 import builtins
+import marshal
 import sys
 import traceback
 import types
@@ -110,17 +111,26 @@ class Server:
             _flush()  # what the call printed, before the runner may end this process
             self.send(reply)
 
+    def snapshot(self, value: Any) -> bytes:
+        """`value`'s contents as bytes, to tell whether a call changed them: marshal's (in C;
+        format 2 has no back-references, so equal contents give equal bytes), or the codec's
+        for what marshal refuses (objects that are not exact builtins inside)."""
+        try:
+            return b"m" + marshal.dumps(value, 2)
+        except ValueError:
+            return b"c" + encode(value, self.handle_of)
+
     def dispatch(self, op: str, obj: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         if op == "call":
             pos, kw = args
-            before = {i: encode(a, self.handle_of) for i, a in enumerate(pos) if type(a) in _MUTABLE}
-            before.update({k: encode(a, self.handle_of) for k, a in kw.items() if type(a) in _MUTABLE})
+            before = {i: self.snapshot(a) for i, a in enumerate(pos) if type(a) in _MUTABLE}
+            before.update({k: self.snapshot(a) for k, a in kw.items() if type(a) in _MUTABLE})
             result = obj(*pos, **kw)
             # arguments the call mutated in place go back, so the test sees them changed
             back = [
                 (k, a)
                 for k, a in [*enumerate(pos), *kw.items()]
-                if k in before and encode(a, self.handle_of) != before[k]
+                if k in before and self.snapshot(a) != before[k]
             ]
             return ("ok", result, back)
         if op == "import":
