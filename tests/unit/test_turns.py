@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tangram_celery.actions import ActionResult, ActionStatus, CodeAction
+from tangram_celery.testing import sent_messages
 from tangram_celery.wire import TaskOrder
+from tangram_celery.workers.base import WorkerRuntime
 from tangram_celery.workers.turns import CoreTurns, turn_key
 
 pytestmark = pytest.mark.unit
@@ -78,3 +83,66 @@ def test_a_turn_that_does_not_come_in_time_holds_nothing() -> None:
     assert turns.waiting() == 0
     with turns.turn((0, 1), 0.05) as mine:
         assert mine
+
+
+def test_a_batch_behind_one_that_hangs_on_its_cores_hands_its_actions_back(tmp_path: Path) -> None:
+    """Given a batch that hangs on core 0 and a second batch for core 0 queued behind it (a
+    join), when the second's turn does not come within the hand-back limit, then the worker
+    gives its actions back unstarted (no result, a retry event each) and leaves the first alone;
+    the scheduler places them again as their next attempt."""
+    from tests.unit.test_service_loop import Harness
+
+    h = Harness(str(tmp_path))
+    h.svc.start()
+    try:
+        _hand_back_behind_a_hung_batch(h)
+    finally:  # the memory transport is per process: leave no message for later tests
+        for q in ("tangram.cpu.n0", "tangram.cpu.n1", "tangram.gpu.g0", "tangram.api.calc"):
+            sent_messages(h.app, q)
+
+
+def _hand_back_behind_a_hung_batch(h: Any) -> None:
+    for aid in ("hung", "r1", "r2"):
+        h.client.submit(CodeAction(id=aid, trajectory_id=f"t-{aid}", code="x"))
+    h.svc.step(block_ms=None)
+    records = h.store.load_running()
+    assert set(records) == {"hung", "r1", "r2"}
+
+    def item(aid: str) -> list[Any]:  # as the scheduler's batch message carries it, on core 0
+        rec = records[aid]
+        order = TaskOrder(
+            action_id=aid, kind="cpu", pool=rec.alloc.pool, units=1, unit_ids=(0,), attempt=rec.attempt
+        )
+        return [aid, order.model_dump(mode="json")]
+
+    rt = WorkerRuntime("redis://127.0.0.1:1/0", "cpu", records["hung"].alloc.pool)
+    rt.store = h.store  # the in-memory twin, as the scheduler's
+    rt.batch_hand_back_s = 0.3
+    started: list[str] = []
+    release = threading.Event()
+
+    def handler(action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
+        started.append(action_id)
+        if action_id == "hung":
+            release.wait(10)
+        return ActionResult(action_id=action_id, status=ActionStatus.OK)
+
+    first: list[str] = []
+    t = threading.Thread(target=lambda: first.extend(rt.execute_batch([item("hung")], handler)))
+    t.start()
+    deadline = time.monotonic() + 5
+    while "hung" not in started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    second = rt.execute_batch([item("r1"), item("r2")], handler)
+    waited = time.monotonic() - t0
+    assert second == ["handed_back", "handed_back"] and started == ["hung"]
+    assert 0.25 <= waited < 5 and rt.turns.waiting() == 1  # only the hung batch holds core 0
+    release.set()
+    t.join(5)
+    assert first == ["ok"] and rt.turns.waiting() == 0
+
+    h.svc.step(block_ms=None)  # reads the two retries (and the completion) and places them again
+    again = h.store.load_running()
+    assert {aid: again[aid].attempt for aid in ("r1", "r2")} == {"r1": 2, "r2": 2}
+    assert "hung" not in h.svc.state.running
