@@ -35,6 +35,11 @@ _S_HEAD = struct.Struct("<BI")  # a tag and a length
 _F_HEAD = struct.Struct("<Bd")  # a tag and a double
 _SEQ_TAGS: dict[type, bytes] = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}
 _SEQ_TYPES = {b"l": list, b"t": tuple, b"S": set, b"z": frozenset}
+# the tags as the integers that indexing bytes gives: the decoder compares those (no slice and
+# no bytes object per tag, a verifier decodes every answer of user code), the encoder packs
+# them with a length or a double (`_S_HEAD`, `_F_HEAD`)
+_N, _T, _F, _I, _FL, _C, _S, _B, _H, _D = b"NTFifcsbhd"
+_KINDS = {ord(k): t for k, t in _SEQ_TYPES.items()}
 
 
 class CodecError(ValueError):
@@ -58,22 +63,22 @@ def _enc(obj: Any, handle_of: Callable[[Any], int], out: bytearray, depth: int, 
     t = type(obj)
     if t is str:
         raw = obj.encode("utf-8", "surrogatepass")
-        out += _S_HEAD.pack(115, len(raw))  # b"s"
+        out += _S_HEAD.pack(_S, len(raw))
         out += raw
     elif t is int:
         raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
-        out += _S_HEAD.pack(105, len(raw))  # b"i"
+        out += _S_HEAD.pack(_I, len(raw))
         out += raw
     elif obj is None:
         out += b"N"
     elif t is bool:
         out += b"T" if obj else b"F"
     elif t is float:
-        out += _F_HEAD.pack(102, obj)  # b"f"
+        out += _F_HEAD.pack(_FL, obj)
     elif t is complex:
         out += b"c" + _C128.pack(obj.real, obj.imag)
     elif t is bytes:
-        out += _S_HEAD.pack(98, len(obj))  # b"b"
+        out += _S_HEAD.pack(_B, len(obj))
         out += obj
     elif t in _SEQ_TAGS or t is dict:
         if depth >= MAX_DEPTH or id(obj) in path:  # too deep, or a cycle: keep it where it is
@@ -106,12 +111,6 @@ def decode(data: bytes, from_handle: Callable[[int], Any]) -> Any:
     if dec.pos != dec.end:
         raise CodecError(f"{dec.end - dec.pos} trailing bytes")
     return value
-
-
-# the tags as the integers that indexing bytes gives (the decoder compares those: no slice and
-# no bytes object per tag, a verifier decodes every answer of user code)
-_N, _T, _F, _I, _FL, _C, _S, _B, _H, _D = b"NTFifcsbhd"
-_KINDS = {ord(k): t for k, t in _SEQ_TYPES.items()}
 
 
 class _Decoder:
