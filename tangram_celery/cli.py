@@ -66,6 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr,
+        task_events=args.task_events == "on",
     )
     return 0
 
@@ -286,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--node", help="CPU/GPU node name")
     w.add_argument("--name", help="API name")
     w.add_argument("--concurrency", type=int, default=None, help="slots (default: from the pool)")
+    w.add_argument(
+        "--task-events",
+        choices=["on", "off"],
+        default="on",
+        help="send Celery task events from the start (Flower's task list); off: only once a "
+        "monitor enables them (Flower does every few seconds)",
+    )
     _add_metrics(w)
     _add_config(w)
     w.set_defaults(fn=cmd_worker)

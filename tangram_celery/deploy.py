@@ -109,17 +109,20 @@ class Deployment:
         write_url(self.state_dir, self.url)
         say(f"broker: {redact(self.url)}")
         self.spawn("scheduler", ["scheduler"])
+        # Celery's task events are for Flower: without it, a worker publishes none per task
+        # (a monitor started later turns them on, `tangram worker --task-events`)
+        events = ["--task-events", "on" if self.with_flower else "off"]
         for n in self.cfg.nodes.cpu:
-            self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name])
+            self.spawn(f"worker-cpu-{n.name}", ["worker", "cpu", "--node", n.name, *events])
         for a in self.cfg.apis:
-            self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name])
+            self.spawn(f"worker-api-{a.name}", ["worker", "api", "--name", a.name, *events])
         if gpu:
             store = Store(self.url)
             for g in gpu:  # a status left by an earlier run of this broker is not this run's
                 store.set_warm_status(g, None)
             store.close()
         for g in gpu:
-            self.spawn(f"worker-gpu-{g}", ["worker", "gpu", "--node", g])
+            self.spawn(f"worker-gpu-{g}", ["worker", "gpu", "--node", g, *events])
         if self.with_flower:
             self._start_flower()
         http = self._start_http(say)

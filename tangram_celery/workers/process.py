@@ -70,10 +70,16 @@ def run_worker(
     concurrency: int | None = None,
     metrics_port: int = 0,
     metrics_addr: str = "127.0.0.1",
+    task_events: bool = True,
 ) -> None:
-    """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C)."""
+    """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C).
+
+    `task_events`: send Celery's task events (what Flower shows) from the start. Without them
+    a monitor still turns them on (`celery control enable_events`, which Flower sends every few
+    seconds); until then the worker publishes nothing per task."""
     url = resolve_url(cfg)
     app = make_app(url)
+    app.conf.worker_send_task_events = task_events
     runtime = WorkerRuntime(url, kind, name)
     closing: list[Callable[[], None]] = []
     if kind == "cpu":
@@ -153,7 +159,7 @@ def run_worker(
                 "--prefetch-multiplier=1",
                 "--without-mingle",
                 "--without-gossip",
-                "-E",
+                *(["-E"] if task_events else []),
                 f"--loglevel={loglevel}",
             ]
         )

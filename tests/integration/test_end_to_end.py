@@ -427,3 +427,53 @@ def test_a_result_says_what_the_sandbox_did_and_what_failed(deployment, client) 
     assert lost.sandbox_reset and lost.detail == lost.error, lost
     after = client.submit(CodeAction(trajectory_id="lost", code="print('again')")).result(timeout=120)
     assert after.ok and after.stdout == "again\n", after
+
+
+@pytest.mark.deploy(nodes={"cpu": []}, apis=CALC_AND_RECORD)
+def test_without_flower_workers_send_task_events_only_once_a_monitor_enables_them(
+    deployment, client
+) -> None:
+    """Given `tangram up` without Flower, when actions run, then the workers publish no Celery
+    task events (nobody reads them); when a monitor enables events (`enable_events`, what Flower
+    sends every few seconds), then the next actions' tasks show up as events."""
+    import threading
+
+    from tangram_celery.app import make_app
+
+    app = make_app(deployment.url)
+    seen: list[str] = []
+
+    def capture(stop: threading.Event) -> None:
+        with app.connection_for_read() as conn:
+            recv = app.events.Receiver(conn, handlers={"*": lambda e: seen.append(e["type"])})
+            for _ in recv.itercapture(limit=None, timeout=0.2, wakeup=False):
+                if stop.is_set():
+                    return
+
+    def tasks_seen_while(run: Any) -> list[str]:
+        seen.clear()
+        stop = threading.Event()
+        t = threading.Thread(target=lambda: _quietly(capture, stop), daemon=True)
+        t.start()
+        time.sleep(0.5)  # the receiver's queue is bound
+        run()
+        time.sleep(1.0)  # events are flushed in batches
+        stop.set()
+        t.join(timeout=5)
+        return [x for x in seen if x.startswith("task-")]
+
+    def calls() -> None:
+        for i in range(3):
+            out = client.submit(ApiAction(trajectory_id=f"ev{i}", api="calc", request={"expr": "1+2"}))
+            assert out.result(timeout=30).output == {"value": 3}
+
+    assert tasks_seen_while(calls) == []
+    app.control.enable_events()
+    assert "task-succeeded" in tasks_seen_while(calls)
+
+
+def _quietly(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # the receiver's socket timing out at the end
+        pass
