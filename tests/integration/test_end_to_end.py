@@ -430,9 +430,7 @@ def test_a_result_says_what_the_sandbox_did_and_what_failed(deployment, client) 
 
 
 @pytest.mark.deploy(nodes={"cpu": []}, apis=CALC_AND_RECORD)
-def test_without_flower_workers_send_task_events_only_once_a_monitor_enables_them(
-    deployment, client
-) -> None:
+def test_without_flower_workers_send_task_events_only_once_a_monitor_enables_them(deployment, client) -> None:
     """Given `tangram up` without Flower, when actions run, then the workers publish no Celery
     task events (nobody reads them); when a monitor enables events (`enable_events`, what Flower
     sends every few seconds), then the next actions' tasks show up as events."""
