@@ -69,9 +69,9 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
         primed: dict | None = None  # a verifier to start once answered (after a scrub)
         with conn:
             try:
-                data = b""
+                data = bytearray()  # grows in place: a request of files can be megabytes
                 while not data.endswith(b"\n"):
-                    chunk = conn.recv(1 << 20)
+                    chunk = conn.recv(1 << 16)  # no mmap per read (glibc's threshold: 128 KiB)
                     if not chunk:
                         break
                     data += chunk
