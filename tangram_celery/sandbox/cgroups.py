@@ -85,7 +85,10 @@ class CgroupSet:
                 pass
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit, `os` may be gone already
+            pass
 
     # -- creation ------------------------------------------------------------------------------
     @classmethod
