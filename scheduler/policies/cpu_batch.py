@@ -23,6 +23,11 @@ Which actions ride, walking the waiting queue in its (fair, else FCFS) order:
   included) takes riders too, queued behind them on its cores: the next batch is on its way
   while the last actions of this one run, instead of the cores idling through the round, the
   message and the claim that start it after the last one ended;
+- when few short actions are left to place, no batch takes more than its share of them: the
+  actions waiting and those left on every busy core group, spread evenly over those groups.
+  Riders are committed to cores; without this, the batch that joined first took the last ones
+  up to `max_actions`, and at the end of a burst the other cores idled while it worked through
+  them (every caller that waits for its whole burst, a training step, waits for that core);
 - FCFS holds for every action that competes for the same cores: the walk closes a node at the
   first action that could run there next but cannot ride (too long, another unit count, no
   batch with room, no memory even by eviction), so nothing overtakes it. Actions that could
@@ -123,6 +128,7 @@ def cpu_riders(
     for tid in twice:
         chained.pop(tid, None)
     evictions = Evictions(work, queue)
+    cap = _fair_share(allocs, queue, state, spec)
     open_nodes = set(by_node)
     out: list[Allocation] = []
     for qa in order:
@@ -134,7 +140,9 @@ def cpu_riders(
         if tid in chained:  # its trajectory's previous action is in a batch: it may follow there
             batch = chained[tid]
             rider = (
-                _ride(qa, [batch], work, evictions, spec, observed) if batch.lead.pool in open_nodes else None
+                _ride(qa, [batch], work, evictions, spec, observed, cap)
+                if batch.lead.pool in open_nodes
+                else None
             )
             if rider is not None:
                 _add(rider, qa, batch, work, evictions, out, now_s)
@@ -149,7 +157,7 @@ def cpu_riders(
         )
         for node in nodes:
             for batch in sorted(by_node[node], key=lambda b: b.work_s):
-                rider = _ride(qa, [batch], work, evictions, spec, observed)
+                rider = _ride(qa, [batch], work, evictions, spec, observed, cap)
                 if rider is not None:
                     break
             else:
@@ -161,6 +169,40 @@ def cpu_riders(
         _add(rider, qa, batch, work, evictions, out, now_s)
         chained[tid] = batch
     return out
+
+
+def _fair_share(
+    allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, spec: CpuBatchSpec
+) -> int:
+    """The most actions a batch may hold this round: `max_actions`, or, when few CPU actions
+    wait, their share: the waiting ones and those left on each busy core group (an action
+    running or starting there, and the riders queued behind it), spread evenly over the
+    groups, rounded up. Counting stops once the queue is long enough for `max_actions` to
+    bind (or after a few times that many entries, most of them of other resources: then no
+    cap), so a long queue costs nothing here."""
+    left: dict[tuple[str, tuple[int, ...]], int] = {}
+    starting = 0  # this round's CPU allocations, still in the queue
+    for a in state.running.values():
+        if a.kind is ResourceKind.CPU and not a.shares and a.unit_ids:
+            node = state.cpu.get(a.pool)
+            left[(a.pool, a.unit_ids)] = 1 + (node.riders.get(a.unit_ids, 0) if node else 0)
+    for a in allocs:
+        if a.kind is ResourceKind.CPU and a.unit_ids:
+            left[(a.pool, a.unit_ids)] = left.get((a.pool, a.unit_ids), 0) + 1
+            starting += 1
+    if not left:
+        return spec.max_actions
+    enough = len(left) * spec.max_actions  # as many as the groups could take: no cap
+    busy = sum(left.values())
+    waiting = -starting
+    for n, qa in enumerate(queue):
+        if n >= 4 * enough + len(allocs):
+            return spec.max_actions  # mostly other resources' actions: leave it uncapped
+        if qa.cost.key is ResourceKind.CPU:
+            waiting += 1
+            if waiting + busy >= enough:
+                return spec.max_actions
+    return min(spec.max_actions, -(-(max(waiting, 0) + busy) // len(left)))
 
 
 def ending_batches(state: ClusterState, spec: CpuBatchSpec) -> list[_Batch]:
@@ -209,14 +251,15 @@ def _ride(
     evictions: Evictions,
     spec: CpuBatchSpec,
     observed: Observed,
+    cap: int,
 ) -> Allocation | None:
     """A rider allocation for `qa` on the first of `batches` with room for it (counted in
-    that batch), or None."""
+    that batch: at most `cap` actions, `_fair_share`), or None."""
     if qa.solo:
         return None  # handed back from a batch once: it goes alone (and nothing overtakes it)
     for b in batches:
         units = b.lead.units
-        if b.size >= spec.max_actions or units not in qa.cost.units.units:
+        if b.size >= cap or units not in qa.cost.units.units:
             continue
         d = observed(qa, units)
         if d is None or d > spec.max_action_s or b.work_s + d > spec.max_batch_s:

@@ -199,6 +199,24 @@ def test_a_batch_near_its_end_takes_the_next_riders_behind_it() -> None:
     assert not ending_batches(three, SPEC) and not _plan(waiting, three).riders
 
 
+def test_at_the_end_of_a_burst_a_joining_batch_takes_only_its_share() -> None:
+    """Given 2 busy cores, one batch with 2 actions left (it may take riders) and one with 6,
+    and 6 short actions waiting (batches of up to 8): the first takes 5, so that both cores
+    hold 7 once the last waiting action joins the other (without the share it took all 6: 8
+    against 6, one core idle at the end for 2 actions). With a long queue the share does not
+    bind: it takes riders up to 8."""
+    spec = CpuBatchSpec(max_actions=8, max_action_s=0.05, max_batch_s=0.5)
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    _batch_on(state, 0, 8, left=2, prefix="c")
+    _batch_on(state, 1, 8, left=6, prefix="d")
+    assert [(b.lead.unit_ids, b.size) for b in ending_batches(state, spec)] == [((0,), 2)]
+    plan = _plan([_code(f"w{i}") for i in range(6)], state, spec=spec)
+    assert not plan.allocs
+    assert [(r.action_id, r.unit_ids) for r in plan.riders] == [(f"w{i}", (0,)) for i in range(5)]
+    long = _plan([_code(f"w{i}") for i in range(40)], state, spec=spec)
+    assert [r.action_id for r in long.riders] == [f"w{i}" for i in range(6)]
+
+
 def test_a_batch_near_its_end_on_an_offline_node_takes_no_riders() -> None:
     """A node that went offline takes nothing new, behind a batch either."""
     state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
