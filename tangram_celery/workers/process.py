@@ -79,7 +79,7 @@ def run_worker(
     seconds); until then the worker publishes nothing per task."""
     url = resolve_url(cfg)
     app = make_app(url)
-    app.conf.worker_send_task_events = task_events
+    app.conf.worker_send_task_events = task_events  # what `-E` would set: one switch, not two
     runtime = WorkerRuntime(url, kind, name)
     closing: list[Callable[[], None]] = []
     if kind == "cpu":
@@ -159,7 +159,6 @@ def run_worker(
                 "--prefetch-multiplier=1",
                 "--without-mingle",
                 "--without-gossip",
-                *(["-E"] if task_events else []),
                 f"--loglevel={loglevel}",
             ]
         )
