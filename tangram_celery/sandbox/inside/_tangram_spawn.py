@@ -164,24 +164,14 @@ class Zygote(ForkServer):
 
     def start(self, pristine: bool = False) -> None:
         """Start the zygote: exec'd fresh, or, when this process has never held a request
-        (`pristine`: the runner before it serves), forked from it, which saves an interpreter
-        start and shares the runner's pages."""
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                os.dup2(child.fileno(), 3)
-                os.closerange(4, 1 << 16)
-                if pristine:
-                    sys.path.insert(0, os.path.dirname(self.path))
-                    import _tangram_zygote
+        (`pristine`), forked from it, which saves an interpreter start (`fork_zygote`)."""
+        self.adopt(fork_zygote(self.path, pristine))
 
-                    _tangram_zygote.main()
-                os.execv(sys.executable, [sys.executable, "-E", "-s", "-S", self.path])
-            finally:
-                os._exit(127)
-        child.close()
-        self.pid, self.sock, self.ready = pid, parent, False
+    def adopt(self, started: tuple[int, socket.socket]) -> None:
+        """Take over a zygote `fork_zygote` started (the runner's, before it loaded its own
+        modules)."""
+        self.pid, self.sock = started
+        self.ready = False
 
     def lost(self) -> None:
         """The zygote is dead (killed with everything else, or it crashed); start another later.
@@ -204,6 +194,32 @@ class Zygote(ForkServer):
             os.waitpid(self.pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+def fork_zygote(path: str, pristine: bool = True) -> tuple[int, socket.socket]:
+    """Start the zygote at `path`: (its pid, the runner's end of its socket). `pristine`: forked
+    from this process, which must never have held a request. The runner does so first thing,
+    before it imports its own modules (`runner.main`): a fork copies the page tables of every
+    page the zygote holds, and every user process is such a fork, so what the runner alone
+    uses (hashlib and its libcrypto, the request handling) stays out of the zygote: some
+    2.3 MiB fewer pages to copy and tear down per user process (benchmarks/fork_faults.py).
+    Otherwise exec'd fresh."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.dup2(child.fileno(), 3)
+            os.closerange(4, 1 << 16)
+            if pristine:
+                sys.path.insert(0, os.path.dirname(path))
+                import _tangram_zygote
+
+                _tangram_zygote.main()
+            os.execv(sys.executable, [sys.executable, "-E", "-s", "-S", path])
+        finally:
+            os._exit(127)
+    child.close()
+    return pid, parent
 
 
 def exited(pidfd: int) -> bool:

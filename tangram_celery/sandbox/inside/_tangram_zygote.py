@@ -2,12 +2,14 @@
 from (stdlib only).
 
 The runner holds requests (expected outputs, test code); a process forked from it would carry
-them into user code's reach. The zygote is exec'd fresh by the runner, never receives a request,
-preloads the interpreter and the common stdlib, and then, per spawn, gets only what that one
-process may see: a small spec (mode, uid, env, cores, limits) and descriptors (stdin, stdout,
-stderr, the code or test code as a memfd, the verifier connection). It never reads the memfds
-itself: the child does, after the fork, so no test code stays behind in the zygote's memory for a
-later user process to find. A per-test process costs a fork, not an interpreter start.
+them into user code's reach. The zygote is forked by the runner first thing, before the runner
+imports its own modules or reads a request (or exec'd fresh, when it must be replaced), never
+receives a request, preloads the interpreter and the common stdlib, and then, per spawn, gets
+only what that one process may see: a small spec (mode, uid, env, cores, limits) and
+descriptors (stdin, stdout, stderr, the code or test code as a memfd, the verifier connection).
+It never reads the memfds itself: the child does, after the fork, so no test code stays behind
+in the zygote's memory for a later user process to find. A per-test process costs a fork, not
+an interpreter start.
 
 The zygote runs as root (it must set each child's uid), holds nothing secret, and user code can
 neither signal, trace nor read it (other uid, not dumpable, seccomp). It reaps its children and

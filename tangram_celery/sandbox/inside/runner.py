@@ -10,7 +10,8 @@ the sandboxed uid cannot signal PID 1.
 
 The runner holds requests, so nothing is ever forked from its memory: user processes and the
 verifiers of assert tests (another uid, _tangram_verifier) come from the zygote (_tangram_zygote,
-exec'd fresh, warm, holding nothing secret), and expected outputs are compared here. See
+forked at the runner's start, before it imports its own modules, or exec'd fresh; warm, holding
+nothing secret), and expected outputs are compared here. See
 docs/sandbox.md, "Threat model".
 """
 
@@ -21,21 +22,17 @@ import os
 import socket
 import sys
 import traceback
+from typing import Any
 
+# Only what the zygote imports too, up to `main`'s fork of it (`_tangram_spawn.fork_zygote`);
+# the runner's own modules come after, in `serve`.
 try:
-    from tangram_celery.sandbox.inside._tangram_control import Control
-    from tangram_celery.sandbox.inside._tangram_fs import reset_tops
-    from tangram_celery.sandbox.inside._tangram_jobs import handle, warm_up
-    from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all, prime
-    from tangram_celery.sandbox.inside._tangram_scrub import scrub
+    from tangram_celery.sandbox.inside._tangram_spawn import fork_zygote
 except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_control import Control  # type: ignore[no-redef]
-    from _tangram_fs import reset_tops  # type: ignore[no-redef]
-    from _tangram_jobs import handle, warm_up  # type: ignore[no-redef]
-    from _tangram_proc import Zygote, _strays, kill_all, prime  # type: ignore[no-redef]
-    from _tangram_scrub import scrub  # type: ignore[no-redef]
+    from _tangram_spawn import fork_zygote  # type: ignore[no-redef]
 
 _PR_SET_DUMPABLE = 4
+ZYGOTE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tangram_zygote.py")
 
 
 def _harden() -> None:
@@ -46,14 +43,30 @@ def _harden() -> None:
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def serve(sock_path: str, uid: int, workdir: str) -> None:
-    """Accept one request per connection, forever."""
-    _harden()
+def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket] | None = None) -> None:
+    """Accept one request per connection, forever. `started`: the zygote `main` forked (else
+    one is forked here)."""
+    try:
+        from tangram_celery.sandbox.inside._tangram_control import Control
+        from tangram_celery.sandbox.inside._tangram_fs import reset_tops
+        from tangram_celery.sandbox.inside._tangram_jobs import handle
+        from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all
+        from tangram_celery.sandbox.inside._tangram_scrub import scrub
+    except ImportError:  # inside the sandbox this directory is sys.path[0]
+        from _tangram_control import Control  # type: ignore[no-redef]
+        from _tangram_fs import reset_tops  # type: ignore[no-redef]
+        from _tangram_jobs import handle  # type: ignore[no-redef]
+        from _tangram_proc import Zygote, _strays, kill_all  # type: ignore[no-redef]
+        from _tangram_scrub import scrub  # type: ignore[no-redef]
+
+    if started is None:
+        _harden()
     for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
         os.chown(path, uid, uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
-    zygote = Zygote(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tangram_zygote.py"))
-    zygote.start(pristine=True)  # forked: nothing of a request is in this process yet
+    zygote = Zygote(ZYGOTE_PATH)
+    # forked: nothing of a request is in this process yet
+    zygote.adopt(started or fork_zygote(ZYGOTE_PATH))
     zygote.wait_ready()  # part of the sandbox's start, not of its first action
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path + ".new"
@@ -105,7 +118,7 @@ def serve(sock_path: str, uid: int, workdir: str) -> None:
             _prime(primed, uid, workdir, zygote, warm=False)
 
 
-def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, warm: bool) -> None:
+def _prime(spec: dict, uid: int, workdir: str, zygote: Any, warm: bool) -> None:
     """Have a verifier waiting for the next occupant's first assert test, with the limits its
     actions will ask for (`spec`: the host's `nofile` and `pythonpath`): forked now from the
     zygote, so no user code has talked to it, and warmed up (its first-use costs paid here,
@@ -115,6 +128,13 @@ def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, warm: bool) -> No
     the host says `warm_verifier: false` (its pool is short: the CPU goes to actions then): a
     user process, of the user code's uid, would race the host's check for processes of that
     uid."""
+    try:
+        from tangram_celery.sandbox.inside._tangram_jobs import warm_up
+        from tangram_celery.sandbox.inside._tangram_proc import prime
+    except ImportError:  # inside the sandbox this directory is sys.path[0]
+        from _tangram_jobs import warm_up  # type: ignore[no-redef]
+        from _tangram_proc import prime  # type: ignore[no-redef]
+
     base = {"uid": uid, "workdir": workdir, "nofile": spec.get("nofile")}
     try:
         if warm and zygote.alive():
@@ -127,7 +147,9 @@ def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, warm: bool) -> No
 
 def main() -> None:
     args = dict(zip(sys.argv[1::2], sys.argv[2::2], strict=False))
-    serve(args["--socket"], int(args["--uid"]), args["--workdir"])
+    _harden()  # first: the zygote inherits it (not dumpable)
+    started = fork_zygote(ZYGOTE_PATH)  # before the runner's own modules: see fork_zygote
+    serve(args["--socket"], int(args["--uid"]), args["--workdir"], started)
 
 
 if __name__ == "__main__":
