@@ -60,7 +60,7 @@ from scheduler.fairshare import order_queue
 from scheduler.gpu_cache import GpuCache, GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
-from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders
+from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders, short_leads
 from scheduler.policies.malleable import Borrower, Lent, lend_cores
 from scheduler.policies.time_share import HostCache, time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
@@ -152,6 +152,9 @@ class Round:
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
         self._hosts: HostCache = {}  # time sharing: each CPU node's hosts, by its version
+        # running CPU actions that could lead a batch when they started (`cpu_batch.short_leads`):
+        # one alone on its cores takes riders behind it (the first of a burst)
+        self._short_leads: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -174,8 +177,22 @@ class Round:
         if allocs and self.max_batch is not None:
             out.riders = riders(allocs, queue, self.max_batch)
         if self.cpu_batch is not None and self.observed is not None:
-            # riders of this round's allocations, or queued behind a batch near its end
-            cpu = cpu_riders(allocs, ordered, queue, state, self.cpu_batch, self.observed, now_s)
+            # riders of this round's allocations, or queued behind a batch near its end (or
+            # behind a short action alone on its cores: the first of a burst)
+            self._short_leads = {aid for aid in self._short_leads if aid in state.running}
+            cpu = cpu_riders(
+                allocs,
+                ordered,
+                queue,
+                state,
+                self.cpu_batch,
+                self.observed,
+                now_s,
+                self._short_leads.__contains__,
+            )
+            self._short_leads.update(
+                a.action_id for a, _ in short_leads(allocs, queue, self.cpu_batch, self.observed)
+            )
             if cpu:
                 out.riders += cpu
                 out.decision_s = time.perf_counter() - t0

@@ -22,7 +22,9 @@ Which actions ride, walking the waiting queue in its (fair, else FCFS) order:
 - a batch already running whose cores have at most `join_below` actions left (the running one
   included) takes riders too, queued behind them on its cores: the next batch is on its way
   while the last actions of this one run, instead of the cores idling through the round, the
-  message and the claim that start it after the last one ended;
+  message and the claim that start it after the last one ended. So does a short action (one
+  that could lead a batch when it started) running alone on its cores: the first of a burst,
+  started by the round that saw only it;
 - when few short actions are left to place, no batch takes more than its share of them: the
   actions waiting and those left on every busy core group, spread evenly over those groups.
   Riders are committed to cores; without this, the batch that joined first took the last ones
@@ -90,19 +92,17 @@ def cpu_riders(
     spec: CpuBatchSpec,
     observed: Observed,
     now_s: float,
+    short: Callable[[str], bool] | None = None,
 ) -> list[Allocation]:
     """The riders of this round's short CPU allocations and of running batches near their end,
     in the order they run per batch (see the module doc). `order` is the waiting queue in the
-    order the round considered it."""
+    order the round considered it; `short` tells which running actions were short leads when
+    they started (`short_leads` of an earlier round): one alone on its cores takes riders."""
     allocs = list(allocs)
     by_node: dict[str, list[_Batch]] = {}
-    for a in allocs:
-        if a.kind is not ResourceKind.CPU or not a.unit_ids:
-            continue
-        d = observed(queue.action(a.action_id), a.units)
-        if d is not None and d <= spec.max_action_s and spec.max_actions > 1:
-            by_node.setdefault(a.pool, []).append(_Batch(a, d))
-    for b in ending_batches(state, spec):
+    for a, d in short_leads(allocs, queue, spec, observed):
+        by_node.setdefault(a.pool, []).append(_Batch(a, d))
+    for b in ending_batches(state, spec, short):
         by_node.setdefault(b.lead.pool, []).append(b)
     if not by_node:
         return []
@@ -171,6 +171,23 @@ def cpu_riders(
     return out
 
 
+def short_leads(
+    allocs: Iterable[Allocation], queue: WaitingQueue, spec: CpuBatchSpec, observed: Observed
+) -> list[tuple[Allocation, float]]:
+    """The CPU allocations that may lead a batch (measured short at their unit count), each with
+    its measured seconds."""
+    if spec.max_actions < 2:
+        return []
+    out = []
+    for a in allocs:
+        if a.kind is not ResourceKind.CPU or not a.unit_ids:
+            continue
+        d = observed(queue.action(a.action_id), a.units)
+        if d is not None and d <= spec.max_action_s:
+            out.append((a, d))
+    return out
+
+
 def _fair_share(
     allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, spec: CpuBatchSpec
 ) -> int:
@@ -205,12 +222,20 @@ def _fair_share(
     return min(spec.max_actions, -(-(max(waiting, 0) + busy) // len(left)))
 
 
-def ending_batches(state: ClusterState, spec: CpuBatchSpec) -> list[_Batch]:
+def ending_batches(
+    state: ClusterState, spec: CpuBatchSpec, short: Callable[[str], bool] | None = None
+) -> list[_Batch]:
     """Running batches that may take riders behind them: cores held by a batch (an action with
     riders queued behind it) with at most `spec.join_below` actions left, on a node that is not
     offline. Each as a `_Batch` led by one of those actions, `size` the actions left; its work
     counts only what queues behind them (the actions left are short: measured so when they
-    joined, while their expected ends follow the estimates, which a prior can make far longer)."""
+    joined, while their expected ends follow the estimates, which a prior can make far longer).
+
+    With `short`, also an action it names (one measured short when it started) that runs alone
+    on its cores (no riders, no time sharers): the first action of a burst, which the round
+    that saw only it started alone before the rest arrived. Without riders queued behind it,
+    its cores idled from its end through the next round, message and claim while the rest of
+    the burst waited (docs/scheduling.md, "The start of a burst")."""
     if not spec.joins:
         return []
     ending: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -220,14 +245,31 @@ def ending_batches(state: ClusterState, spec: CpuBatchSpec) -> list[_Batch]:
         for ids, riders in node.riders.items():
             if riders + 1 <= spec.join_below:
                 ending[(name, ids)] = riders + 1
-    if not ending:
+    if not ending and short is None:
         return []
     out: dict[tuple[str, tuple[int, ...]], _Batch] = {}
     for a in state.running.values():
+        if a.kind is not ResourceKind.CPU or a.shares or not a.unit_ids:
+            continue
         key = (a.pool, a.unit_ids)
-        if key in ending and key not in out and a.kind is ResourceKind.CPU and not a.shares:
+        if key in out:
+            continue
+        if key in ending:
             out[key] = _Batch(a, 0.0, ending[key])
+        elif short is not None and short(a.action_id) and _alone(state, a):
+            out[key] = _Batch(a, 0.0, 1)
     return list(out.values())
+
+
+def _alone(state: ClusterState, a: Allocation) -> bool:
+    """Is `a` alone on its cores (no riders, no time sharers, not itself a rider), on a node
+    that is not offline?"""
+    node = state.cpu.get(a.pool)
+    if node is None or a.unit_ids in node.riders or a.action_id in state.shared:
+        return False
+    if state.offline and f"{ResourceKind.CPU}:{a.pool}" in state.offline:
+        return False
+    return not (node.sharers and any(node.sharers.get(c) for c in a.unit_ids))
 
 
 def _add(

@@ -217,6 +217,45 @@ def test_at_the_end_of_a_burst_a_joining_batch_takes_only_its_share() -> None:
     assert [r.action_id for r in long.riders] == [f"w{i}" for i in range(6)]
 
 
+def test_a_short_action_running_alone_takes_riders_behind_it() -> None:
+    """The start of a burst: a round saw one short action and started it alone (on core 0).
+    Given 8 short actions waiting at the next round and core 1 free, that round allocates one
+    to core 1 and queues riders behind both, alternating, so that core 0 does not idle through
+    a round, a message and a claim after its action ends. A long action running alone, one
+    with a time sharer on its core, or one no round started as a short lead, takes none."""
+    spec = CpuBatchSpec(max_actions=8, max_action_s=0.05, max_batch_s=0.5)
+    rnd = Round(get_policy("fcfs-min"), cpu_batch=spec, observed=_observed(_measured()))
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    first = rnd.plan(WaitingQueue([_code("first")]), state, 1.0)
+    assert [a.action_id for a in first.allocs] == ["first"] and not first.riders
+    state.apply(first.allocs[0], _code("first"), 1.0)
+    held = first.allocs[0].unit_ids
+    waiting = [_code(f"w{i}") for i in range(8)]
+    plan = rnd.plan(WaitingQueue(waiting), state, 1.002)
+    assert [a.action_id for a in plan.allocs] == ["w0"] and plan.allocs[0].unit_ids != held
+    behind = {
+        c: [r.action_id for r in plan.riders if r.unit_ids == c] for c in (held, plan.allocs[0].unit_ids)
+    }
+    assert behind == {held: ["w1", "w3", "w5", "w7"], plan.allocs[0].unit_ids: ["w2", "w4", "w6"]}
+    for a in [*plan.allocs, *plan.riders]:  # the riders apply as riders of their cores
+        state.hold(a, next(qa for qa in waiting if qa.action_id == a.action_id), 1.002)
+    assert state.cpu["n"].riders == {held: 4, plan.allocs[0].unit_ids: 3}
+    # what ending_batches makes of a lone action, by what `short` says of it
+    lone = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    lone.apply(Allocation("x", ResourceKind.CPU, "n", 1, (0,)), _code("x"), 1.0)
+    assert [(b.lead.action_id, b.size) for b in ending_batches(lone, spec, {"x"}.__contains__)] == [("x", 1)]
+    assert not ending_batches(lone, spec, set().__contains__)  # not a short lead (a long kind)
+    assert not ending_batches(lone, spec)
+    lone.share_cores(Allocation("s", ResourceKind.CPU, "n", 1, (0,), shares=True), _code("s"), 1.0)
+    assert not ending_batches(lone, spec, {"x"}.__contains__)  # a time sharer beside it
+    slow = Round(get_policy("fcfs-min"), cpu_batch=spec, observed=_observed(_measured()))
+    busy = ClusterState(cpu={"n": CpuNode.uniform("n", 2, 10_000)})
+    s0 = slow.plan(WaitingQueue([_code("long", kind="slow")]), busy, 1.0)
+    busy.apply(s0.allocs[0], _code("long", kind="slow"), 1.0)
+    s1 = slow.plan(WaitingQueue(waiting), busy, 1.002)
+    assert all(r.unit_ids != s0.allocs[0].unit_ids for r in s1.riders)
+
+
 def test_a_batch_near_its_end_on_an_offline_node_takes_no_riders() -> None:
     """A node that went offline takes nothing new, behind a batch either."""
     state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
