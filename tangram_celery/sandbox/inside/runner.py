@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 # Only what the zygote imports too, up to `main`'s fork of it (`_tangram_spawn.fork_zygote`);
@@ -49,14 +50,14 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
     try:
         from tangram_celery.sandbox.inside._tangram_control import Control
         from tangram_celery.sandbox.inside._tangram_fs import reset_tops
-        from tangram_celery.sandbox.inside._tangram_jobs import handle
-        from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all
+        from tangram_celery.sandbox.inside._tangram_jobs import handle, warm_up
+        from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all, prime
         from tangram_celery.sandbox.inside._tangram_scrub import scrub
     except ImportError:  # inside the sandbox this directory is sys.path[0]
         from _tangram_control import Control  # type: ignore[no-redef]
         from _tangram_fs import reset_tops  # type: ignore[no-redef]
-        from _tangram_jobs import handle  # type: ignore[no-redef]
-        from _tangram_proc import Zygote, _strays, kill_all  # type: ignore[no-redef]
+        from _tangram_jobs import handle, warm_up  # type: ignore[no-redef]
+        from _tangram_proc import Zygote, _strays, kill_all, prime  # type: ignore[no-redef]
         from _tangram_scrub import scrub  # type: ignore[no-redef]
 
     if started is None:
@@ -92,7 +93,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
                 out: dict
                 if req.get("op") == "ping":  # the host's, when the sandbox has started
                     if req.get("prime"):  # a ready sandbox: warm, before the host offers it
-                        _prime(req["prime"], uid, workdir, zygote, warm=True)
+                        _prime(req["prime"], uid, workdir, zygote, warm_up, None)
                     out = {"pong": True}
                 elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
                     out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
@@ -115,31 +116,28 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
             except Exception:
                 zygote.stop()  # the next spawn tries again
         if primed is not None:
-            _prime(primed, uid, workdir, zygote, warm=False)
+            _prime(primed, uid, workdir, zygote, None, prime)
 
 
-def _prime(spec: dict, uid: int, workdir: str, zygote: Any, warm: bool) -> None:
+def _prime(
+    spec: dict, uid: int, workdir: str, zygote: Any, warm_up: Callable | None, prime: Callable | None
+) -> None:
     """Have a verifier waiting for the next occupant's first assert test, with the limits its
     actions will ask for (`spec`: the host's `nofile` and `pythonpath`): forked now from the
     zygote, so no user code has talked to it, and warmed up (its first-use costs paid here,
-    off that test's path). With `warm` (a new sandbox, before it is offered), through one test
-    of the harness's own with a user process, which also warms the runner and the zygote
-    (`warm_up`); after a scrub, inside the verifier only (`_tangram_verifier.warm_up`), unless
-    the host says `warm_verifier: false` (its pool is short: the CPU goes to actions then): a
-    user process, of the user code's uid, would race the host's check for processes of that
-    uid."""
-    try:
-        from tangram_celery.sandbox.inside._tangram_jobs import warm_up
-        from tangram_celery.sandbox.inside._tangram_proc import prime
-    except ImportError:  # inside the sandbox this directory is sys.path[0]
-        from _tangram_jobs import warm_up  # type: ignore[no-redef]
-        from _tangram_proc import prime  # type: ignore[no-redef]
-
+    off that test's path). With `warm_up` (a new sandbox, before it is offered), through one
+    test of the harness's own with a user process, which also warms the runner and the zygote
+    (`_tangram_jobs.warm_up`); after a scrub, with `prime` (`_tangram_proc.prime`), inside the
+    verifier only (`_tangram_verifier.warm_up`), unless the host says `warm_verifier: false`
+    (its pool is short: the CPU goes to actions then): a user process, of the user code's uid,
+    would race the host's check for processes of that uid. (Both are passed in, imported once
+    by `serve`: an import here would search the path anew each time, the first form failing
+    inside the sandbox.)"""
     base = {"uid": uid, "workdir": workdir, "nofile": spec.get("nofile")}
     try:
-        if warm and zygote.alive():
+        if warm_up is not None and zygote.alive():
             warm_up({**base, "pythonpath": [str(p) for p in spec.get("pythonpath", [])]}, zygote)
-        elif zygote.alive():
+        elif prime is not None and zygote.alive():
             prime(base, zygote, warm=bool(spec.get("warm_verifier", True)))
     except Exception:
         pass  # the first assert test starts a verifier, as without
