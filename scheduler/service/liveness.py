@@ -12,7 +12,12 @@ running action's owner with the live workers, and `assess` turns what it read in
   beats again.
 - an action dispatched but not claimed within `claim_timeout_s` (its message died with a
   worker that had prefetched it, and sits unacknowledged in the broker) is sent again as a new
-  attempt; when the old message resurfaces it is stale and cannot claim.
+  attempt; when the old message resurfaces it is stale and cannot claim. When a worker of its
+  pool that was alive at the dispatch (its last beat at most `dead_after_s` before it) has
+  stopped beating since, that worker may have taken the message with it: the action goes
+  again at once instead of after `claim_timeout_s` (a crashed CPU worker's batches, queued
+  behind the one it ran, used to wait the whole timeout). A message that was still queued is
+  taken by a live worker and found stale, as any superseded attempt.
 - an action whose record is gone from Redis (expired, deleted by hand) is forgotten.
 Failures of the user's code are results, never retried here.
 """
@@ -73,6 +78,14 @@ def assess(
     known = {p for _, p in workers.values()}
     alive_pools = {p for w, (_, p) in workers.items() if w in plan.alive}
     plan.offline = known - alive_pools
+    # per pool, the latest last beat of a worker that stopped beating (not yet forgotten), in
+    # the scheduler's clock: an action dispatched before it (and up to `dead_after_s` after,
+    # when the worker may still have lived) may have died with that worker's prefetch
+    to_local = local_now_s - server_now_s
+    lost_beat: dict[str, float] = {}
+    for w, (t, p) in workers.items():
+        if w not in plan.alive and server_now_s - t <= policy.forget_after_s:
+            lost_beat[p] = max(lost_beat.get(p, float("-inf")), t + to_local)
     for (action_id, alloc), (state, worker, attempt, dispatched_s) in zip(
         running.items(), owners, strict=True
     ):
@@ -87,7 +100,10 @@ def assess(
         elif (
             state == "dispatched"
             and key in alive_pools
-            and local_now_s - dispatched_s > policy.claim_timeout_s
+            and (
+                local_now_s - dispatched_s > policy.claim_timeout_s
+                or dispatched_s <= lost_beat.get(key, float("-inf")) + policy.dead_after_s
+            )
         ):
             plan.retry.append((action_id, "", attempt))
     return plan
