@@ -152,9 +152,10 @@ class Round:
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
         self._hosts: HostCache = {}  # time sharing: each CPU node's hosts, by its version
-        # running CPU actions that could lead a batch when they started (`cpu_batch.short_leads`):
-        # one alone on its cores takes riders behind it (the first of a burst)
-        self._short_leads: set[str] = set()
+        # running CPU actions that could lead a batch when they started (`cpu_batch.short_leads`),
+        # in start order (a dict: deterministic): one alone on its cores takes riders behind it
+        # (the first of a burst)
+        self._short_leads: dict[str, None] = {}
 
     @property
     def name(self) -> str:
@@ -179,7 +180,7 @@ class Round:
         if self.cpu_batch is not None and self.observed is not None:
             # riders of this round's allocations, or queued behind a batch near its end (or
             # behind a short action alone on its cores: the first of a burst)
-            self._short_leads = {aid for aid in self._short_leads if aid in state.running}
+            self._short_leads = {aid: None for aid in self._short_leads if aid in state.running}
             cpu = cpu_riders(
                 allocs,
                 ordered,
@@ -188,11 +189,10 @@ class Round:
                 self.cpu_batch,
                 self.observed,
                 now_s,
-                self._short_leads.__contains__,
+                self._short_leads,
             )
-            self._short_leads.update(
-                a.action_id for a, _ in short_leads(allocs, queue, self.cpu_batch, self.observed)
-            )
+            for a, _ in short_leads(allocs, queue, self.cpu_batch, self.observed):
+                self._short_leads[a.action_id] = None
             if cpu:
                 out.riders += cpu
                 out.decision_s = time.perf_counter() - t0

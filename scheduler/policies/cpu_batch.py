@@ -92,12 +92,13 @@ def cpu_riders(
     spec: CpuBatchSpec,
     observed: Observed,
     now_s: float,
-    short: Callable[[str], bool] | None = None,
+    short: Iterable[str] = (),
 ) -> list[Allocation]:
     """The riders of this round's short CPU allocations and of running batches near their end,
     in the order they run per batch (see the module doc). `order` is the waiting queue in the
-    order the round considered it; `short` tells which running actions were short leads when
-    they started (`short_leads` of an earlier round): one alone on its cores takes riders."""
+    order the round considered it; `short` names the running actions that were short leads when
+    they started (`short_leads` of earlier rounds, in start order): one alone on its cores takes
+    riders."""
     allocs = list(allocs)
     by_node: dict[str, list[_Batch]] = {}
     for a, d in short_leads(allocs, queue, spec, observed):
@@ -222,20 +223,19 @@ def _fair_share(
     return min(spec.max_actions, -(-(max(waiting, 0) + busy) // len(left)))
 
 
-def ending_batches(
-    state: ClusterState, spec: CpuBatchSpec, short: Callable[[str], bool] | None = None
-) -> list[_Batch]:
+def ending_batches(state: ClusterState, spec: CpuBatchSpec, short: Iterable[str] = ()) -> list[_Batch]:
     """Running batches that may take riders behind them: cores held by a batch (an action with
     riders queued behind it) with at most `spec.join_below` actions left, on a node that is not
     offline. Each as a `_Batch` led by one of those actions, `size` the actions left; its work
     counts only what queues behind them (the actions left are short: measured so when they
     joined, while their expected ends follow the estimates, which a prior can make far longer).
 
-    With `short`, also an action it names (one measured short when it started) that runs alone
-    on its cores (no riders, no time sharers): the first action of a burst, which the round
-    that saw only it started alone before the rest arrived. Without riders queued behind it,
-    its cores idled from its end through the next round, message and claim while the rest of
-    the burst waited (docs/scheduling.md, "The start of a burst")."""
+    Then each running action of `short` (those measured short when they started) that runs
+    alone on its cores (no riders, no time sharers): the first action of a burst, which the
+    round that saw only it started alone before the rest arrived. Without riders queued behind
+    it, its cores idled from its end through the next round, message and claim while the rest
+    of the burst waited (docs/scheduling.md, "The start of a burst"). Only `short` is walked
+    for these, not every running action."""
     if not spec.joins:
         return []
     ending: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -245,19 +245,19 @@ def ending_batches(
         for ids, riders in node.riders.items():
             if riders + 1 <= spec.join_below:
                 ending[(name, ids)] = riders + 1
-    if not ending and short is None:
-        return []
     out: dict[tuple[str, tuple[int, ...]], _Batch] = {}
-    for a in state.running.values():
-        if a.kind is not ResourceKind.CPU or a.shares or not a.unit_ids:
+    if ending:
+        for a in state.running.values():
+            key = (a.pool, a.unit_ids)
+            if key in ending and key not in out and a.kind is ResourceKind.CPU and not a.shares:
+                out[key] = _Batch(a, 0.0, ending[key])
+    for aid in short:
+        lone = state.running.get(aid)
+        if lone is None or lone.kind is not ResourceKind.CPU or lone.shares or not lone.unit_ids:
             continue
-        key = (a.pool, a.unit_ids)
-        if key in out:
-            continue
-        if key in ending:
-            out[key] = _Batch(a, 0.0, ending[key])
-        elif short is not None and short(a.action_id) and _alone(state, a):
-            out[key] = _Batch(a, 0.0, 1)
+        key = (lone.pool, lone.unit_ids)
+        if key not in out and _alone(state, lone):
+            out[key] = _Batch(lone, 0.0, 1)
     return list(out.values())
 
 
