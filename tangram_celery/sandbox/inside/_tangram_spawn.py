@@ -162,10 +162,10 @@ class Zygote(ForkServer):
             from _tangram_verifiers import VerifierPool  # type: ignore[no-redef]
         self.verifiers = VerifierPool(self)
 
-    def start(self, pristine: bool = False) -> None:
-        """Start the zygote: exec'd fresh, or, when this process has never held a request
-        (`pristine`), forked from it, which saves an interpreter start (`fork_zygote`)."""
-        self.adopt(fork_zygote(self.path, pristine))
+    def start(self) -> None:
+        """Start a zygote exec'd fresh (a replacement: the runner's first one is forked from it
+        before it serves, `runner.main`, and adopted)."""
+        self.adopt(fork_zygote(self.path, pristine=False))
 
     def adopt(self, started: tuple[int, socket.socket]) -> None:
         """Take over a zygote `fork_zygote` started (the runner's, before it loaded its own
@@ -201,9 +201,10 @@ def fork_zygote(path: str, pristine: bool = True) -> tuple[int, socket.socket]:
     from this process, which must never have held a request. The runner does so first thing,
     before it imports its own modules (`runner.main`): a fork copies the page tables of every
     page the zygote holds, and every user process is such a fork, so what the runner alone
-    uses (hashlib and its libcrypto, the request handling) stays out of the zygote: some
-    2.3 MiB fewer pages to copy and tear down per user process (benchmarks/fork_faults.py).
-    Otherwise exec'd fresh."""
+    uses (hashlib and its libcrypto, the request handling) stays out of the zygote: 7.7 MiB
+    of anonymous memory instead of 8.9, fewer pages to copy and tear down per user process
+    (and fewer page faults and less CPU each: benchmarks/fork_faults.py). Otherwise exec'd
+    fresh."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child

@@ -44,9 +44,9 @@ def _harden() -> None:
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket] | None = None) -> None:
-    """Accept one request per connection, forever. `started`: the zygote `main` forked (else
-    one is forked here)."""
+def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket]) -> None:
+    """Accept one request per connection, forever. `started`: the zygote `main` forked before
+    this process imported its own modules or read a request."""
     try:
         from tangram_celery.sandbox.inside._tangram_control import Control
         from tangram_celery.sandbox.inside._tangram_fs import reset_tops
@@ -60,14 +60,11 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
         from _tangram_proc import Zygote, _strays, kill_all, prime  # type: ignore[no-redef]
         from _tangram_scrub import scrub  # type: ignore[no-redef]
 
-    if started is None:
-        _harden()
     for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
         os.chown(path, uid, uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
     zygote = Zygote(ZYGOTE_PATH)
-    # forked: nothing of a request is in this process yet
-    zygote.adopt(started or fork_zygote(ZYGOTE_PATH))
+    zygote.adopt(started)
     zygote.wait_ready()  # part of the sandbox's start, not of its first action
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path + ".new"
