@@ -25,6 +25,7 @@ pools over a `WaitingQueue` as over a list of the same actions
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -56,6 +57,9 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._per_trajectory: dict[str, int] = {}  # trajectory -> actions queued
         self._per_job: dict[str, int] = {}  # job -> actions queued (fair share needs > 1 job)
         self._rigid: dict[str, QueuedAction] = {}  # rigid CPU actions, FCFS (time sharing)
+        # actions that are not CPU actions with a sandbox (GPU, API, CPU without one), FCFS:
+        # with the pinned ones, all that may start once memory is full (`behind_full_memory`)
+        self._unsandboxed: dict[str, QueuedAction] = {}
         self._next = 0
         self._list: list[QueuedAction] | None = None  # positional view, rebuilt when asked
         self._routes: Routes | None = None
@@ -79,6 +83,8 @@ class WaitingQueue(Sequence[QueuedAction]):
         self._per_job[action.job_id] = self._per_job.get(action.job_id, 0) + 1
         if action.cost.key is ResourceKind.CPU and len(action.cost.units.units) == 1:
             self._rigid[aid] = action
+        if action.cost.key is not ResourceKind.CPU or not action.cost.sandbox:
+            self._unsandboxed[aid] = action
         self._list = None
         if self._routes is not None:
             self._routes.new[aid] = action
@@ -88,6 +94,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         action = self._items.pop(action_id)
         del self._seq[action_id]
         self._rigid.pop(action_id, None)
+        self._unsandboxed.pop(action_id, None)
         self.memo.pop(action_id, None)
         self._list = None
         tid = action.trajectory_id
@@ -120,6 +127,7 @@ class WaitingQueue(Sequence[QueuedAction]):
         ordered = sorted(self._items.values(), key=lambda a: a.submitted_s)
         self._items = {a.action_id: a for a in ordered}
         self._rigid = {a.action_id: a for a in ordered if a.action_id in self._rigid}
+        self._unsandboxed = {a.action_id: a for a in ordered if a.action_id in self._unsandboxed}
         self._seq = {a.action_id: i for i, a in enumerate(ordered)}
         self._next = len(ordered)
         self._list = None
@@ -139,6 +147,28 @@ class WaitingQueue(Sequence[QueuedAction]):
         """The queued CPU actions with one unit count, in FCFS order (a live view): who may
         time-share held cores (`scheduler.policies.time_share`)."""
         return self._rigid.values()
+
+    def behind_full_memory(self, state: ClusterState, after: str) -> Iterator[QueuedAction]:
+        """The queued actions behind `after` (a queued action's id), FCFS, that do not need
+        memory for a new sandbox: CPU actions of trajectories pinned in `state` (their memory
+        is held on their node) and actions without a sandbox (GPU, API, CPU without one).
+        Once a round found no memory for a new trajectory, nothing else behind it can start
+        (`policies.tangram_fast`): this lets it go on over these instead of walking every new
+        trajectory of a burst, each round."""
+        routes = self.routes(state)
+        seq = self._seq
+        start = seq[after]
+        lists: list[Iterable[QueuedAction]] = [group.values() for group in routes.on_node.values()]
+        lists.append(self._unsandboxed.values())
+        last: QueuedAction | None = None
+        for a in heapq.merge(*lists, key=lambda a: seq[a.action_id]):
+            if a is not last and seq[a.action_id] > start:  # pinned and unsandboxed: once
+                yield a
+            last = a
+
+    def queued_of(self, trajectory_id: str) -> int:
+        """How many actions of `trajectory_id` are queued."""
+        return self._per_trajectory.get(trajectory_id, 0)
 
     def trajectories(self) -> Collection[str]:
         """The trajectories with at least one queued action (a live view)."""

@@ -233,3 +233,97 @@ def test_the_simulator_models_evictions_and_the_fresh_sandbox_they_cost() -> Non
     assert summary["evictions"] > 0 and summary["sandbox_resets"] > 0
     starts = sum(1 for r in res.records if r.key == "cpu" and r.setup_s >= 0.3)
     assert starts == 48 + summary["sandbox_resets"]
+
+
+class CountingQueue(WaitingQueue):
+    """A `WaitingQueue` that counts the actions a pass takes from its FCFS iterator, and the
+    passes that went on over its pinned and unsandboxed actions alone."""
+
+    def __init__(self, actions: list[QueuedAction]) -> None:
+        super().__init__(actions)
+        self.walked = 0
+        self.sparse = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for a in super().__iter__():
+            self.walked += 1
+            yield a
+
+    def behind_full_memory(self, state, after):  # type: ignore[no-untyped-def]
+        self.sparse += 1
+        return super().behind_full_memory(state, after)
+
+
+def busy_node(memory_mb: int, busy: int, cores: int = 8) -> ClusterState:
+    """One node whose memory is all held by `busy` trajectories with an action running."""
+    state = ClusterState(cpu={"n": CpuNode.uniform("n", cores, memory_mb)})
+    for i in range(busy):
+        q = code(f"run{i}", f"b{i}", memory_mb // busy)
+        alloc = state.place(q, 1)
+        assert alloc is not None
+        state.apply(alloc, q, float(i))
+    return state
+
+
+@pytest.mark.unit
+def test_a_burst_waiting_for_memory_is_not_walked_each_round() -> None:
+    """Given a node whose memory is held by 2 running trajectories and 6 free cores, and 500
+    new trajectories queued ahead of an action of a pinned trajectory, an action without a
+    sandbox and an API call, when tangram-fast decides, then the three behind the burst start
+    as over a plain list, and the pass looks at the first new trajectory only, not at the
+    other 499."""
+    state = busy_node(200, 2)
+    burst = [code(f"new{i}", f"new{i}", 100) for i in range(500)]
+    pinned = code("pinned", "b0", 100)
+    free = QueuedAction(
+        "verifier", "v", CostVector(ResourceKind.CPU, Elastic.fixed(1), sandbox=False), 0.0, t1_s=1.0
+    )
+    api = QueuedAction("api", "x", CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1), 0.0, target="llm")
+    actions = [*burst, pinned, free, api]
+    queue = CountingQueue(actions)
+    policy = get_policy("tangram-fast")
+    got = [(a.action_id, a.units) for a in policy.decide(queue, state, 10.0)]
+    want = [(a.action_id, a.units) for a in policy.decide(list(actions), state, 10.0)]
+    assert got == want
+    assert {"pinned", "verifier"} <= {aid for aid, _ in got}
+    assert queue.sparse == 1 and queue.walked == 1
+
+
+def mixed_case(rng: random.Random) -> tuple[ClusterState, list[QueuedAction]]:
+    """`random_case` with tight memory, longer queues, actions without a sandbox, new
+    trajectories with several actions queued, and API calls."""
+    state, queue = random_case(rng)
+    for j in range(rng.randint(0, 30)):
+        r = rng.random()
+        if r < 0.1:
+            cost = CostVector(ResourceKind.CPU, Elastic.fixed(1), sandbox=False)
+            queue.append(QueuedAction(f"v{j}", f"v{j}", cost, 0.0, t1_s=1.0))
+        elif r < 0.15:
+            cost = CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1)
+            queue.append(QueuedAction(f"api{j}", f"c{j}", cost, 0.0, target="llm"))
+        elif r < 0.3 and queue:
+            queue.append(code(f"m{j}", rng.choice(queue).trajectory_id, rng.choice([50, 100, 200])))
+        else:
+            queue.append(code(f"n{j}", f"burst{j}", rng.choice([100, 200, 400])))
+    return state, queue
+
+
+@pytest.mark.unit
+def test_the_pass_over_a_waiting_queue_decides_as_the_walk_over_a_list() -> None:
+    """Given 600 random states and queues, many of them with memory too full for the new
+    trajectories queued, when tangram-fast decides over a `WaitingQueue` and over a plain list
+    of the same actions, then both decisions are the same, and the pass skipped the new
+    trajectories in many of them."""
+    rng = random.Random(7)
+    policy = get_policy("tangram-fast")
+    sparse = 0
+    for _ in range(600):
+        state, actions = mixed_case(rng)
+        queue = CountingQueue(actions)
+        got = policy.decide(queue, state, 100.0)
+        want = policy.decide(list(actions), state, 100.0)
+        assert [(a.action_id, a.pool, a.units, a.unit_ids, a.evict) for a in got] == [
+            (a.action_id, a.pool, a.units, a.unit_ids, a.evict) for a in want
+        ]
+        sparse += queue.sparse > 0
+    assert sparse > 60
