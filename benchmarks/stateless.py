@@ -16,7 +16,12 @@ side by side in one run, through `TangramClient`:
 3. the plain harness: the same programs, 2 worker processes, a fresh `/usr/bin/python3 -c`
    per program (program + its check), no isolation. Target: (2) <= 0.8 x (3), best of each;
    also reported paired by round (each run against the plain run just before it, median).
-4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts).
+4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts), and
+   over `ROTATION` (14) used in turn: as many sandboxes as a new trajectory per program cycles
+   through (the 16 the node's memory holds, less the 2 ready), each cold in the caches when its
+   turn comes, but no scrub and no new occupant. Between the two warm runs and the new
+   trajectories, it tells what of a new trajectory's extra CPU is the rotation, and what the
+   scrub and the hand-over.
 5. first contact: before all of the above, right after the deployment has started and settled,
    the plain harness and then (2) once: the first burst of new trajectories, which finds no
    idle trajectory to evict and so no sandbox to recycle (`sandbox.ready_idle`), with the
@@ -80,6 +85,7 @@ from tangram_celery.deploy import Deployment
 from tests.problems import Problem, humaneval_problems
 
 PY = "/usr/bin/python3"  # the interpreter the sandboxes run, for a fair comparison
+ROTATION = 14  # long-lived trajectories used in turn (`warm-many`): 8 GiB / 512 MiB, less 2 ready
 LOCAL = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
 
 
@@ -252,6 +258,8 @@ def through_client(client: TangramClient, problems: list[Problem], variant: str)
             tid = None
         elif variant == "warm":  # for reference: 2 long-lived trajectories, no sandbox starts
             tid = f"warm-{tag}-{i % 2}"
+        elif variant == "warm-many":  # the same over as many sandboxes as new trajectories use
+            tid = f"warm-many-{tag}-{i % ROTATION}"
         else:
             tid = f"{variant}-{tag}-{p.name}"
         actions.append(
@@ -300,17 +308,20 @@ def plot(res: dict[str, Any], out: Path) -> None:
     )
     a.set_ylabel("p50 client latency (ms)")
     a.set_title("trivial action, one at a time")
-    names = ["plain", "fresh", "fresh-occupant", "one-shot", "warm"]
+    names = ["plain", "fresh", "fresh-occupant", "one-shot", "warm", "warm-many"]
     labels = [
         "plain harness\n(2 procs, python -c)",
         "new trajectories\n(never closed)",
         "the same, a verifier\nper occupant",
         "one-shot",
         "2 warm trajectories\n(reference)",
+        f"{ROTATION} warm ones\nin turn",
         "first burst\nafter start",
     ]
     vals = [res["best"][n]["wall_s"] for n in names] + [res["first_burst"]["fresh"]["wall_s"]]
-    b.bar(labels, vals, color=["tab:gray", "tab:blue", "tab:cyan", "tab:green", "tab:olive", "tab:purple"])
+    colors = ["tab:gray", "tab:blue", "tab:cyan", "tab:green", "tab:olive", "tab:brown", "tab:purple"]
+    b.bar(labels, vals, color=colors)
+    b.tick_params(axis="x", labelsize=7)
     for x, v in enumerate(vals):
         b.text(x, v, f"{v:.2f} s", ha="center", va="bottom")
     b.axhline(0.8 * vals[0], color="tab:red", ls="--", lw=1, label="target: 0.8 x plain")
@@ -373,6 +384,7 @@ def main() -> int:
             "one-shot": [],
             "broken": [],
             "warm": [],
+            "warm-many": [],
         }
         for r in range(args.rounds):
             for variant in runs:
@@ -427,18 +439,22 @@ def main() -> int:
     # run back to back sees nearly the same machine, where the best of each may not.
     res["paired_ratio_vs_plain"] = {
         v: statistics.median(x["wall_s"] / p["wall_s"] for x, p in zip(runs[v], runs["plain"], strict=True))
-        for v in ("fresh", "fresh-occupant", "one-shot", "warm")
+        for v in ("fresh", "fresh-occupant", "one-shot", "warm", "warm-many")
     }
     res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
     res["ratio_fresh_occupant_vs_plain"] = res["best"]["fresh-occupant"]["wall_s"] / plain_s
     res["ratio_one_shot_vs_plain"] = res["best"]["one-shot"]["wall_s"] / plain_s
     res["ratio_warm_vs_plain"] = res["best"]["warm"]["wall_s"] / plain_s
+    res["ratio_warm_many_vs_plain"] = res["best"]["warm-many"]["wall_s"] / plain_s
+    res["rotation"] = ROTATION
     res["load_after"] = list(os.getloadavg())
     res["machine_us_after"] = machine_us()
     n = len(problems)
     res["checks"] = {
         "all_references_pass": all(
-            x["passed"] == n for v in ("fresh", "fresh-occupant", "one-shot", "warm") for x in runs[v]
+            x["passed"] == n
+            for v in ("fresh", "fresh-occupant", "one-shot", "warm", "warm-many")
+            for x in runs[v]
         ),
         "all_broken_fail": all(x["passed"] == 0 for x in runs["broken"]),
         "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
@@ -454,6 +470,12 @@ def main() -> int:
         f"paired by round (median): fresh {paired['fresh']:.2f}x, one-shot {paired['one-shot']:.2f}x, "
         f"fresh with a verifier per occupant {paired['fresh-occupant']:.2f}x"
     )
+    cpu = res["cpu_ms_per_program"]
+    if cpu:
+        print(
+            f"CPU ms per program: plain {cpu['plain']:.1f}, new trajectories {cpu['fresh']:.1f}, "
+            f"{ROTATION} warm ones in turn {cpu['warm-many']:.1f}, 2 warm ones {cpu['warm']:.1f}"
+        )
     print(f"checks: {res['checks']}; load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}")
     name = "stateless" if args.backend == "namespace" else f"stateless_{args.backend}"
     path = write_json(name, res)
