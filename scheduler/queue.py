@@ -15,7 +15,9 @@ queued actions lost its pin (`ClusterState.unpin_log`; closing a trajectory with
 the usual case, costs nothing). Pins change only in those ways (a pin is never overwritten in
 place), so stale routing cannot change what a policy computes: `distribute_rest` gives the same
 pools over a `WaitingQueue` as over a list of the same actions
-(tests/unit/test_waiting_queue.py).
+(tests/unit/test_waiting_queue.py). It also keeps the actions that need no sandbox memory
+(GPU, API, CPU without a sandbox) apart: with the pinned ones, all that can start once memory
+is full (`behind_full_memory`).
 
     q = WaitingQueue()
     q.append(action)              # FCFS: appended at the tail

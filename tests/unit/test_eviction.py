@@ -278,7 +278,9 @@ def test_a_burst_waiting_for_memory_is_not_walked_each_round() -> None:
     free = QueuedAction(
         "verifier", "v", CostVector(ResourceKind.CPU, Elastic.fixed(1), sandbox=False), 0.0, t1_s=1.0
     )
-    api = QueuedAction("api", "x", CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1), 0.0, target="llm")
+    api = QueuedAction(
+        "api", "x", CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1), 0.0, target="llm"
+    )
     actions = [*burst, pinned, free, api]
     queue = CountingQueue(actions)
     policy = get_policy("tangram-fast")
