@@ -9,7 +9,10 @@ matter: with thousands waiting on 25 nodes it was a third of a simulated round.
 A `WaitingQueue` is a `Sequence[QueuedAction]` (policies iterate and slice it like a list) that
 also keeps its actions routed: CPU actions per pinned node, unpinned CPU actions, GPU actions,
 each in FCFS order. Routing is brought up to date lazily by `routes(state)`: new actions are
-routed, unpinned ones whose trajectory got pinned since are moved. The index is rebuilt from
+routed, unpinned ones whose trajectory got pinned since are moved (looked for only when a
+trajectory the state logged as pinned, `ClusterState.pin_log`, has actions queued, or when the
+count of pins shows pins set without the log: a burst of new trajectories is not walked each
+round). The index is rebuilt from
 scratch when the state's pins were replaced (`ClusterState.pin_epoch`) or a trajectory with
 queued actions lost its pin (`ClusterState.unpin_log`; closing a trajectory with nothing queued,
 the usual case, costs nothing). Pins change only in those ways (a pin is never overwritten in
@@ -47,6 +50,8 @@ class Routes:
     gpu: dict[str, QueuedAction] = field(default_factory=dict)
     new: dict[str, QueuedAction] = field(default_factory=dict)  # not routed yet
     log_seen: int = 0  # how much of the state's unpin log has been looked at
+    pins_seen: int = 0  # how much of the state's pin log has been looked at
+    pins_len: int = 0  # how many pins the state had then
     where: dict[str, str] = field(default_factory=dict)  # action routed to a node -> the node
 
 
@@ -221,12 +226,13 @@ class WaitingQueue(Sequence[QueuedAction]):
                 r = None
         if r is None or r.key != key:
             r = self._routes = Routes(key, pins, new=dict(self._items))
-        r.log_seen = logged
-        if r.unpinned:
+        elif r.unpinned and self._pinned_since(r, state, logged):
             moved = [a for a in r.unpinned.values() if a.trajectory_id in pins]
             for a in moved:
                 del r.unpinned[a.action_id]
                 self._place(r, a, pins[a.trajectory_id])
+        r.log_seen = logged
+        r.pins_seen, r.pins_len = state.pin_base + len(state.pin_log), len(pins)
         if r.new:
             cpu, gpu = ResourceKind.CPU, ResourceKind.GPU
             for aid, a in r.new.items():
@@ -242,6 +248,18 @@ class WaitingQueue(Sequence[QueuedAction]):
                 # API actions do not compete for elastic units: not indexed
             r.new.clear()
         return r
+
+    def _pinned_since(self, r: Routes, state: ClusterState, unpins: int) -> bool:
+        """Whether a trajectory with actions queued may have been pinned since `r` was brought
+        up to date: one of those the state logged, or any when the count of pins tells of pins
+        added without the log (or the log dropped entries not yet looked at). The walk over the
+        unpinned actions it saves was a round's cost in a burst of new trajectories."""
+        start = r.pins_seen - state.pin_base
+        added = state.pin_base + len(state.pin_log) - r.pins_seen
+        if start < 0 or len(state.trajectory_node) != r.pins_len + added - (unpins - r.log_seen):
+            return True
+        per = self._per_trajectory
+        return any(t in per for t in state.pin_log[start:])
 
     def _place(self, r: Routes, action: QueuedAction, node: str) -> None:
         """Route a CPU action to `node`, keeping the node's actions in FCFS order."""

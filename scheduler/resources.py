@@ -60,12 +60,15 @@ class ClusterState:
         default_factory=dict, init=False, repr=False, compare=False
     )
     # For indexes of the queue by pinned node (`scheduler.queue.WaitingQueue`): pins are added
-    # (by `apply`, or directly), removed by `close_trajectory` (logged: the trajectories
-    # unpinned, the oldest `unpin_base` of them dropped from the log), and replaced by `restore`
-    # (`pin_epoch` + 1); a pin is never overwritten in place.
+    # (by `apply`, logged in `pin_log`, or directly, unlogged), removed by `close_trajectory`
+    # (logged: the trajectories unpinned), and replaced by `restore` (`pin_epoch` + 1); a pin is
+    # never overwritten in place. Each log drops its oldest entries now and then, counted in its
+    # `_base`.
     pin_epoch: int = field(default=0, init=False, repr=False, compare=False)
     unpin_log: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
     unpin_base: int = field(default=0, init=False, repr=False, compare=False)
+    pin_log: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    pin_base: int = field(default=0, init=False, repr=False, compare=False)
     # Pools with no live worker ("cpu:<node>", "gpu:<node>"): nothing is placed there, and units
     # released there stay out of placement until the pool is back (`set_offline`).
     offline: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
@@ -240,7 +243,7 @@ class ClusterState:
         tid = action.trajectory_id
         held = node.trajectory_memory_mb
         if tid not in self.trajectory_node:
-            self.trajectory_node[tid] = node.name
+            self.pin(tid, node.name)
             held[tid] = action.cost.memory_mb
         elif held.get(tid, 0) < action.cost.memory_mb and self.trajectory_node[tid] == node.name:
             held[tid] = action.cost.memory_mb  # a later action asked for more: reserve it
@@ -382,6 +385,14 @@ class ClusterState:
             elif not gone:
                 node.free.update(alloc.unit_ids)
         return alloc
+
+    def pin(self, trajectory_id: str, node: str) -> None:
+        """Pin a trajectory that has no pin to `node`, logged for the queue's index."""
+        self.trajectory_node[trajectory_id] = node
+        if len(self.pin_log) >= 1024:
+            self.pin_base += len(self.pin_log)
+            self.pin_log.clear()
+        self.pin_log.append(trajectory_id)
 
     def close_trajectory(self, trajectory_id: str) -> None:
         """Forget a finished (or evicted) trajectory: its node pin and its reserved memory."""

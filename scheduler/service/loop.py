@@ -15,6 +15,7 @@ recovery return plans, the round returns a plan, and only the loop calls what ca
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -235,7 +236,10 @@ class SchedulerService:
         while not self._stop.is_set():
             try:
                 # API pools refill over time: wake up often while API actions wait for quota.
-                wait_api = any(a.cost.key is ResourceKind.API for a in self.waiting[:64])
+                # (islice: a slice of the queue would build its positional list, O(queue), each
+                # time the queue changed, which is every step of a burst)
+                head = itertools.islice(self.waiting, 64)
+                wait_api = any(a.cost.key is ResourceKind.API for a in head)
                 self.step(block_ms=20 if wait_api else idle_block_ms)
                 if time.monotonic() >= next_check:
                     self.check()

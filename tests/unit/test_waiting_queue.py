@@ -46,8 +46,9 @@ def _ids(out: dict[PoolKey, list[QueuedAction]]) -> dict[PoolKey, list[str]]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_indexed_distribution_equals_the_walk_over_a_list(seed: int) -> None:
-    """Given the same random history, when distributing the rest each round, then a WaitingQueue
-    and a plain list give the same pools, the same actions, in the same order."""
+    """Given the same random history (pins logged by the state, as `apply` makes them, or set
+    directly), when distributing the rest each round, then a WaitingQueue and a plain list give
+    the same pools, the same actions, in the same order."""
     rng = random.Random(seed)
     state = _state()
     q, plain = WaitingQueue(), []
@@ -60,8 +61,14 @@ def test_indexed_distribution_equals_the_walk_over_a_list(seed: int) -> None:
             q.append(a)
             plain.append(a)
         r = rng.random()
-        if r < 0.3:  # a trajectory gets pinned (as `apply` does for its first action)
-            state.trajectory_node.setdefault(rng.choice(trajs), rng.choice(NODES))
+        if r < 0.3:  # a trajectory gets pinned: as `apply` does (logged), or directly
+            t, node = rng.choice(trajs), rng.choice(NODES)
+            if t in state.trajectory_node:
+                pass  # a pin is never overwritten in place
+            elif rng.random() < 0.7:
+                state.pin(t, node)
+            else:
+                state.trajectory_node[t] = node
         elif r < 0.4:  # a trajectory closes and may come back on another node later
             state.close_trajectory(rng.choice(trajs))
         elif r < 0.45:  # the scheduler restarted from its saved state
@@ -154,3 +161,61 @@ def test_memoised_waiting_entries_follow_a_re_estimate_and_leave_with_the_action
     assert waiting(q, q.memo)[1] == (2, acts[1].duration_s(2), acts[1]) == waiting(q)[1]
     q.pop("a0")
     assert "a0" not in q.memo and set(q.memo) == {"a1", "a2"}
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """A dict that counts the walks over its values."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().values()
+
+
+def test_new_pins_of_trajectories_with_nothing_queued_do_not_rewalk_the_unpinned() -> None:
+    """Given 500 queued actions of unpinned new trajectories, when other trajectories are pinned
+    as `apply` pins them (logged) and the index is brought up to date, then it does not walk
+    the unpinned actions again; when a pin is set directly (unlogged), or a trajectory with an
+    action queued is pinned, it does, and that action moves to its node."""
+    state = _state()
+    acts = [
+        QueuedAction(f"a{i}", f"new{i}", CostVector(ResourceKind.CPU, Elastic.range(1, 4)), 0.0)
+        for i in range(500)
+    ]
+    q = WaitingQueue(acts)
+    r = q.routes(state)
+    r.unpinned = _CountingDict(r.unpinned)
+    _CountingDict.walks = 0
+    for i in range(50):
+        state.pin(f"started{i}", "n1")
+        assert q.routes(state) is r
+    assert _CountingDict.walks == 0
+    state.trajectory_node["direct"] = "n2"
+    q.routes(state)
+    assert _CountingDict.walks == 1
+    state.pin("new7", "n3")
+    q.routes(state)
+    assert _CountingDict.walks == 2
+    assert "a7" in r.on_node["n3"] and "a7" not in r.unpinned
+    assert len(r.unpinned) == 499
+
+
+def test_a_pin_dropped_from_the_state_log_still_reroutes() -> None:
+    """Given a queued action of an unpinned trajectory, when it is pinned (logged) and then so
+    many others are pinned that the state's pin log is trimmed past it, then the action counts
+    for its node, as over a plain list."""
+    state = _state()
+    a = QueuedAction("a", "t", CostVector(ResourceKind.CPU, Elastic.range(1, 4)), 0.0)
+    q = WaitingQueue([a])
+    pools: list[PoolKey] = [("cpu", "n2", 0), ("cpu", "n1", 0)]  # unpinned, it would go to n2
+    q.routes(state)
+    state.pin("t", "n1")
+    for i in range(3000):
+        state.pin(f"x{i}", "n2")
+    assert state.pin_base > 0
+    assert (
+        _ids(distribute_rest(q, state, pools))
+        == _ids(distribute_rest([a], state, pools))
+        == {("cpu", "n2", 0): [], ("cpu", "n1", 0): ["a"]}
+    )
