@@ -85,6 +85,7 @@ from tangram_celery.deploy import Deployment
 from tests.problems import Problem, humaneval_problems
 
 PY = "/usr/bin/python3"  # the interpreter the sandboxes run, for a fair comparison
+THROUGH_STACK = ("fresh", "fresh-occupant", "one-shot", "warm", "warm-many")  # references through the stack
 ROTATION = 14  # long-lived trajectories used in turn (`warm-many`): 8 GiB / 512 MiB, less 2 ready
 LOCAL = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
 
@@ -440,7 +441,7 @@ def main() -> int:
     # run back to back sees nearly the same machine, where the best of each may not.
     res["paired_ratio_vs_plain"] = {
         v: statistics.median(x["wall_s"] / p["wall_s"] for x, p in zip(runs[v], runs["plain"], strict=True))
-        for v in ("fresh", "fresh-occupant", "one-shot", "warm", "warm-many")
+        for v in THROUGH_STACK
     }
     res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
     res["ratio_fresh_occupant_vs_plain"] = res["best"]["fresh-occupant"]["wall_s"] / plain_s
@@ -452,11 +453,7 @@ def main() -> int:
     res["machine_us_after"] = machine_us()
     n = len(problems)
     res["checks"] = {
-        "all_references_pass": all(
-            x["passed"] == n
-            for v in ("fresh", "fresh-occupant", "one-shot", "warm", "warm-many")
-            for x in runs[v]
-        ),
+        "all_references_pass": all(x["passed"] == n for v in THROUGH_STACK for x in runs[v]),
         "all_broken_fail": all(x["passed"] == 0 for x in runs["broken"]),
         "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
         "new_within_5_ms_of_warm": res["latency"]["new_minus_warm_p50_ms"] <= 5.0,

@@ -389,20 +389,14 @@ class ClusterState:
     def pin(self, trajectory_id: str, node: str) -> None:
         """Pin a trajectory that has no pin to `node`, logged for the queue's index."""
         self.trajectory_node[trajectory_id] = node
-        if len(self.pin_log) >= 1024:
-            self.pin_base += len(self.pin_log)
-            self.pin_log.clear()
-        self.pin_log.append(trajectory_id)
+        self.pin_base = _log(self.pin_log, self.pin_base, trajectory_id)
 
     def close_trajectory(self, trajectory_id: str) -> None:
         """Forget a finished (or evicted) trajectory: its node pin and its reserved memory."""
         node = self.trajectory_node.pop(trajectory_id, None)
         self.trajectory_used_s.pop(trajectory_id, None)
         if node is not None:
-            if len(self.unpin_log) >= 1024:
-                self.unpin_base += len(self.unpin_log)
-                self.unpin_log.clear()
-            self.unpin_log.append(trajectory_id)
+            self.unpin_base = _log(self.unpin_log, self.unpin_base, trajectory_id)
         if node is not None and node in self.cpu:
             self.cpu[node].trajectory_memory_mb.pop(trajectory_id, None)
 
@@ -501,3 +495,13 @@ def _vacate(node: CpuNode, cores: tuple[int, ...], gone: bool) -> None:
             node.vacated.add(c)
         elif not gone:
             node.free.add(c)
+
+
+def _log(log: list[str], base: int, trajectory_id: str) -> int:
+    """Append to a pin or unpin log, dropping its entries first when it holds 1024; its base
+    afterwards (how many entries were ever dropped)."""
+    if len(log) >= 1024:
+        base += len(log)
+        log.clear()
+    log.append(trajectory_id)
+    return base

@@ -240,7 +240,7 @@ def ending_batches(state: ClusterState, spec: CpuBatchSpec, short: Iterable[str]
         return []
     ending: dict[tuple[str, tuple[int, ...]], int] = {}
     for name, node in state.cpu.items():
-        if _offline(state, name):
+        if not node.online:
             continue
         for ids, riders in node.riders.items():
             if riders + 1 <= spec.join_below:
@@ -265,14 +265,9 @@ def _alone(state: ClusterState, a: Allocation) -> bool:
     """Is `a` alone on its cores (no riders, no time sharers, not itself a rider), on a node
     that is not offline?"""
     node = state.cpu.get(a.pool)
-    if node is None or a.unit_ids in node.riders or a.action_id in state.shared or _offline(state, a.pool):
+    if node is None or not node.online or a.unit_ids in node.riders or a.action_id in state.shared:
         return False
     return not (node.sharers and any(node.sharers.get(c) for c in a.unit_ids))
-
-
-def _offline(state: ClusterState, node: str) -> bool:
-    """Is the CPU node `node` offline (no live worker: nothing is placed there)?"""
-    return bool(state.offline) and f"{ResourceKind.CPU}:{node}" in state.offline
 
 
 def _add(
