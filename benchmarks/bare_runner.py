@@ -30,7 +30,7 @@ from tangram_celery.sandbox.limits import (
     runner_timeout_s,
     to_result,
 )
-from tangram_celery.sandbox.pool import call_runner
+from tangram_celery.sandbox.link import call_runner
 from tangram_celery.sandbox.stage import RUNNER_SRC_DIR
 
 TMPFS_MB = 64  # /tmp and the workdir, as the sandbox's default quota

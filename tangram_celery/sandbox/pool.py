@@ -19,12 +19,9 @@ none (lost with a restarted worker) or a dead one gets a fresh one with `sandbox
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import socket
-import stat
 import threading
 import time
 import uuid
@@ -47,6 +44,7 @@ from tangram_celery.sandbox.limits import (
     runner_timeout_s,
     to_result,
 )
+from tangram_celery.sandbox.link import RunnerGone, RunnerLink, RunnerTimeout, RunnerUnreachable, call_runner
 from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
 from tangram_celery.sandbox.resize import Resizing
 from tangram_celery.sandbox.stage import SandboxScope, Stage
@@ -54,19 +52,6 @@ from tangram_celery.sandbox.stage import SandboxScope, Stage
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
 SCRUB_TIMEOUT_S = 20.0
-
-
-class RunnerGone(Exception):
-    """The runner closed the connection or its socket vanished (the sandbox died)."""
-
-
-class RunnerUnreachable(RunnerGone):
-    """The request never reached the runner (no runner's socket, refused, reset before it was
-    all sent): nothing of the action ran, so it can run in another sandbox instead."""
-
-
-class RunnerTimeout(Exception):
-    """The runner did not answer within the action's timeout plus a grace period."""
 
 
 @dataclass
@@ -83,55 +68,25 @@ class Handle:
     lock: threading.Lock = field(default_factory=threading.Lock)
     gen: str = ""  # the scheduler's generation of this trajectory sandbox ("" when not told)
     used: bool = False  # an action of this occupant reached its runner (its files may matter)
+    link: RunnerLink | None = None  # the kept connection to the runner of `ref` (`call`)
 
     @property
     def socket_path(self) -> Path:
         return self.state_dir / "runner.sock"
 
+    def call(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One request to this sandbox's runner over the connection kept for it (made now when
+        there is none, or when the one there was made for another sandbox of the handle)."""
+        link = self.link
+        if link is None or link.owner is not self.ref:
+            self.drop_link()
+            link = self.link = RunnerLink(self.socket_path, self.ref)
+        return link.call(payload, timeout_s)
 
-def call_runner(path: Path, payload: dict[str, Any], timeout_s: float, owner_uid: int = 0) -> dict[str, Any]:
-    """One request/response with the runner over its unix socket.
-
-    Its directory is bound into the sandbox, so nothing in it is trusted: the socket is opened
-    without following a link (O_PATH | O_NOFOLLOW), must be a socket owned by the runner's uid
-    (`owner_uid`, root) in a directory still private to that uid — user code that got the
-    directory handed over and planted its own "runner" is not talked to — and is connected
-    through /proc/self/fd."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout_s)
-        fd = -1
-        try:
-            try:  # until the request is all sent, nothing of it can have run
-                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-                sock, parent = os.fstat(fd), os.lstat(path.parent)
-                if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != owner_uid:
-                    raise RunnerUnreachable(
-                        f"{path.name} is not a socket of uid {owner_uid}: not the runner's"
-                    )
-                if parent.st_uid != owner_uid or parent.st_mode & 0o077:
-                    raise RunnerUnreachable("the runner's directory is no longer private to it")
-                s.connect(f"/proc/self/fd/{fd}")
-                s.sendall(json.dumps(payload).encode() + b"\n")
-            except TimeoutError:
-                raise
-            except OSError as e:
-                raise RunnerUnreachable(repr(e)) from None
-            buf = bytearray()
-            while not buf.endswith(b"\n"):
-                # 64 KiB: under glibc's mmap threshold, so a read costs no mmap/mremap/munmap
-                chunk = s.recv(1 << 16)
-                if not chunk:
-                    raise RunnerGone("runner closed the connection")
-                buf += chunk
-        except TimeoutError:
-            raise RunnerTimeout(f"no answer in {timeout_s:.1f} s") from None
-        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, OSError) as e:
-            raise RunnerGone(repr(e)) from None
-        finally:
-            if fd >= 0:
-                os.close(fd)
-    out: dict[str, Any] = json.loads(buf)
-    return out
+    def drop_link(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
 
 class WarmPool(ABC):
@@ -369,7 +324,7 @@ class WarmPool(ABC):
                     log.warning("sandbox %s not recycled: %s", h.trajectory_id, e)
                     fresh = None
                 if fresh is not None and self.ready.recycle(fresh):
-                    h.ref, h.cgroups = None, None  # now owned by `fresh`
+                    h.ref, h.cgroups, h.link = None, None, None  # now owned by `fresh`
                     return
                 if fresh is not None:
                     h.ref, h.cgroups = fresh.ref, fresh.cgroups
@@ -379,7 +334,7 @@ class WarmPool(ABC):
         """Scrub the sandbox for another occupant; a new handle for it, or None when the scrub
         failed or anything looks tampered with (the caller destroys it then)."""
         t0 = time.monotonic()
-        facts = call_runner(h.socket_path, {"op": "scrub", **self._prime()}, SCRUB_TIMEOUT_S)
+        facts = h.call({"op": "scrub", **self._prime()}, SCRUB_TIMEOUT_S)
         if not facts.get("scrubbed") or facts.get("pid") != 1:
             log.warning("sandbox %s: scrub incomplete (%s); destroyed", h.trajectory_id, facts)
             return None
@@ -389,7 +344,9 @@ class WarmPool(ABC):
             return None
         # It keeps its cores and memory limit: the next occupant's action binds its own, and a
         # taker on the same cores (`take(prefer=...)`) then writes no cgroup file at all.
-        fresh = Handle(f"ready-{h.state_dir.name}", h.state_dir, h.memory_mb, h.cores, h.ref, h.cgroups)
+        fresh = Handle(
+            f"ready-{h.state_dir.name}", h.state_dir, h.memory_mb, h.cores, h.ref, h.cgroups, link=h.link
+        )
         log.debug("sandbox %s scrubbed in %.3f s", h.trajectory_id, time.monotonic() - t0)
         return fresh
 
@@ -486,6 +443,7 @@ class WarmPool(ABC):
                 self._start_and_wait(h)
                 log.info("%s sandbox for %s started (none ready)", self.name, h.trajectory_id)
         except BaseException:
+            h.drop_link()
             self._destroy(h)
             h.ref = None
             with self._lock:
@@ -504,7 +462,8 @@ class WarmPool(ABC):
     def _adopt(self, h: Handle, ready: Handle) -> None:
         """Move a ready sandbox into `h` (whose own is gone)."""
         old_dir = h.state_dir
-        h.state_dir, h.ref, h.cgroups = ready.state_dir, ready.ref, ready.cgroups
+        h.drop_link()
+        h.state_dir, h.ref, h.cgroups, h.link = ready.state_dir, ready.ref, ready.cgroups, ready.link
         h.memory_mb, h.cores, h.used = ready.memory_mb, ready.cores, False
         if old_dir != h.state_dir:
             shutil.rmtree(old_dir, ignore_errors=True)
@@ -517,7 +476,7 @@ class WarmPool(ABC):
         while time.monotonic() < deadline:
             if h.socket_path.exists():
                 try:
-                    if call_runner(h.socket_path, ping, max(5.0, deadline - time.monotonic())).get("pong"):
+                    if h.call(ping, max(5.0, deadline - time.monotonic())).get("pong"):
                         return
                 except (RunnerGone, RunnerTimeout):
                     pass
@@ -541,7 +500,7 @@ class WarmPool(ABC):
         with self._lock:
             self._running += 1
         try:
-            facts = call_runner(h.socket_path, payload, runner_timeout_s(req))
+            facts = h.call(payload, runner_timeout_s(req))
         except (RunnerGone, RunnerTimeout) as e:
             if retry and isinstance(e, RunnerUnreachable):
                 self._teardown_in_place(h)
@@ -570,11 +529,13 @@ class WarmPool(ABC):
 
     def _teardown_in_place(self, h: Handle) -> None:
         """Destroy a broken sandbox but keep the handle: the next action starts a fresh one."""
+        h.drop_link()
         self._destroy(h)
         h.ref = None
         h.cgroups = None
 
     def _teardown(self, h: Handle) -> None:
+        h.drop_link()
         self._destroy(h)
         h.ref = None
         shutil.rmtree(h.state_dir, ignore_errors=True)

@@ -14,7 +14,7 @@ import pytest
 from tangram_celery import lifeline
 from tangram_celery.errors import SandboxError
 from tangram_celery.sandbox.docker import container_name
-from tangram_celery.sandbox.pool import RunnerGone, call_runner
+from tangram_celery.sandbox.link import RunnerGone, call_runner
 from tangram_celery.sandbox.stage import SandboxScope, Stage, scope_of
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,7 @@
 """Resident runner: PID 1 inside one trajectory's sandbox (stdlib only, runs on the host's python3).
 
-It listens on a unix socket that only root can reach, reads one JSON request per connection,
+It listens on a unix socket that only root can reach, reads one JSON request at a time (over a
+connection the host keeps open for the sandbox's occupants, or one of its own: `Connections`),
 runs it as the unprivileged sandbox uid and answers one JSON line of *facts* (exit code, output,
 flags such as timed_out / output_capped / disk_full); the host turns facts into a status.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import socket
 import sys
 import traceback
@@ -45,7 +47,7 @@ def _harden() -> None:
 
 
 def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket]) -> None:
-    """Accept one request per connection, forever. `started`: the zygote `main` forked before
+    """Answer the host's requests one at a time, forever. `started`: the zygote `main` forked before
     this process imported its own modules or read a request."""
     try:
         from tangram_celery.sandbox.inside._tangram_control import Control
@@ -75,37 +77,43 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
     srv.listen(8)
     os.rename(tmp, sock_path)  # appears only once it accepts
     control = Control(srv)  # the host's requests while an action runs (_tangram_control)
+    conns = Connections(srv)
     while True:
-        conn, _ = srv.accept()
+        conn = conns.next_request()
         primed: dict | None = None  # a verifier to start once answered (after a scrub)
-        with conn:
-            try:
-                data = bytearray()  # grows in place: a request of files can be megabytes
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(1 << 16)  # no mmap per read (glibc's threshold: 128 KiB)
-                    if not chunk:
-                        break
-                    data += chunk
-                req = json.loads(data)
-                out: dict
-                if req.get("op") == "ping":  # the host's, when the sandbox has started
-                    if req.get("prime"):  # a ready sandbox: warm, before the host offers it
-                        _prime(req["prime"], uid, workdir, zygote, warm_up, None)
-                    out = {"pong": True}
-                elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
-                    out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
-                    primed = req.get("prime") if out["scrubbed"] else None
-                elif req.get("op") == "dop":  # for an action that is not running (any more)
-                    out = {"applied": False}
-                else:
-                    out = handle({**req, "uid": uid, "workdir": workdir}, zygote, control.attach)
-            except Exception as e:
-                out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}
-                primed = None
-            try:
-                conn.sendall(json.dumps(out).encode() + b"\n")
-            except OSError:
-                pass
+        try:
+            data = bytearray()  # grows in place: a request of files can be megabytes
+            while not data.endswith(b"\n"):
+                chunk = conn.recv(1 << 16)  # no mmap per read (glibc's threshold: 128 KiB)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            data = bytearray()
+        if not data.endswith(b"\n"):  # the host closed it (or broke off a request): not one
+            conns.drop(conn)
+            continue
+        try:
+            req = json.loads(data)
+            out: dict
+            if req.get("op") == "ping":  # the host's, when the sandbox has started
+                if req.get("prime"):  # a ready sandbox: warm, before the host offers it
+                    _prime(req["prime"], uid, workdir, zygote, warm_up, None)
+                out = {"pong": True}
+            elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
+                out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
+                primed = req.get("prime") if out["scrubbed"] else None
+            elif req.get("op") == "dop":  # for an action that is not running (any more)
+                out = {"applied": False}
+            else:
+                out = handle({**req, "uid": uid, "workdir": workdir}, zygote, control.attach)
+        except Exception as e:
+            out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}
+            primed = None
+        try:
+            conn.sendall(json.dumps(out).encode() + b"\n")
+        except OSError:
+            conns.drop(conn)
         if not zygote.alive():  # killed with a stray at the end of the action: warm up again now
             zygote.start()
             try:
@@ -114,6 +122,39 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
                 zygote.stop()  # the next spawn tries again
         if primed is not None:
             _prime(primed, uid, workdir, zygote, None, prime)
+
+
+class Connections:
+    """The host's connections: it keeps one open per sandbox for its occupants' requests
+    (`tangram_celery.sandbox.link.RunnerLink`) and opens others for one request each. A
+    connection is read only between requests, one whole request at a time, and answered on
+    itself; it stays open until the host closes it (the runner never closes one the host may
+    have sent a request on). Only root can connect (see `serve`)."""
+
+    def __init__(self, srv: socket.socket) -> None:
+        self.srv = srv
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(srv, selectors.EVENT_READ)
+
+    def next_request(self) -> socket.socket:
+        """The next connection with a request (or an end) to read; accepts new ones meanwhile."""
+        while True:
+            for key, _ in self.sel.select():
+                if key.fileobj is not self.srv:
+                    return key.fileobj  # type: ignore[return-value]
+                self.srv.setblocking(False)
+                try:
+                    conn, _ = self.srv.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                finally:
+                    self.srv.setblocking(True)
+                conn.setblocking(True)
+                self.sel.register(conn, selectors.EVENT_READ)
+
+    def drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        conn.close()
 
 
 def _prime(
