@@ -22,6 +22,10 @@ worker holds it, so that only the sandbox layer is measured.
    Target: new trajectories within 10% of 2 warm trajectories. The CPU time of the worker's
    process and of the sandboxes' processes per program is recorded too (what each variant
    costs the cores, whatever the load of others).
+3. requests: what talking to a runner costs, a `ping` at a time to one ready sandbox, over the
+   connection the host keeps for the sandbox (`RunnerLink`, what actions and scrubs use) against
+   a connection per request (`call_runner`, what all requests used before); rounds alternate.
+   Host CPU (this process) and runner CPU (the sandbox's cgroup) per request, median of rounds.
 The load average is recorded with every section: the machine is shared.
 
 Run: .venv/bin/python benchmarks/stateless_sandbox.py [--rounds 60] [--tp-rounds 5] [--name N]
@@ -232,13 +236,47 @@ def throughput(box: Sandbox, problems: list[Problem], rounds: int) -> dict[str, 
     }
 
 
+def requests(box: Any, n: int, rounds: int) -> dict[str, Any]:
+    """Section 3 of the module doc."""
+    from tangram_celery.sandbox.link import call_runner
+
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    ways: dict[str, Callable[[], Any]] = {
+        "kept": lambda: h.call({"op": "ping"}, 5.0),
+        "per-request": lambda: call_runner(h.socket_path, {"op": "ping"}, 5.0),
+    }
+    got: dict[str, dict[str, list[float]]] = {
+        w: {"host_us": [], "runner_us": [], "wall_us": []} for w in ways
+    }
+    try:
+        for r in range(rounds):
+            for way in sorted(ways, reverse=r % 2 == 1):
+                c0, t0, w0 = h.cgroups.counters()["cpu_us"], time.process_time(), time.monotonic()
+                for _ in range(n):
+                    assert ways[way]().get("pong")
+                c1, t1, w1 = h.cgroups.counters()["cpu_us"], time.process_time(), time.monotonic()
+                got[way]["host_us"].append((t1 - t0) / n * 1e6)
+                got[way]["runner_us"].append((c1 - c0) / n)
+                got[way]["wall_us"].append((w1 - w0) / n * 1e6)
+    finally:
+        box._teardown(h)
+    out: dict[str, Any] = {"requests_per_round": n, "rounds": rounds}
+    for way, series in got.items():
+        out[way] = {k: round(statistics.median(v), 1) for k, v in series.items()}
+    out["saved_us_per_request"] = round(
+        sum(out["per-request"][k] - out["kept"][k] for k in ("host_us", "runner_us")), 1
+    )
+    return out
+
+
 def plot(res: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4), gridspec_kw={"width_ratios": [2, 2, 1]})
     lat = res["latency"]
     width = 0.38
     for j, kind in enumerate(KINDS):
@@ -261,6 +299,17 @@ def plot(res: dict[str, Any], out: Path) -> None:
     b.axhline(1.1 * vals[0], color="tab:red", ls="--", lw=1, label="target: 1.1 x warm")
     b.set_ylabel("best wall s, 164 HumanEval programs, 2 threads")
     b.legend(loc="lower right", fontsize=8)
+    rq = res["requests"]
+    ways = ["per-request", "kept"]
+    host = [rq[w]["host_us"] for w in ways]
+    runner = [rq[w]["runner_us"] for w in ways]
+    c.bar(ways, host, label="host", color="tab:gray")
+    c.bar(ways, runner, bottom=host, label="runner", color="tab:blue")
+    for x, (hv, rv) in enumerate(zip(host, runner, strict=True)):
+        c.text(x, hv + rv, f"{hv + rv:.0f}", ha="center", va="bottom", fontsize=8)
+    c.set_ylabel("CPU us per request (median of rounds)")
+    c.set_title("a ping to one runner: connection")
+    c.legend(fontsize=8)
     fig.suptitle(
         f"sandbox API, namespace backend; load avg {res['load_start']} at start, {res['load_end']} at end",
         fontsize=9,
@@ -275,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=60, help="latency samples per variant and kind")
     ap.add_argument("--tp-rounds", type=int, default=5, help="throughput rounds per variant")
     ap.add_argument("--think", type=float, default=0.12, help="s between latency samples")
+    ap.add_argument("--req-n", type=int, default=2000, help="pings per round (section 3)")
+    ap.add_argument("--req-rounds", type=int, default=6, help="rounds per way (section 3)")
     ap.add_argument("--name", default="stateless_sandbox", help="results/<name>.json and .png")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -300,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         res["throughput_load_start"] = load()
         res["throughput"] = throughput(rec, problems, args.tp_rounds)
         res["throughput_load_end"] = load()
+        res["requests"] = requests(rec, args.req_n, args.req_rounds)
     finally:
         rec.close()
     res["load_end"] = load()
@@ -317,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput best: warm {tp['best_wall_s']['warm']:.2f} s, new {tp['best_wall_s']['new']:.2f} s "
         f"({tp['ratio_new_vs_warm_best']:.2f}x), one-shot {tp['best_wall_s']['one-shot']:.2f} s; "
         f"load {res['load_start']} -> {res['load_end']}"
+    )
+    rq = res["requests"]
+    print(
+        "CPU us per request (host + runner): "
+        + ", ".join(f"{w} {rq[w]['host_us']:.0f} + {rq[w]['runner_us']:.0f}" for w in ("per-request", "kept"))
     )
     print(f"checks: {res['checks']}")
     path = write_json(args.name, res)

@@ -109,6 +109,26 @@ def test_a_recycled_sandbox_shows_nothing_of_its_previous_occupant(box: Any) -> 
     box._teardown(fresh)
 
 
+def test_one_connection_to_the_runner_serves_a_sandbox_across_its_occupants(box: Any) -> None:
+    """Given a ready sandbox (its runner answered the start's ping), when one occupant runs two
+    actions, the sandbox is scrubbed and the next occupant runs one, then all of these went over
+    the one connection the host made for the ping (`RunnerLink`): no connect, accept or close
+    per request."""
+    assert box.ready.wait_full(60)
+    h = box.ready.take()
+    assert h.link is not None and h.link.owner is h.ref  # made by the start's ping
+    sock = h.link._sock
+    conn = os.fstat(sock.fileno()).st_ino
+    for code in ("print(1)", "print(2)"):
+        assert box._exec(h, req(code)).status is ActionStatus.OK
+    fresh = box._recycle(h)
+    assert fresh is not None and fresh.link is h.link
+    assert box._exec(fresh, req("print(3)")).stdout == "3\n"
+    assert fresh.link._sock is sock and os.fstat(sock.fileno()).st_ino == conn
+    box._teardown(fresh)
+    assert fresh.link is None and sock.fileno() == -1  # closed with the sandbox
+
+
 def test_a_closed_trajectory_sandbox_is_recycled_for_the_next_one(box: Any) -> None:
     """Given a trajectory that wrote files, when it is closed, then its sandbox returns to the
     ready pool scrubbed, and a new trajectory runs in it with an empty workdir."""

@@ -1,6 +1,6 @@
 """Control of the running action from the host, over the runner's own socket (stdlib only).
 
-The runner answers one request per connection and is busy while an action runs. A test suite
+The runner answers one request at a time and is busy while an action runs. A test suite
 given as test cases is malleable: the host may lend its action more cores while it runs, or take
 some back (`WarmPool.resize`). While an action runs, the runner's listening socket is watched by
 the action's pump (`Action.watch`), and a connection that arrives then is one of these:
