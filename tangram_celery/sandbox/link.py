@@ -12,7 +12,10 @@ trajectory's program costs a scrub and an action, and each connection costs both
 a connect or accept, and closes. Before each request over a kept connection, the directory and
 the socket are checked again as at connect time (still private, still the same socket by
 inode), so what the checks refused before is refused now too; any failure closes the
-connection, so a late answer is never read as the next request's.
+connection, so a late answer is never read as the next request's. A worker keeps at most
+`MAX_KEPT` connections open (one file descriptor each, on a node that may hold a thousand
+sandboxes): past that, the one used longest ago is closed, and its sandbox's next request
+makes a new one.
 
 Until a request is all sent, nothing of it can have run: the runner reads a whole line before it
 acts. A failure before then is `RunnerUnreachable` (the caller may run the action elsewhere).
@@ -25,8 +28,11 @@ import os
 import socket
 import stat
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+MAX_KEPT = 256  # kept connections per process, least recently used closed first
 
 
 class RunnerGone(Exception):
@@ -107,6 +113,42 @@ def call_runner(path: Path, payload: dict[str, Any], timeout_s: float, owner_uid
         return _exchange(s, payload, timeout_s)
 
 
+class _Kept:
+    """The links of this process with an open connection, least recently used first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._links: OrderedDict[RunnerLink, None] = OrderedDict()
+
+    def used(self, link: RunnerLink) -> None:
+        """`link` (busy, connected) was just used; close the least recently used idle ones
+        past `MAX_KEPT`."""
+        over: list[RunnerLink] = []
+        with self._lock:
+            self._links[link] = None
+            self._links.move_to_end(link)
+            excess = len(self._links) - MAX_KEPT
+            for old in list(self._links)[: max(0, excess)]:
+                if old._busy.acquire(blocking=False):  # one in use is left for later
+                    del self._links[old]
+                    over.append(old)
+        for old in over:
+            try:
+                old._close_socket()
+            finally:
+                old._busy.release()
+
+    def forget(self, link: RunnerLink) -> None:
+        with self._lock:
+            self._links.pop(link, None)
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+
+KEPT = _Kept()
+
+
 class RunnerLink:
     """One kept connection to one sandbox's runner (see the module doc). `owner` is what the
     connection was made for (the backend's sandbox object): a link is used only while its
@@ -158,12 +200,18 @@ class RunnerLink:
         try:
             if self._sock is None:
                 self._sock, self._ident = _connect(self.path, timeout_s, self.owner_uid)
-            return _exchange(self._sock, payload, timeout_s)
+            out = _exchange(self._sock, payload, timeout_s)
         except BaseException:
             self.close()
             raise
+        KEPT.used(self)
+        return out
 
     def close(self) -> None:
+        KEPT.forget(self)
+        self._close_socket()
+
+    def _close_socket(self) -> None:
         s, self._sock = self._sock, None
         if s is not None:
             s.close()

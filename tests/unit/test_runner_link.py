@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tangram_celery.sandbox import link as link_module
 from tangram_celery.sandbox.link import RunnerLink, RunnerTimeout, RunnerUnreachable
 
 pytestmark = [
@@ -192,3 +193,28 @@ def test_requests_that_meet_on_one_link_each_get_their_own_answer(runner_dir: Pa
     finally:
         link.close()
         runner.close()
+
+
+def test_a_process_keeps_at_most_max_kept_connections(
+    runner_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a cap of two kept connections, when three links are used in turn, then the one
+    used longest ago is closed (its runner sees the end) unless a request is in flight on it,
+    and its next request makes a new connection."""
+    monkeypatch.setattr(link_module, "MAX_KEPT", 2)
+    runner = StandIn(runner_dir / "runner.sock")
+    links = [RunnerLink(runner_dir / "runner.sock", owner=None) for _ in range(4)]
+    try:
+        for i in range(3):
+            links[i].call({"n": i}, 5.0)
+        assert [lk._sock is not None for lk in links[:3]] == [False, True, True]
+        assert links[0].call({"n": 0}, 5.0) == {"n": 0, "accepted": 4}  # made again: 1 closed
+        assert links[1]._sock is None
+        with links[2]._busy:  # in use (a request in flight): not closed under it
+            links[3].call({"n": 3}, 5.0)
+            assert links[2]._sock is not None and links[0]._sock is not None
+    finally:
+        for lk in links:
+            lk.close()
+        runner.close()
+    assert len(link_module.KEPT) == 0
