@@ -1,4 +1,5 @@
-"""Control of the running action from the host, over the runner's own socket (stdlib only).
+"""The host's connections to the runner, and control of the running action over them (stdlib
+only).
 
 The runner answers one request at a time and is busy while an action runs. A test suite
 given as test cases is malleable: the host may lend its action more cores while it runs, or take
@@ -13,11 +14,16 @@ flight are below the new count (those keep running; the cpuset the host bound de
 The key is the one the action's request carried: a request for another action (or for one that
 ended) changes nothing. Only root can reach the socket (a root-only directory, a 0600 socket),
 so user code can send none of this.
+
+Between actions, the runner reads the host's requests from every connection it has
+(`Connections`): the one the host keeps for the sandbox's occupants, and any opened for one
+request.
 """
 
 from __future__ import annotations
 
 import json
+import selectors
 import socket
 from typing import Any
 
@@ -38,6 +44,47 @@ def apply_dop(act: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"applied": True, "dop": act.dop}
 
 
+def accept_now(srv: socket.socket) -> socket.socket | None:
+    """A connection waiting on the listening socket `srv` (blocking), None if there is none
+    (it went away between the poll that saw it and now)."""
+    srv.setblocking(False)
+    try:
+        conn, _ = srv.accept()
+    except (BlockingIOError, InterruptedError):
+        return None
+    finally:
+        srv.setblocking(True)
+    conn.setblocking(True)
+    return conn
+
+
+class Connections:
+    """The host's connections: it keeps one open per sandbox for its occupants' requests
+    (`tangram_celery.sandbox.link.RunnerLink`) and opens others for one request each. A
+    connection is read only between requests, one whole request at a time, and answered on
+    itself; it stays open until the host closes it (the runner never closes one the host may
+    have sent a request on). Only root can connect (see `runner.serve`)."""
+
+    def __init__(self, srv: socket.socket) -> None:
+        self.srv = srv
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(srv, selectors.EVENT_READ)
+
+    def next_request(self) -> socket.socket:
+        """The next connection with a request (or an end) to read; accepts new ones meanwhile."""
+        while True:
+            for key, _ in self.sel.select():
+                if key.fileobj is not self.srv:
+                    return key.fileobj  # type: ignore[return-value]
+                conn = accept_now(self.srv)
+                if conn is not None:
+                    self.sel.register(conn, selectors.EVENT_READ)
+
+    def drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        conn.close()
+
+
 class Control:
     """Answers the host's control requests while an action runs (`attach` it to the action)."""
 
@@ -50,13 +97,9 @@ class Control:
         act.watch(self.srv.fileno(), self.on_readable)
 
     def on_readable(self) -> None:
-        self.srv.setblocking(False)
-        try:
-            conn, _ = self.srv.accept()
-        except (BlockingIOError, InterruptedError):
+        conn = accept_now(self.srv)
+        if conn is None:
             return
-        finally:
-            self.srv.setblocking(True)
         with conn:
             try:
                 conn.settimeout(READ_TIMEOUT_S)

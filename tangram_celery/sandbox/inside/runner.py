@@ -1,7 +1,8 @@
 """Resident runner: PID 1 inside one trajectory's sandbox (stdlib only, runs on the host's python3).
 
 It listens on a unix socket that only root can reach, reads one JSON request at a time (over a
-connection the host keeps open for the sandbox's occupants, or one of its own: `Connections`),
+connection the host keeps open for the sandbox's occupants, or one of its own:
+_tangram_control.Connections),
 runs it as the unprivileged sandbox uid and answers one JSON line of *facts* (exit code, output,
 flags such as timed_out / output_capped / disk_full); the host turns facts into a status.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import socket
 import sys
 import traceback
@@ -50,13 +50,13 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
     """Answer the host's requests one at a time, forever. `started`: the zygote `main` forked before
     this process imported its own modules or read a request."""
     try:
-        from tangram_celery.sandbox.inside._tangram_control import Control
+        from tangram_celery.sandbox.inside._tangram_control import Connections, Control
         from tangram_celery.sandbox.inside._tangram_fs import reset_tops
         from tangram_celery.sandbox.inside._tangram_jobs import handle, warm_up
         from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all, prime
         from tangram_celery.sandbox.inside._tangram_scrub import scrub
     except ImportError:  # inside the sandbox this directory is sys.path[0]
-        from _tangram_control import Control  # type: ignore[no-redef]
+        from _tangram_control import Connections, Control  # type: ignore[no-redef]
         from _tangram_fs import reset_tops  # type: ignore[no-redef]
         from _tangram_jobs import handle, warm_up  # type: ignore[no-redef]
         from _tangram_proc import Zygote, _strays, kill_all, prime  # type: ignore[no-redef]
@@ -122,39 +122,6 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
                 zygote.stop()  # the next spawn tries again
         if primed is not None:
             _prime(primed, uid, workdir, zygote, None, prime)
-
-
-class Connections:
-    """The host's connections: it keeps one open per sandbox for its occupants' requests
-    (`tangram_celery.sandbox.link.RunnerLink`) and opens others for one request each. A
-    connection is read only between requests, one whole request at a time, and answered on
-    itself; it stays open until the host closes it (the runner never closes one the host may
-    have sent a request on). Only root can connect (see `serve`)."""
-
-    def __init__(self, srv: socket.socket) -> None:
-        self.srv = srv
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(srv, selectors.EVENT_READ)
-
-    def next_request(self) -> socket.socket:
-        """The next connection with a request (or an end) to read; accepts new ones meanwhile."""
-        while True:
-            for key, _ in self.sel.select():
-                if key.fileobj is not self.srv:
-                    return key.fileobj  # type: ignore[return-value]
-                self.srv.setblocking(False)
-                try:
-                    conn, _ = self.srv.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue
-                finally:
-                    self.srv.setblocking(True)
-                conn.setblocking(True)
-                self.sel.register(conn, selectors.EVENT_READ)
-
-    def drop(self, conn: socket.socket) -> None:
-        self.sel.unregister(conn)
-        conn.close()
 
 
 def _prime(
