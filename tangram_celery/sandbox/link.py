@@ -23,6 +23,7 @@ acts. A failure before then is `RunnerUnreachable` (the caller may run the actio
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -128,7 +129,8 @@ class _Kept:
             self._links[link] = None
             self._links.move_to_end(link)
             excess = len(self._links) - MAX_KEPT
-            for old in list(self._links)[: max(0, excess)]:
+            # at most `excess` looked at (usually none): this runs on every request
+            for old in list(itertools.islice(self._links, max(0, excess))):
                 if old._busy.acquire(blocking=False):  # one in use is left for later
                     del self._links[old]
                     over.append(old)
@@ -184,15 +186,14 @@ class RunnerLink:
         """The checks `_connect` made, again: the directory still private, the socket still
         the runner's and still the one connected to (by inode)."""
         try:
-            ident = _trusted(self.path, os.lstat(self.path), self.owner_uid)
-        except (OSError, RunnerUnreachable) as e:
+            if _trusted(self.path, os.lstat(self.path), self.owner_uid) != self._ident:
+                raise RunnerUnreachable(f"{self.path.name} is not the socket first connected to")
+        except OSError as e:
             self.close()
-            if isinstance(e, RunnerUnreachable):
-                raise
             raise RunnerUnreachable(repr(e)) from None
-        if ident != self._ident:
+        except RunnerUnreachable:
             self.close()
-            raise RunnerUnreachable(f"{self.path.name} is not the socket first connected to")
+            raise
 
     def _exchange(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """`payload` over the kept connection, made first when there is none; closed on any
