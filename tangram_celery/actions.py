@@ -24,6 +24,14 @@ LANGUAGES: tuple[str, ...] = get_args(Language)
 COMPILED_LANGUAGES = frozenset({"c", "cpp", "go", "java", "rust"})  # these have a compile phase
 
 
+def compile_memory_mb(language: str | None, memory_mb: int, floor_mb: int, has_code: bool = True) -> int:
+    """MiB the compile phase of an action runs under: the larger of its own memory (its program's
+    limit) and `floor_mb` (`sandbox.compile_memory_mb`); its memory when it compiles nothing."""
+    if language in COMPILED_LANGUAGES and has_code:
+        return max(memory_mb, floor_mb)
+    return memory_mb
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 

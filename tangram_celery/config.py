@@ -168,6 +168,13 @@ class SandboxConfig(StrictModel):
     default_memory_mb: int = Field(
         512, ge=32, description="memory limit per sandbox, MiB (>= 32: the harness takes part)"
     )
+    compile_memory_mb: int = Field(
+        512,
+        ge=32,
+        description="memory limit of the compile phase (c, cpp, go, java, rust), MiB: the larger of "
+        "this and the action's own, which limits its program; a compiler held to a program's small "
+        "limit thrashes on its own pages until its time is up (the scheduler reserves the larger)",
+    )
     pids_limit: int = Field(128, ge=8, description="process-count limit per sandbox")
     nofile_limit: int = Field(1024, ge=64, le=1 << 20, description="open descriptors per user process")
     languages: list[Literal["python", "bash", "c", "cpp", "nodejs", "go", "java", "rust"]] | None = Field(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 from scheduler.service.sandboxes import one_shot_key
+from tangram_celery.actions import compile_memory_mb
 from tangram_celery.config import TangramConfig
 from tangram_celery.wire import ActionMeta, AllocationWire
 
@@ -37,6 +38,15 @@ def max_group_cores(cfg: TangramConfig) -> int:
     return max((len(g) for n in cfg.nodes.cpu for g in n.numa_split()), default=0)
 
 
+def _reserved_mb(meta: ActionMeta, cfg: TangramConfig) -> int:
+    """Memory a code action's sandbox is reserved: its own, or its compile phase's when that is
+    larger (`sandbox.compile_memory_mb`), within the largest CPU node (the action still fits)."""
+    assert meta.memory_mb is not None
+    need = compile_memory_mb(meta.language, meta.memory_mb, cfg.sandbox.compile_memory_mb)
+    largest = max((n.memory_mb for n in cfg.nodes.cpu), default=need)
+    return max(meta.memory_mb, min(need, largest))
+
+
 def to_queued(meta: ActionMeta, cfg: TangramConfig) -> QueuedAction:
     """Derive the cost vector of a (checked) action from its metadata and the config."""
     if meta.type == "code":
@@ -48,7 +58,7 @@ def to_queued(meta: ActionMeta, cfg: TangramConfig) -> QueuedAction:
         cost = CostVector(
             ResourceKind.CPU,
             Elastic.range(lo, max(lo, hi)),
-            memory_mb=meta.memory_mb,
+            memory_mb=_reserved_mb(meta, cfg),
             malleable=meta.has_tests and hi > lo,
         )
         kind, target = ("tests" if meta.has_tests else "code"), ""

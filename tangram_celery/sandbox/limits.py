@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_celery.actions import COMPILED_LANGUAGES, ActionStatus, PhaseOutcome, TestOutcome
+from tangram_celery.actions import (
+    COMPILED_LANGUAGES,
+    ActionStatus,
+    PhaseOutcome,
+    TestOutcome,
+    compile_memory_mb,
+)
 from tangram_celery.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 
@@ -47,14 +53,20 @@ class Limits:
         )
 
 
-def runner_payload(req: ExecRequest, limits: Limits, pythonpath: list[str]) -> dict[str, Any]:
-    """The JSON request the resident runner executes."""
+def runner_payload(
+    req: ExecRequest, limits: Limits, pythonpath: list[str], compile_floor_mb: int = 0
+) -> dict[str, Any]:
+    """The JSON request the resident runner executes (`compile_memory_mb`: what its compile
+    phase runs under, `compile_memory_mb` of the sandbox config as `compile_floor_mb`)."""
     from tangram_celery.sandbox.languages import tools_for
 
     payload: dict[str, Any] = {
         "language": req.language,
         "tools": tools_for(req.language),
         "memory_mb": req.memory_mb,
+        "compile_memory_mb": compile_memory_mb(
+            req.language, req.memory_mb, compile_floor_mb, req.code is not None
+        ),
         "code": req.code,
         "files": req.files,
         "binary_files": req.binary_files,

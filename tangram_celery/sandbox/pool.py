@@ -19,6 +19,7 @@ none (lost with a restarted worker) or a dead one gets a fresh one with `sandbox
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -37,8 +38,10 @@ from tangram_celery.errors import SandboxError
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.limits import (
+    RUNNER_GRACE_S,
     TOOLS_PATH,
     Limits,
+    classify,
     counter_delta,
     runner_payload,
     runner_timeout_s,
@@ -493,14 +496,17 @@ class WarmPool(ABC):
         reached it is torn down and `RunnerUnreachable` raised (the caller runs it in another);
         otherwise that is reported as any lost runner is."""
         cores = self._resizing.enter(h, req)  # bound: the request's cores, or a loan's since
-        payload = runner_payload(req, self.limits, self.pythonpath)
+        payload = runner_payload(req, self.limits, self.pythonpath, self.cfg.compile_memory_mb)
         payload["cores"] = list(cores)
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
         with self._lock:
             self._running += 1
         try:
-            facts = h.call(payload, runner_timeout_s(req))
+            if payload["compile_memory_mb"] > req.memory_mb:
+                facts = self._phases(h, req, payload)
+            else:
+                facts = h.call(payload, runner_timeout_s(req))
         except (RunnerGone, RunnerTimeout) as e:
             if retry and isinstance(e, RunnerUnreachable):
                 self._teardown_in_place(h)
@@ -526,6 +532,33 @@ class WarmPool(ABC):
             )
         after = h.cgroups.counters() if h.cgroups else None
         return to_result(facts, counter_delta(before, after), req)
+
+    def _phases(self, h: Handle, req: ExecRequest, payload: dict[str, Any]) -> dict[str, Any]:
+        """Compile under the compile phase's memory, then run under the action's own: two
+        requests, the sandbox's limit lowered in between (no user code runs then). The facts
+        of a compile that did not succeed are the action's; else the run's, with the compile's."""
+        room = int(payload["compile_memory_mb"])
+        first_req = {**payload, "phase": "compile", "fetch_files": []}
+        if "rlimits" in payload:
+            first_req["rlimits"] = {**payload["rlimits"], "AS": room << 20}
+        self._resizing.set_memory(h, room)
+        try:
+            first = h.call(first_req, req.compile_timeout_s + RUNNER_GRACE_S)
+        except BaseException:
+            with contextlib.suppress(Exception):  # (the sandbox is torn down for this anyway)
+                self._resizing.set_memory(h, req.memory_mb)
+            raise
+        try:
+            self._resizing.set_memory(h, req.memory_mb)
+        except Exception as e:  # the program must not run with the compiler's room
+            raise RunnerGone(f"could not restore the memory limit after the compile: {e}") from e
+        if "runner_error" in first or classify(first, {}, False) is not ActionStatus.OK:
+            return first
+        facts = h.call({**payload, "phase": "run"}, req.timeout_s + RUNNER_GRACE_S)
+        if "runner_error" not in facts:
+            facts["compile"] = first.get("compile")
+            facts["exec_s"] = float(first.get("exec_s", 0.0)) + float(facts.get("exec_s", 0.0))
+        return facts
 
     def _teardown_in_place(self, h: Handle) -> None:
         """Destroy a broken sandbox but keep the handle: the next action starts a fresh one."""

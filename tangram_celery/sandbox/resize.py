@@ -68,6 +68,12 @@ class Resizing:
                 self._running[aid] = h
         return cores
 
+    def set_memory(self, h: Handle, memory_mb: int) -> None:
+        """Re-bind `h`'s memory limit alone (its compile phase gets more than its program)."""
+        with self._lock:
+            self._bind(h, h.cores, memory_mb)
+            h.memory_mb = memory_mb
+
     def leave(self, req: ExecRequest) -> None:
         """The action ended: no resize reaches its sandbox any more, and a time sharer's
         sandbox has the default CPU weight again."""

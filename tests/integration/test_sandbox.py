@@ -89,6 +89,21 @@ def test_compile_phase_has_its_own_time_limit(sandbox_backend: Any, gcc: str) ->
     assert res.compile is not None and res.compile.timed_out and res.compile.exit_code is None
 
 
+def test_compiler_gets_room_and_the_program_keeps_its_memory_limit(sandbox_backend: Any, gcc: str) -> None:
+    """Given 32 MiB, less than gcc needs, when C is run, then it compiles (under the sandbox's
+    compile memory) and runs; a program that allocates 64 MiB is held to the 32 (MEMORY_LIMIT)."""
+    traj = tid()
+    res = run(sandbox_backend, traj, language="c", code=C_SUM, stdin="40 2", memory_mb=32)
+    assert (res.status, res.stdout) == (ActionStatus.OK, "42\n"), (res.compile, res.stderr)
+    hog = (  # volatile: gcc would drop an allocation whose contents it can tell
+        "#include <stdlib.h>\nint main(void){volatile char*p=malloc(64<<20);"
+        "for(long i=0;i<(64<<20);i+=4096)p[i]=1;return p[4096]-1;}\n"
+    )
+    res = run(sandbox_backend, traj, language="c", code=hog, memory_mb=32)
+    assert res.status is ActionStatus.MEMORY_LIMIT, res
+    assert res.compile is not None and res.compile.exit_code == 0
+
+
 def test_stdin_test_cases_in_parallel(sandbox_backend: Any, gcc: str) -> None:
     """Given C with 3 stdin tests (one wrong), when run on 2 cores, then 2 pass and FAILED."""
     cases = [

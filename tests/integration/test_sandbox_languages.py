@@ -102,6 +102,28 @@ def test_memory_hog_hits_the_memory_limit(box: Any, language: str) -> None:
     assert res.status is ActionStatus.MEMORY_LIMIT, (res.exit_code, res.stderr[-300:])
 
 
+@pytest.mark.parametrize("language", ["c", "cpp", "go", "rust"])  # no JVM runs in 32 MiB
+def test_a_small_memory_limit_binds_the_program_and_not_its_compiler(box: Any, language: str) -> None:
+    """Given 32 MiB, far below what the compiler needs (held to it, it thrashed on its own pages
+    until the compile limit), then the compile phase has the sandbox's compile memory and ends
+    at once; the program runs under the 32 MiB, and one that needs more hits that limit."""
+    hello = {
+        "c": '#include <stdio.h>\nint main(void){puts("hi");return 0;}\n',
+        "cpp": '#include <iostream>\nint main(){std::cout<<"hi"<<std::endl;}\n',
+        "go": 'package main\nimport "fmt"\nfunc main(){fmt.Println("hi")}\n',
+        "rust": 'fn main(){println!("hi");}\n',
+    }[language]
+    traj = f"lang-small-{language}"
+    res = run(box, language, hello, traj, memory_mb=32)
+    assert res.status is ActionStatus.OK, (res.compile, res.stderr[-300:])
+    assert res.compile is not None and res.compile.exit_code == 0 and res.stdout == "hi\n"
+    if language != "c":  # (FAILING has no C entry)
+        hog = run(box, language, FAILING[language]["memory"], traj, memory_mb=32)
+        assert hog.status is ActionStatus.MEMORY_LIMIT, (hog.exit_code, hog.stderr[-300:])
+        assert hog.compile is not None and hog.compile.exit_code == 0
+    box.close_trajectory(traj)
+
+
 @pytest.mark.parametrize("language", sorted(COMPILED_LANGUAGES))
 def test_compile_phase_has_its_own_time_limit(box: Any, language: str) -> None:
     """Given a compile limit too short for the compiler, then TIMEOUT in the compile phase, no run."""

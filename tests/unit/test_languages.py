@@ -73,6 +73,46 @@ def test_the_build_key_changes_with_any_file_a_compile_could_read(tmp_path: Path
     assert build.key("cpp", argv, {}, (str(work),)) is not None  # links are hashed, not followed
 
 
+def test_a_held_build_outlives_its_compile_request_and_not_its_run(tmp_path: Path) -> None:
+    """Given an uncached build held by its compile request, then it survives the end of that
+    request, is handed to the run request of its action only, and is removed after that one;
+    a build held by an action whose run never came goes with the next request."""
+    first, second = tmp_path / "b1", tmp_path / "b2"
+    for d in (first, second):
+        d.mkdir()
+        build._made.append(str(d))
+    build.hold("a1", str(first))
+    build.end_action()  # the compile request ends
+    assert first.is_dir() and build.take_held("other") is None
+    assert build.take_held("a1") == str(first)
+    build.end_action()  # the run request ends: the uncached build goes
+    assert not first.exists()
+    build.hold("a2", str(second))
+    build.end_action()
+    build._made.append(str(tmp_path / "b3"))
+    build.hold("a3", str(tmp_path / "b3"))  # a2's run never came
+    build.end_action()
+    assert not second.exists() and build.take_held("a2") is None
+    assert build.take_held("a3") is not None
+    build.end_action()
+
+
+def test_a_compiled_action_reserves_its_compile_phase_memory() -> None:
+    """Given the compile phase's floor of 512 MiB, then a C++ action of 64 MiB reserves 512 on
+    its node (its compiler runs there under 512), Python keeps 64, and the floor never exceeds
+    the largest node."""
+    from scheduler.service.cluster import to_queued
+
+    def reserved(language: str, memory_mb: int, node_mb: int = 4096) -> int:
+        cfg = parse_config({"nodes": {"cpu": [{"name": "n", "cores": 2, "memory_mb": node_mb}]}})
+        a = CodeAction(trajectory_id="t", language=language, code="x", memory_mb=memory_mb)
+        return to_queued(ActionMeta.of(a, 0.0), cfg).cost.memory_mb
+
+    assert reserved("cpp", 64) == 512 and reserved("rust", 1024) == 1024
+    assert reserved("python", 64) == 64
+    assert reserved("go", 64, node_mb=256) == 256
+
+
 def test_an_unoffered_language_is_refused_by_the_pool_view() -> None:
     """Once workers reported, a code action in another language is refused with the list."""
     view = PoolView.of(parse_config({"nodes": {"cpu": [{"name": "n0", "cores": 2, "memory_mb": 4096}]}}))

@@ -28,6 +28,7 @@ PREFIX = ".tangram-build-"
 
 _cache: OrderedDict[str, str] = OrderedDict()  # key -> build directory, least recently used first
 _made: list[str] = []  # directories made during the current action
+_held: dict[str, str] = {}  # action -> its build, kept from its compile request to its run request
 
 
 def new_dir(uid: int) -> str:
@@ -136,10 +137,29 @@ def store(k: str | None, path: str) -> None:
         remove(old)
 
 
+def hold(action: str, path: str) -> None:
+    """Keep sealed `path` past this request: the run phase of `action` comes as a request of its
+    own (the host changed the sandbox's memory limit in between). One action at a time holds a
+    build; one an earlier action held (its run request never came) is dropped."""
+    dropped = [p for a, p in _held.items() if a != action]
+    _held.clear()
+    _held[action] = path
+    _made.extend(dropped)  # removed at the end of this request unless cached
+
+
+def take_held(action: str) -> str | None:
+    """The build `action`'s compile request held (then removed after this request, unless
+    cached), or None."""
+    path = _held.pop(action, None)
+    if path is not None:
+        _made.append(path)
+    return path
+
+
 def end_action() -> None:
-    """Remove the build directories of the action that ended and were not cached (failed
-    compiles, or no key). Called once its processes are all gone."""
-    kept = set(_cache.values())
+    """Remove the build directories of the action that ended and were not cached or held
+    (failed compiles, or no key). Called once its processes are all gone."""
+    kept = set(_cache.values()) | set(_held.values())
     for path in _made:
         if path not in kept:
             remove(path)

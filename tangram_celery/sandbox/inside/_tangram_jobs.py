@@ -119,11 +119,20 @@ def warm_up(base: dict, zygote: Zygote) -> bool:
 
 
 def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
+    """One action, or one of its two phases: `phase` "compile" writes the files and compiles
+    (its build held for the run), "run" runs what that compile built; absent, both (the host
+    splits them when the compile gets more memory than the program: `pool._phases`)."""
     t0 = time.monotonic()
+    phase = req.get("phase")
+    lang, code = req["language"], req.get("code")
+    if phase == "run":
+        built = build.take_held(str(req["key"]))
+        if built is None:
+            return _facts(req, act, t0, setup_error="the build of the compile phase is gone")
+        return _run_phase(req, act, held, t0, None, built)
     why = fs.write_files(req)
     if why is not None:
         return _facts(req, act, t0, setup_error=why)
-    lang, code = req["language"], req.get("code")
     code_fd = None
     if lang == "python":  # without code, tests still run an (empty) main module
         code_fd = code_memfd(act, code or "", langs.UNITS["python"])
@@ -132,6 +141,9 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
     compile_out, built = None, None
     if lang in langs.COMPILED and code is not None:
         compile_out, built = _compile(req, act, src)
+        if built is not None and phase == "compile":
+            build.hold(str(req["key"]), built)
+            return _facts(req, act, t0, compile_out=compile_out)
         if built is None:
             tests = [
                 {"name": c["name"], "passed": False, "detail": "compile failed"}
@@ -142,6 +154,22 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
         why = f"{lang} test cases need code to compile"
         tests = [{"name": c["name"], "passed": False, "detail": why} for c in req["test_cases"]]
         return _facts(req, act, t0, tests=tests, setup_error=why)
+    return _run_phase(req, act, held, t0, code_fd, built, compile_out)
+
+
+def _run_phase(
+    req: dict,
+    act: Action,
+    held: list[Any],
+    t0: float,
+    code_fd: int | None,
+    built: str | None,
+    compile_out: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run phase: the program (from `built` for a compiled language), its test cases or
+    the test command, under the run's own time limit."""
+    lang, code = req["language"], req.get("code")
+    src = langs.unit(lang, code)
     mem = int(req.get("memory_mb") or 512)
     argv = langs.run_argv(lang, req.get("tools", {}), built, src, mem) if code is not None else None
     act.set_deadline(float(req["timeout_s"]))  # the run phase's own limit starts now
@@ -176,7 +204,7 @@ def _compile(req: dict, act: Action, src: str) -> tuple[dict[str, Any], str | No
     earlier in the trajectory is reused (`_tangram_build`)."""
     t0 = time.monotonic()
     lang, tools = req["language"], req.get("tools", {})
-    mem = int(req.get("memory_mb") or 512)
+    mem = int(req.get("compile_memory_mb") or req.get("memory_mb") or 512)
     act.set_deadline(float(req.get("compile_timeout_s") or DEFAULT_COMPILE_TIMEOUT_S))
     try:
         argv = langs.compile_argv(lang, tools, src, "@BUILD", mem)
