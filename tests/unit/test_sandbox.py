@@ -69,6 +69,20 @@ def test_payload_carries_limits_and_rlimits_only_in_fallback() -> None:
     assert p["rlimits"] == {"AS": 64 << 20, "NPROC": 32}
 
 
+def test_payload_gives_the_compile_phase_its_floor_of_memory() -> None:
+    """Given a floor of 512 MiB, then a C action of 64 MiB compiles under 512 and runs under 64;
+    one of 1024 compiles under 1024; Python, and C without code, compile nothing (their own)."""
+    c64 = ExecRequest(language="c", code="x", memory_mb=64)
+    p = runner_payload(c64, Limits(), [], 512)
+    assert (p["compile_memory_mb"], p["memory_mb"]) == (512, 64)
+    big = ExecRequest(language="c", code="x", memory_mb=1024)
+    assert runner_payload(big, Limits(), [], 512)["compile_memory_mb"] == 1024
+    py = ExecRequest(language="python", code="x", memory_mb=64)
+    assert runner_payload(py, Limits(), [], 512)["compile_memory_mb"] == 64
+    bare = ExecRequest(language="c", code=None, memory_mb=64, test_command="true")
+    assert runner_payload(bare, Limits(), [], 512)["compile_memory_mb"] == 64
+
+
 BOOT = "/usr/bin/python3 -E -s /r/_tangram_pytest.py --tangram-fd 3 --tangram-path /opt/tangram/site"
 
 
