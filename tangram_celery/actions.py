@@ -110,7 +110,7 @@ class CodeAction(_Action):
     test_command: str | None = Field(None, max_length=4096)
     test_cases: list[TestCase] = Field(default_factory=list, max_length=100_000)
     # the harness (runner + zygote, two resident interpreters) takes part of every sandbox's memory
-    memory_mb: int = Field(512, ge=32, le=1 << 20)
+    memory_mb: int = Field(512, ge=32, le=1 << 20)  # the program's; compile: `compile_memory_mb`
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
     compile_timeout_s: float = Field(

@@ -82,7 +82,13 @@ class RunTestsRequest(_Body):
     compile_timeout_s: float = Field(
         10.0, gt=0, le=3600, description="limit of the compile phase (compiled languages), before timeout_s"
     )
-    memory_mb: int | None = Field(None, ge=16, le=1 << 20, description="default: the sandbox default")
+    memory_mb: int | None = Field(
+        None,
+        ge=16,
+        le=1 << 20,
+        description="the program's memory limit, MiB (a compiler gets at least "
+        "sandbox.compile_memory_mb); default: the sandbox default",
+    )
     trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
     job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     priority: int = Field(0, ge=-100, le=100)

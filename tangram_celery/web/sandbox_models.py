@@ -55,7 +55,11 @@ class RunCodeRequest(BaseModel):
     )
     run_timeout: float = Field(10, gt=0, le=3600, description="run time limit, s")
     memory_limit_MB: int = Field(
-        -1, ge=-1, le=1 << 20, description="memory limit, MiB; -1 or 0: the sandbox default"
+        -1,
+        ge=-1,
+        le=1 << 20,
+        description="the program's memory limit, MiB (a compiler gets at least the deployment's "
+        "sandbox.compile_memory_mb); -1 or 0: the sandbox default",
     )
     stdin: str | None = Field(None, max_length=16 * MAX_CODE_BYTES, description="standard input")
     files: dict[str, str | None] = Field(
