@@ -70,7 +70,6 @@ class UnknownAction(TangramError):
 class _Waiter:
     future: asyncio.Future[ActionResult]  # the outcome, shared by every result() call
     refs: int = 0  # result() calls waiting on it
-    watched: bool = False  # registered at submit: its result cannot predate it
     # one per waiting result() call, woken directly when the outcome is set: one loop step to
     # the caller (a shielded future under wait_for took three)
     wakers: list[asyncio.Future[None]] = field(default_factory=list)
@@ -240,14 +239,16 @@ class AsyncTangramClient:
         loop = asyncio.get_running_loop()
         fresh = [h.id for h in handles if h.id not in self._waiters]
         for action_id in fresh:
-            self._waiters[action_id] = _Waiter(loop.create_future(), watched=True)
+            self._waiters[action_id] = _Waiter(loop.create_future())
         try:
-            check_submitted(items, await self._retrying("submit", send), max_queued)
+            again = check_submitted(items, await self._retrying("submit", send), max_queued)
         except BaseException:
             # the ones enqueued before the refusal are found by result() with a read of its own
             for action_id in fresh:
                 self._waiters.pop(action_id, None)
             raise
+        if again:  # submitted before (a retry): done already, or now waking this client
+            await self._fetch(again)
         return handles
 
     async def _run_submits(self, items: list[tuple[str, str, str]], max_queued: int, ttl: str) -> list[Any]:

@@ -36,16 +36,19 @@ __all__ = ["ActionHandle", "AnyAction", "TangramClient"]
 class ActionHandle:
     """A submitted action. `result()` blocks until it finishes (or the timeout passes)."""
 
-    def __init__(self, client: TangramClient, action_id: str, trajectory_id: str) -> None:
+    def __init__(
+        self, client: TangramClient, action_id: str, trajectory_id: str, look_first: bool = False
+    ) -> None:
         self.client = client
         self.id = action_id
         self.trajectory_id = trajectory_id
         self._result: ActionResult | None = None
+        self._look_first = look_first  # its result may predate this handle (`Store.wait_result`)
 
     def result(self, timeout: float | None = 60.0) -> ActionResult:
         """The action's result; raises ResultTimeout if none arrives within `timeout` seconds."""
         if self._result is None:
-            raw = self.client.store.wait_result(self.id, timeout)
+            raw = self.client.store.wait_result(self.id, timeout, look_first=self._look_first)
             if raw is None:
                 raise ResultTimeout(
                     f"action {self.id} has no result after {timeout}s (it may still complete)"
@@ -119,14 +122,18 @@ class TangramClient:
             handles.append(ActionHandle(self, action.id, action.trajectory_id or ""))
         max_queued = view.max_queued if view else 0
         fraction = view.admit_memory_fraction if view else 0.8
-        self.store.submit(
-            items, max_queued, ttl_s=self._limits().queued_ttl_s, admit_memory_fraction=fraction
+        again = set(
+            self.store.submit(
+                items, max_queued, ttl_s=self._limits().queued_ttl_s, admit_memory_fraction=fraction
+            )
         )
+        for h in handles:
+            h._look_first = h.id in again
         return handles
 
     def handle(self, action_id: str, trajectory_id: str = "") -> ActionHandle:
         """A handle for an action submitted earlier, e.g. by a client process that died."""
-        return ActionHandle(self, action_id, trajectory_id)
+        return ActionHandle(self, action_id, trajectory_id, look_first=True)
 
     async def run(self, action: AnyAction | dict[str, Any], timeout: float | None = 600.0) -> ActionResult:
         """Submit and await the result without blocking the event loop."""

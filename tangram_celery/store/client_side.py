@@ -39,8 +39,9 @@ class ClientSide(StoreBase):
         *,
         ttl_s: float = 0.0,
         admit_memory_fraction: float = 0.8,
-    ) -> None:
-        """Enqueue (id, meta_json, payload_json) items atomically each; raise on the first refusal.
+    ) -> list[str]:
+        """Enqueue (id, meta_json, payload_json) items atomically each; raise on the first refusal;
+        return the ids that were submitted before (`check_submitted`).
 
         Items before a refused one stay enqueued (they are valid and were accepted). A payload
         not run within `ttl_s` expires (0 = never). When Redis has a `maxmemory` and uses more
@@ -60,7 +61,7 @@ class ClientSide(StoreBase):
                     return batch.replies
                 self.r.script_load(SUBMIT)
 
-        check_submitted(items, self.retrying("submit", send), max_queued)
+        return check_submitted(items, self.retrying("submit", send), max_queued)
 
     def _admit_memory(self, fraction: float, n: int) -> None:
         """AdmissionError when Redis is above `fraction` of its maxmemory (checked at most every
@@ -85,15 +86,24 @@ class ClientSide(StoreBase):
         # a second run after a lost reply finds it 'cancelled' already, which is the answer
         return str(self.retrying("cancel", lambda: self._cancel(keys=keys, args=args)))
 
-    def wait_result(self, action_id: str, timeout_s: float | None, poll_s: float = 2.0) -> str | None:
+    def wait_result(
+        self, action_id: str, timeout_s: float | None, poll_s: float = 2.0, look_first: bool = False
+    ) -> str | None:
         """Block until the action's result exists; return its JSON, or None on timeout.
 
         The completion script stores the result in the action's hash (the truth) and pushes a
         copy onto `n:<id>` to wake the waiter. The push is consumed by whoever pops it, and a
         pop whose reply was lost (Redis died mid-reply) consumes it too, so the waiter never
-        relies on it alone: every `poll_s` without a wake-up it reads the hash.
+        relies on it alone: every `poll_s` without a wake-up it reads the hash. `look_first`: read
+        it before the first wait (the action may have completed before this waiter existed:
+        a resubmission, or a handle made for an earlier client's action).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if look_first:
+            res = self.retrying("read result", lambda: self.r.hget(akey(action_id), "result"))
+            if res is not None:
+                self.read_done(action_id)
+                return str(res)
         while True:
             left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
             if left > 0:
@@ -176,8 +186,12 @@ def memory_refusal(used_b: int, max_b: int, fraction: float, n: int) -> str | No
     return None
 
 
-def check_submitted(items: Sequence[tuple[str, str, str]], replies: Sequence[Any], max_queued: int) -> None:
-    """Raise for the first item the submit script refused (the ones before it were enqueued)."""
+def check_submitted(
+    items: Sequence[tuple[str, str, str]], replies: Sequence[Any], max_queued: int
+) -> list[str]:
+    """Raise for the first item the submit script refused (the ones before it were enqueued);
+    else the ids of the items that were submitted before (same id and payload: a retry). Their
+    results may exist already, so their waiters read first instead of waiting for a wake-up."""
     for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
         if isinstance(rep, redis.ResponseError):
             msg = str(rep)
@@ -197,6 +211,7 @@ def check_submitted(items: Sequence[tuple[str, str, str]], replies: Sequence[Any
             raise BrokerError(f"submit of {action_id} failed: {msg}")
         if isinstance(rep, Exception):
             raise BrokerError(f"submit of {action_id} failed: {rep}")
+    return [action_id for (action_id, _, _), rep in zip(items, replies, strict=True) if rep == "already"]
 
 
 def cancel_keys(action_id: str) -> list[str]:

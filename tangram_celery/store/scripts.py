@@ -7,8 +7,16 @@
 SUBMIT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
-  -- Compared by digest: the payload itself is dropped once the action is done.
-  if redis.call('HGET', KEYS[2], 'digest') == redis.sha1hex(ARGV[3]) then return 'already' end
+  -- Compared by digest: the payload itself is dropped once the action is done. Its completion
+  -- wakes the latest submitter (another client's retry: the first may be gone).
+  if redis.call('HGET', KEYS[2], 'digest') == redis.sha1hex(ARGV[3]) then
+    if ARGV[6] and ARGV[6] ~= '' then
+      redis.call('HSET', KEYS[2], 'notify', ARGV[6])
+    else
+      redis.call('HDEL', KEYS[2], 'notify')
+    end
+    return 'already'
+  end
   return redis.error_reply('TANGRAM_DUPLICATE')
 end
 local cap = tonumber(ARGV[4])

@@ -81,6 +81,45 @@ def test_results_by_id_cancel_and_lost_wake_ups(deployment: Any) -> None:
     asyncio.run(go())
 
 
+def test_a_resubmitted_action_answers_without_waiting_for_a_sweep(deployment: Any) -> None:
+    """Given an action submitted again (a caller's retry, the same id and content), from the
+    client that submitted it or another one, then its result comes when it exists: at once if
+    it is done, on its completion if it runs (the retrying client is the one woken), never at
+    the next sweep (30 s here) or poll. Both clients, async and blocking."""
+    from tangram_celery import TangramClient
+    from tangram_celery.aclient import AsyncTangramClient
+
+    done = CodeAction(trajectory_id="re1", code="print(5)")
+    slow = CodeAction(trajectory_id="re2", code="import time; time.sleep(1.5); print(6)")
+
+    async def go() -> list[float]:
+        async with (
+            AsyncTangramClient(deployment.url, poll_s=30) as a,
+            AsyncTangramClient(deployment.url, poll_s=30) as b,
+        ):
+            assert (await (await a.submit(done)).result(timeout=60)).stdout == "5\n"
+            t0 = time.monotonic()
+            for client in (a, b):
+                assert (await (await client.submit(done)).result(timeout=60)).stdout == "5\n"
+            t_done = time.monotonic() - t0
+            await a.submit(slow)
+            await asyncio.sleep(0.3)  # it runs (a sleep of 1.5 s)
+            t0 = time.monotonic()
+            assert (await (await b.submit(slow)).result(timeout=60)).stdout == "6\n"
+            return [t_done, time.monotonic() - t0]
+
+    t_done, t_running = asyncio.run(go())
+    assert t_done < 5 and t_running < 15, (t_done, t_running)
+    sync = TangramClient(deployment.url)
+    try:
+        t0 = time.monotonic()
+        assert sync.submit(done).result(timeout=60).stdout == "5\n"
+        assert sync.handle(done.id).result(timeout=60).stdout == "5\n"
+        assert time.monotonic() - t0 < 1.5  # (it polls every 2 s)
+    finally:
+        sync.close()
+
+
 def test_results_the_async_client_hands_out_are_kept_minutes(deployment: Any) -> None:
     """Given results the asyncio client received (woken for its own submits, or found by id for
     another client's), then its listener gives each `READ_TTL_S` instead of a day; a result no
