@@ -111,7 +111,7 @@ class TangramClient:
         view = self._with_languages(self._pool_view())
         limits = self._limits()
         items: list[tuple[str, str, str]] = []
-        handles: list[ActionHandle] = []
+        trajectories: list[str] = []
         seen: set[str] = set()
         for raw in actions:
             action = coerce_action(raw)
@@ -119,17 +119,16 @@ class TangramClient:
                 raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
             seen.add(action.id)
             items.append(admit(action, view, limits, now))
-            handles.append(ActionHandle(self, action.id, action.trajectory_id or ""))
+            trajectories.append(action.trajectory_id or "")
         max_queued = view.max_queued if view else 0
         fraction = view.admit_memory_fraction if view else 0.8
         again = set(
-            self.store.submit(
-                items, max_queued, ttl_s=self._limits().queued_ttl_s, admit_memory_fraction=fraction
-            )
+            self.store.submit(items, max_queued, ttl_s=limits.queued_ttl_s, admit_memory_fraction=fraction)
         )
-        for h in handles:
-            h._look_first = h.id in again
-        return handles
+        return [
+            ActionHandle(self, action_id, tid, look_first=action_id in again)
+            for (action_id, _, _), tid in zip(items, trajectories, strict=True)
+        ]
 
     def handle(self, action_id: str, trajectory_id: str = "") -> ActionHandle:
         """A handle for an action submitted earlier, e.g. by a client process that died."""

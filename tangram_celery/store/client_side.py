@@ -99,14 +99,10 @@ class ClientSide(StoreBase):
         a resubmission, or a handle made for an earlier client's action).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if look_first:
-            res = self.retrying("read result", lambda: self.r.hget(akey(action_id), "result"))
-            if res is not None:
-                self.read_done(action_id)
-                return str(res)
+        wait = not look_first  # (else the first pass reads the hash without waiting)
         while True:
             left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
-            if left > 0:
+            if wait and left > 0:
 
                 def pop(t: float = left) -> Any:
                     return self.r.blpop([nkey(action_id)], timeout=max(t, 0.001))
@@ -115,6 +111,7 @@ class ClientSide(StoreBase):
                 if got is not None:
                     self.read_done(action_id)
                     return str(got[1])
+            wait = True
             res = self.retrying("wait for result", lambda: self.r.hget(akey(action_id), "result"))
             if res is not None:
                 self.read_done(action_id)

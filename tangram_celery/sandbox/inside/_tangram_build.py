@@ -140,8 +140,8 @@ def store(k: str | None, path: str) -> None:
 def hold(action: str, path: str) -> None:
     """Keep sealed `path` past this request: the run phase of `action` comes as a request of its
     own (the host changed the sandbox's memory limit in between). One action at a time holds a
-    build; one an earlier action held (its run request never came) is dropped."""
-    dropped = [p for a, p in _held.items() if a != action]
+    build; one held before (its run request never came) is dropped."""
+    dropped = [p for p in _held.values() if p != path]
     _held.clear()
     _held[action] = path
     _made.extend(dropped)  # removed at the end of this request unless cached

@@ -125,11 +125,12 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     phase = req.get("phase")
     lang, code = req["language"], req.get("code")
+    src = langs.unit(lang, code)
     if phase == "run":
         built = build.take_held(str(req["key"]))
         if built is None:
             return _facts(req, act, t0, setup_error="the build of the compile phase is gone")
-        return _run_phase(req, act, held, t0, None, built)
+        return _run_phase(req, act, held, t0, src, None, built)
     why = fs.write_files(req)
     if why is not None:
         return _facts(req, act, t0, setup_error=why)
@@ -137,7 +138,6 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
     if lang == "python":  # without code, tests still run an (empty) main module
         code_fd = code_memfd(act, code or "", langs.UNITS["python"])
         held.append(code_fd)
-    src = langs.unit(lang, code)
     compile_out, built = None, None
     if lang in langs.COMPILED and code is not None:
         compile_out, built = _compile(req, act, src)
@@ -154,7 +154,7 @@ def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
         why = f"{lang} test cases need code to compile"
         tests = [{"name": c["name"], "passed": False, "detail": why} for c in req["test_cases"]]
         return _facts(req, act, t0, tests=tests, setup_error=why)
-    return _run_phase(req, act, held, t0, code_fd, built, compile_out)
+    return _run_phase(req, act, held, t0, src, code_fd, built, compile_out)
 
 
 def _run_phase(
@@ -162,14 +162,14 @@ def _run_phase(
     act: Action,
     held: list[Any],
     t0: float,
+    src: str,
     code_fd: int | None,
     built: str | None,
     compile_out: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The run phase: the program (from `built` for a compiled language), its test cases or
-    the test command, under the run's own time limit."""
+    """The run phase: the program (`src`, from `built` for a compiled language), its test
+    cases or the test command, under the run's own time limit."""
     lang, code = req["language"], req.get("code")
-    src = langs.unit(lang, code)
     mem = int(req.get("memory_mb") or 512)
     argv = langs.run_argv(lang, req.get("tools", {}), built, src, mem) if code is not None else None
     act.set_deadline(float(req["timeout_s"]))  # the run phase's own limit starts now
