@@ -36,8 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, write_json
-from tangram_celery.actions import ActionStatus
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.actions import ActionStatus
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, Sandbox, open_sandbox
 from tests.problems import Problem, humaneval_problems
 

@@ -41,9 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from benchmarks.common import RESULTS, percentile, write_json
-from tangram_celery.actions import CodeAction
-from tangram_celery.client import TangramClient
-from tangram_celery.config import load_config
+from tangram_celery.client.sync import TangramClient
+from tangram_celery.common.actions import CodeAction
+from tangram_celery.common.config import load_config
 from tangram_celery.deploy import Deployment
 from tangram_celery.store import Store, akey
 from tests.fixtures.redis import deployment_config

@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, percentile, write_json
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 
 LAUNCHERS = ("bwrap", "builtin")

@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, write_json
 from benchmarks.live_ab_stats import PodGate, act_stats, overhead_breakdown, pod_capacity, trajectory_waits
 from tangram_celery import CodeAction, TangramClient
-from tangram_celery.actions import TestCase
+from tangram_celery.common.actions import TestCase
 
 MODULE = "def work(n):\n    return sum(i * i for i in range(n))\n"
 
@@ -167,7 +167,7 @@ def checked(stdout: str, status: str, tests: list[Any], turn: Turn) -> bool:
 def run_tangram(
     policy: str, jobs: list[list[Turn]], args: argparse.Namespace, tag: str, share: bool = True
 ) -> dict[str, Any]:
-    from tangram_celery.config import parse_config
+    from tangram_celery.common.config import parse_config
     from tangram_celery.deploy import Deployment, write_config
     from tangram_celery.store import akey
 
@@ -252,7 +252,7 @@ def scrape_decision(port: int | None) -> dict[str, float]:
 def run_pods(
     jobs: list[list[Turn]], args: argparse.Namespace, every_trajectory: bool = False
 ) -> dict[str, Any]:
-    from tangram_celery.config import SandboxConfig
+    from tangram_celery.common.config import SandboxConfig
     from tangram_celery.sandbox import ExecRequest, open_sandbox
 
     box = open_sandbox(SandboxConfig(backend="namespace", prewarm=0))

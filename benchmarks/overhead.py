@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, percentile, write_json
 from scheduler.service import SchedulerService
 from tangram_celery import ApiAction, TangramClient
-from tangram_celery.app import TASK_NOOP, make_app
-from tangram_celery.broker import EmbeddedRedis
-from tangram_celery.config import parse_config
+from tangram_celery.common.config import parse_config
 from tangram_celery.deploy import Deployment, write_config
+from tangram_celery.transport.app import TASK_NOOP, make_app
+from tangram_celery.transport.broker import EmbeddedRedis
 
 
 def _config(tmp: Path, url: str, cap: int) -> object:

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bare_runner import BareRunner
 from benchmarks.common import RESULTS, write_json
 from benchmarks.sandbox import engine
-from tangram_celery.actions import LANGUAGES, TestCase
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.actions import LANGUAGES, TestCase
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.inside import _tangram_langs as langs
 from tangram_celery.sandbox.languages import detect

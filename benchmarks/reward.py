@@ -41,7 +41,7 @@ from benchmarks.common import RESULTS, percentile, write_json
 from reward_servers.placement import ScalingPolicy
 from reward_servers.profile import measure
 from reward_servers.service import RewardService
-from tangram_celery.config import TangramConfig, parse_config
+from tangram_celery.common.config import TangramConfig, parse_config
 
 INSTANCES_NOTE = (
     "instances are CPU-kind (Triton KIND_CPU) on this machine's CPU cores: the GPUs are declared, "

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bare_runner import BareRunner
 from benchmarks.common import RESULTS, percentile, write_json
-from tangram_celery.actions import TestCase
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.actions import TestCase
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.limits import HOST_RO_PATHS
 

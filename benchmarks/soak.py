@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import RESULTS, write_json
 from benchmarks.soak_check import VICTIMS, Expected, InFlight, Kill, summarize
 from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient
-from tangram_celery.actions import TestCase
-from tangram_celery.config import parse_config
+from tangram_celery.common.actions import TestCase
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.errors import TangramError
 from tangram_celery.deploy import Deployment, write_config
-from tangram_celery.errors import TangramError
 
 logger = logging.getLogger("soak")
 

@@ -80,7 +80,7 @@ from benchmarks.common import (
     write_json,
 )
 from tangram_celery import ActionStatus, CodeAction, TangramClient
-from tangram_celery.config import load_config
+from tangram_celery.common.config import load_config
 from tangram_celery.deploy import Deployment
 from tests.problems import Problem, humaneval_problems
 

@@ -26,7 +26,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, write_json
-from tangram_celery.config import default_config_path, load_config
+from tangram_celery.common.config import default_config_path, load_config
 from tangram_celery.deploy import Deployment
 
 INPUTS = {

@@ -18,8 +18,8 @@ from reward_servers.repository import build_repository, instance_kind
 from reward_servers.service import node_dir
 from reward_servers.tiny_models import build_missing
 from reward_servers.triton import ServerInfo, TritonController, TritonServer, http_ok, pid_alive, stop_pid
-from tangram_celery.config import GpuNodeConfig, TangramConfig, default_config_path, load_config
-from tangram_celery.errors import TangramError
+from tangram_celery.common.config import GpuNodeConfig, TangramConfig, default_config_path, load_config
+from tangram_celery.common.errors import TangramError
 
 
 def _nodes(cfg: TangramConfig, names: list[str] | None) -> list[GpuNodeConfig]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from reward_servers._deps import require
+from reward_servers.backends.deps import require
 from reward_servers.errors import InferenceFailed, TritonCrashed
 from reward_servers.triton import TritonController, _is_connection_error
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from tangram_celery.errors import RewardServerError
+from tangram_celery.common.errors import RewardServerError
 
 
 class TritonCrashed(RewardServerError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reward_servers.naming import aligned_chunks, replica_name
-from tangram_celery.config import GpuNodeConfig, RewardModelConfig
+from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig
 
 MODEL_TEMPLATE = Path(__file__).with_name("triton_model.py")
 SRC_ROOT = Path(__file__).resolve().parent.parent  # put on the stub's sys.path

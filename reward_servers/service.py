@@ -32,8 +32,8 @@ from reward_servers.profile import DopProfile, batch_tokens
 from reward_servers.replicas import ReplicaManager
 from reward_servers.repository import build_repository
 from reward_servers.triton import ServerInfo, TritonController, TritonServer
-from tangram_celery.config import GpuNodeConfig, RewardModelConfig, TangramConfig
-from tangram_celery.errors import RewardServerError
+from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig, TangramConfig
+from tangram_celery.common.errors import RewardServerError
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reward_servers._deps import require
-from tangram_celery.errors import RewardServerError
+from reward_servers.backends.deps import require
+from tangram_celery.common.errors import RewardServerError
 
 if TYPE_CHECKING:
-    from tangram_celery.config import RewardModelConfig, TangramConfig
+    from tangram_celery.common.config import RewardModelConfig, TangramConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from reward_servers._deps import require
+from reward_servers.backends.deps import require
 from reward_servers.errors import ModelLoadFailed, TritonCrashed
-from tangram_celery import lifeline
-from tangram_celery.errors import RewardServerError
+from tangram_celery.common import lifeline
+from tangram_celery.common.errors import RewardServerError
 
 
 def free_port() -> int:

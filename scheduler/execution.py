@@ -13,7 +13,7 @@ action, GPU services cached on their chunks and evicted least recently used, API
 enforced by the scheduler, and `tangram-fast`'s core loans and warm GPU placements
 (`scheduler.service.elastic` sends them, the CPU and GPU workers carry them out). `live_gaps`
 says why another model cannot run live, and the config refuses such a policy with that reason
-(`tangram_celery.config`).
+(`tangram_celery.common.config`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tangram_celery.actions import (
+from tangram_celery.common.actions import (
     ActionResult,
     ActionStatus,
     ApiAction,
@@ -17,17 +17,17 @@ from tangram_celery.actions import (
     RewardAction,
     TestCase,
 )
-from tangram_celery.errors import ActionRejected, AdmissionError, TangramError
+from tangram_celery.common.errors import ActionRejected, AdmissionError, TangramError
 
 if TYPE_CHECKING:
-    from tangram_celery.aclient import AsyncActionHandle, AsyncTangramClient
-    from tangram_celery.client import ActionHandle, TangramClient
+    from tangram_celery.client.aio import AsyncActionHandle, AsyncTangramClient
+    from tangram_celery.client.sync import ActionHandle, TangramClient
 
 _LAZY = {
-    "ActionHandle": "tangram_celery.client",
-    "TangramClient": "tangram_celery.client",
-    "AsyncActionHandle": "tangram_celery.aclient",
-    "AsyncTangramClient": "tangram_celery.aclient",
+    "ActionHandle": "tangram_celery.client.sync",
+    "TangramClient": "tangram_celery.client.sync",
+    "AsyncActionHandle": "tangram_celery.client.aio",
+    "AsyncTangramClient": "tangram_celery.client.aio",
 }
 
 

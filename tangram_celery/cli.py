@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tangram_celery.config import TangramConfig, default_config_path, load_config
-from tangram_celery.errors import TangramError
+from tangram_celery.common.config import TangramConfig, default_config_path, load_config
+from tangram_celery.common.errors import TangramError
 
 if TYPE_CHECKING:
     from tangram_celery.deploy import Deployment
@@ -42,8 +42,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     from scheduler.service import SchedulerService
-    from tangram_celery.broker import resolve_url
-    from tangram_celery.metrics import serve
+    from tangram_celery.common.metrics import serve
+    from tangram_celery.transport.broker import resolve_url
 
     cfg = _config(args)
     svc = SchedulerService(cfg, resolve_url(cfg))
@@ -150,8 +150,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from tangram_celery.broker import resolve_url
-    from tangram_celery.metrics import serve as serve_metrics
+    from tangram_celery.common.metrics import serve as serve_metrics
+    from tangram_celery.transport.broker import resolve_url
     from tangram_celery.web.serve import serve
 
     cfg = _config(args)
@@ -194,7 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from tangram_celery.client import TangramClient
+    from tangram_celery.client.sync import TangramClient
 
     action = json.loads(Path(args.action).read_text() if args.action != "-" else sys.stdin.read())
     with TangramClient.from_config(args.config or default_config_path()) as client:
@@ -207,8 +207,8 @@ def cmd_flower(args: argparse.Namespace) -> int:
     import os
     import secrets
 
-    from tangram_celery.broker import resolve_url
     from tangram_celery.deploy import flower_command, pool_queues
+    from tangram_celery.transport.broker import resolve_url
 
     cfg = _config(args)
     password = cfg.flower.password or secrets.token_urlsafe(12)
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tangram_celery.lifeline import arm_from_env
+    from tangram_celery.common.lifeline import arm_from_env
 
     arm_from_env()  # a child of `tangram up` dies with it (and exits if it is already gone)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tangram_celery.actions import ActionResult, ApiAction, CodeAction, RewardAction, TestCase
-from tangram_celery.client import TangramClient
-from tangram_celery.config import RewardModelConfig, TangramConfig
+from tangram_celery.client.sync import TangramClient
+from tangram_celery.common.actions import ActionResult, ApiAction, CodeAction, RewardAction, TestCase
+from tangram_celery.common.config import RewardModelConfig, TangramConfig
+from tangram_celery.common.errors import TangramError
 from tangram_celery.demo_problems import PROBLEMS, Problem
 from tangram_celery.demo_summary import Done, Summary
 from tangram_celery.deploy import wait_warm, warm_nodes
-from tangram_celery.errors import TangramError
 
 Action = CodeAction | ApiAction | RewardAction
 

@@ -3,7 +3,7 @@
 Used by `tangram up`, `tangram demo` and the integration tests. Every child is a real process
 started here and stopped here by its pid. Nothing outlives this process: every child is started
 from one long-lived thread and arms a parent-death signal, then checks that this process still
-lives (`tangram_celery/lifeline.py`): Python children from their entry point, Redis and Flower
+lives (`tangram_celery/common/lifeline.py`): Python children from their entry point, Redis and Flower
 through the exec wrapper. A start that fails part-way stops what it had started.
 """
 
@@ -26,11 +26,11 @@ from urllib.parse import urlsplit
 import redis
 import yaml
 
-from tangram_celery import lifeline
-from tangram_celery.broker import URL_FILE, EmbeddedRedis, write_url
-from tangram_celery.config import TangramConfig
-from tangram_celery.errors import TangramError
+from tangram_celery.common import lifeline
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import TangramError
 from tangram_celery.store import Store, redact
+from tangram_celery.transport.broker import URL_FILE, EmbeddedRedis, write_url
 
 HTTP_PORT_FILE = "http.port"  # the HTTP server's last port, kept across runs (state dir)
 
@@ -88,7 +88,7 @@ class Deployment:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         gpu = gpu_worker_nodes(self.cfg)
         if gpu:  # before any child starts: nothing is left running when this fails
-            from reward_servers._deps import check_serving
+            from reward_servers.backends.deps import check_serving
             from reward_servers.tiny_models import build_missing
 
             check_serving(self.cfg)
@@ -216,8 +216,8 @@ class Deployment:
         restarts and listed in <state_dir>/metrics.json.
         """
         if self.cfg.metrics.enabled and "--metrics-port" not in args:
-            from tangram_celery.broker import _free_port
-            from tangram_celery.metrics import write_targets
+            from tangram_celery.common.metrics import write_targets
+            from tangram_celery.transport.broker import _free_port
 
             self.metrics_ports[name] = _free_port()
             args = [*args, "--metrics-port", str(self.metrics_ports[name])]
@@ -313,7 +313,7 @@ class Deployment:
         return proc
 
     def _start_flower(self) -> None:
-        from tangram_celery.broker import _free_port
+        from tangram_celery.transport.broker import _free_port
 
         port = self.cfg.flower.port or _free_port()
         password = self.cfg.flower.password or secrets.token_urlsafe(12)
@@ -336,7 +336,7 @@ class Deployment:
         store = Store(self.url)
         expected = {n.split("worker-", 1)[1] for n in self.children if n.startswith("worker-")}
         deadline = time.monotonic() + timeout_s
-        from tangram_celery.app import make_app
+        from tangram_celery.transport.app import make_app
 
         app = make_app(self.url)
         seen: set[str] = set()
@@ -457,7 +457,7 @@ def write_config(cfg: TangramConfig, path: Path) -> Path:
 
 def pool_queues(cfg: TangramConfig) -> list[str]:
     """The Celery queue of every configured pool: tangram.cpu.*, tangram.gpu.*, tangram.api.*."""
-    from tangram_celery.app import queue_name
+    from tangram_celery.transport.app import queue_name
 
     gpu = [g.name for g in cfg.nodes.gpu if any(m.backend != "rule" for m in cfg.reward_models)]
     return (

@@ -15,7 +15,7 @@ from typing import Any
 
 from kombu import Queue
 
-from tangram_celery.app import make_app
+from tangram_celery.transport.app import make_app
 
 QUEUES = sorted({q for q in os.environ.get("TANGRAM_FLOWER_QUEUES", "").split(",") if q})
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tangram_celery.config import TangramConfig
-from tangram_celery.errors import TangramError
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import TangramError
 
 
 def log_files(path: Path) -> list[Path]:

@@ -19,8 +19,8 @@ from typing import Any
 
 from celery import Celery
 
-from tangram_celery.app import make_app
 from tangram_celery.store import Store
+from tangram_celery.transport.app import make_app
 
 
 def _fakeredis() -> Any:

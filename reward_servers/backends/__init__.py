@@ -7,38 +7,9 @@ inputs at submit without torch installed; a backend module is imported when a mo
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import Any
 
 from reward_servers.backends.base import Backend, BackendParams
-
-# backend kind -> (module, required string inputs, optional string inputs)
-SCHEMAS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "hf-seq-cls": ("hf_seq_cls", ("response",), ("prompt",)),
-    "embedding-sim": ("embedding_sim", ("reference", "response"), ()),
-    "teacher-logprobs": ("teacher_logprobs", ("prompt", "response"), ()),
-    "rule": ("rules", ("response", "reference"), ()),
-}
-
-MAX_INPUT_CHARS = 1 << 20
-
-
-def input_errors(kind: str, inputs: Mapping[str, Any]) -> list[str]:
-    """Problems with one request's `inputs` for a backend of `kind` (empty when valid)."""
-    if kind not in SCHEMAS:
-        return [f"unknown backend kind {kind!r}; known: {sorted(SCHEMAS)}"]
-    if not isinstance(inputs, Mapping):
-        return [f"inputs must be a mapping, got {type(inputs).__name__}"]
-    _, required, optional = SCHEMAS[kind]
-    errors = [f"missing input {k!r}" for k in required if k not in inputs]
-    for key, value in inputs.items():
-        if key not in required and key not in optional:
-            errors.append(f"unexpected input {key!r}; {kind} takes {[*required, *optional]}")
-        elif not isinstance(value, str):
-            errors.append(f"input {key!r} must be a string, got {type(value).__name__}")
-        elif len(value) > MAX_INPUT_CHARS:
-            errors.append(f"input {key!r} is longer than {MAX_INPUT_CHARS} characters")
-    return errors
+from tangram_celery.common.reward_inputs import MAX_INPUT_CHARS, SCHEMAS, input_errors
 
 
 def load_backend(kind: str, params: BackendParams) -> Backend:
@@ -48,4 +19,4 @@ def load_backend(kind: str, params: BackendParams) -> Backend:
     return backend
 
 
-__all__ = ["SCHEMAS", "Backend", "BackendParams", "input_errors", "load_backend"]
+__all__ = ["MAX_INPUT_CHARS", "SCHEMAS", "Backend", "BackendParams", "input_errors", "load_backend"]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from reward_servers._deps import require
-from tangram_celery.errors import RewardServerError
+from reward_servers.backends.deps import require
+from tangram_celery.common.errors import RewardServerError
 
 
 @dataclass(frozen=True)

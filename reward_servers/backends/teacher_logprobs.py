@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reward_servers._deps import require
 from reward_servers.backends.base import BackendParams, model_dir, setup_torch
+from reward_servers.backends.deps import require
 
 
 class TeacherLogprobs:

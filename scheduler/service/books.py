@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from scheduler.gpu_cache import Chunk
 from scheduler.model import QueuedAction
 from scheduler.service.sandboxes import SandboxBook
-from tangram_celery.wire import ActionMeta, GpuWarm, SandboxOrder
+from tangram_celery.common.wire import ActionMeta, GpuWarm, SandboxOrder
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 from scheduler.service.sandboxes import one_shot_key
-from tangram_celery.actions import compile_memory_mb
-from tangram_celery.config import TangramConfig
-from tangram_celery.wire import ActionMeta, AllocationWire
+from tangram_celery.common.actions import compile_memory_mb
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.wire import ActionMeta, AllocationWire
 
 
 def build_cluster(cfg: TangramConfig) -> ClusterState:

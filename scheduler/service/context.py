@@ -18,11 +18,11 @@ from scheduler.resources import ClusterState
 from scheduler.service.books import Books
 from scheduler.service.liveness import LivenessPolicy
 from scheduler.service.record import RunRecorder
-from tangram_celery.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_CPU_BATCH, TASK_GPU, queue_name
-from tangram_celery.config import TangramConfig
-from tangram_celery.metrics import SchedulerMetrics
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.metrics import SchedulerMetrics
+from tangram_celery.common.wire import TaskOrder
 from tangram_celery.store import Store
-from tangram_celery.wire import TaskOrder
+from tangram_celery.transport.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_CPU_BATCH, TASK_GPU, queue_name
 
 _TASKS = {ResourceKind.CPU: TASK_CPU, ResourceKind.GPU: TASK_GPU, ResourceKind.API: TASK_API}
 

@@ -20,7 +20,7 @@ from scheduler.service import elastic, trajectories
 from scheduler.service.cluster import alloc_to_wire
 from scheduler.service.context import Context
 from scheduler.service.sandboxes import is_one_shot
-from tangram_celery.wire import DispatchRecord, SandboxOrder
+from tangram_celery.common.wire import DispatchRecord, SandboxOrder
 
 log = logging.getLogger("tangram.scheduler")
 

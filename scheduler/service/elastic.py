@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 from scheduler.gpu_cache import Chunk, GpuLoad
 from scheduler.service.books import Warming
-from tangram_celery.app import TASK_LEND, TASK_WARM, queue_name
-from tangram_celery.wire import CoreLoan, GpuWarm
+from tangram_celery.common.wire import CoreLoan, GpuWarm
+from tangram_celery.transport.app import TASK_LEND, TASK_WARM, queue_name
 
 if TYPE_CHECKING:
     from scheduler.round import Round, RoundPlan

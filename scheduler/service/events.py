@@ -10,8 +10,8 @@ from typing import Any
 from scheduler.model import ResourceKind
 from scheduler.service import elastic, faults, trajectories
 from scheduler.service.context import Context
+from tangram_celery.common.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
 from tangram_celery.store import IntakeEntry
-from tangram_celery.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
 
 log = logging.getLogger("tangram.scheduler")
 

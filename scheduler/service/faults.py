@@ -11,7 +11,7 @@ from scheduler.service import trajectories
 from scheduler.service.context import Context
 from scheduler.service.liveness import LivenessPlan
 from scheduler.service.sandboxes import caller_trajectory
-from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionResult, ActionStatus
 
 log = logging.getLogger("tangram.scheduler")
 

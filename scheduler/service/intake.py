@@ -11,9 +11,9 @@ import logging
 from scheduler.service import trajectories
 from scheduler.service.cluster import to_queued
 from scheduler.service.context import Context
-from tangram_celery.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.wire import ActionMeta, PoolView
 from tangram_celery.store import INTAKE, IntakeEntry
-from tangram_celery.wire import ActionMeta, PoolView
 
 log = logging.getLogger("tangram.scheduler")
 

@@ -37,12 +37,12 @@ from scheduler.service.books import Books
 from scheduler.service.cluster import build_cluster
 from scheduler.service.context import Context, Sender
 from scheduler.service.record import RunRecorder
-from tangram_celery.app import make_app
-from tangram_celery.config import TangramConfig
-from tangram_celery.errors import BrokerError
-from tangram_celery.metrics import SchedulerMetrics
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import BrokerError
+from tangram_celery.common.metrics import SchedulerMetrics
+from tangram_celery.common.wire import PoolView
 from tangram_celery.store import EVENTS, INTAKE, IntakeEntry, Store
-from tangram_celery.wire import PoolView
+from tangram_celery.transport.app import make_app
 
 log = logging.getLogger("tangram.scheduler")
 

@@ -16,8 +16,8 @@ from typing import IO
 
 from scheduler.model import Allocation, QueuedAction
 from scheduler.resources import ClusterState
-from tangram_celery.metrics import SchedulerMetrics
-from tangram_celery.wire import Completion
+from tangram_celery.common.metrics import SchedulerMetrics
+from tangram_celery.common.wire import Completion
 
 
 def family(qa: QueuedAction) -> str:

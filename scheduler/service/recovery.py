@@ -15,9 +15,9 @@ from typing import Any
 from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.service.cluster import alloc_from_wire, to_queued
-from tangram_celery.config import TangramConfig
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.wire import ActionMeta, DispatchRecord, SandboxOrder
 from tangram_celery.store import ActionState
-from tangram_celery.wire import ActionMeta, DispatchRecord, SandboxOrder
 
 log = logging.getLogger("tangram.scheduler")
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram_celery.wire import SandboxOrder
+from tangram_celery.common.wire import SandboxOrder
 
 ONE_SHOT = "~"  # prefix of the scheduler's key for a one-shot action (not a valid trajectory id)
 RESET_TTL_S = 24 * 3600.0

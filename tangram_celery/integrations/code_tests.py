@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tangram_celery.actions import TestCase
+from tangram_celery.common.actions import TestCase
 
 MAX_CASES = 10_000
 

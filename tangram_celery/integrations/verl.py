@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tangram_celery.actions import LANGUAGES
+from tangram_celery.common.actions import LANGUAGES
 from tangram_celery.integrations.code_tests import extract_code, parse_ground_truth, to_test_cases
 
 URL_ENV = "TANGRAM_URL"  # default server URL when no tangram_url is given

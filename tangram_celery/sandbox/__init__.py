@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 
-from tangram_celery.config import SandboxConfig
-from tangram_celery.errors import SandboxError
-from tangram_celery.pretend import pretend_missing
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.errors import SandboxError
+from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.base import ExecRequest, ExecResult, Sandbox
 from tangram_celery.sandbox.stage import SandboxScope
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tangram_celery.actions import ActionStatus, PhaseOutcome, TestCase, TestOutcome
+from tangram_celery.common.actions import ActionStatus, PhaseOutcome, TestCase, TestOutcome
 
 
 @dataclass

@@ -24,9 +24,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from tangram_celery.config import SandboxConfig
-from tangram_celery.errors import SandboxError
-from tangram_celery.pretend import pretend_missing
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.errors import SandboxError
+from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
 from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.limits import (

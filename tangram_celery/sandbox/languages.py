@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from tangram_celery.actions import COMPILED_LANGUAGES, LANGUAGES
+from tangram_celery.common.actions import COMPILED_LANGUAGES, LANGUAGES
 from tangram_celery.sandbox.limits import HOST_RO_PATHS, SANDBOX_PYTHON
 
 # language -> (tool name -> the host command it is looked up as)

@@ -26,7 +26,7 @@ import signal
 import sys
 
 try:
-    from tangram_celery.lifeline import arm, libc
+    from tangram_celery.common.lifeline import arm, libc
 except ImportError:  # run as a script from the staged boot directory
     from lifeline import arm, libc  # type: ignore[no-redef]
 

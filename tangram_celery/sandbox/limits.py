@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_celery.actions import (
+from tangram_celery.common.actions import (
     COMPILED_LANGUAGES,
     ActionStatus,
     PhaseOutcome,
     TestOutcome,
     compile_memory_mb,
 )
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 
 SANDBOX_PYTHON = "/usr/bin/python3"

@@ -16,7 +16,7 @@ cores to sched_setaffinity (weaker: RLIMIT_NPROC counts the sandbox uid host-wid
 counts virtual memory). Needs root, like the Docker engine.
 
 Lifetime: every hop from the worker to the runner arms a parent-death SIGKILL and then checks a
-lifeline pipe only the worker holds (see `tangram_celery/lifeline.py`), so a sandbox cannot
+lifeline pipe only the worker holds (see `tangram_celery/common/lifeline.py`), so a sandbox cannot
 outlive its worker even when the worker is killed while the sandbox starts. A restarted worker
 removes the cgroups (and so the runners) of its previous incarnation before it serves.
 """
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tangram_celery import lifeline
-from tangram_celery.config import SandboxConfig
-from tangram_celery.errors import SandboxError
-from tangram_celery.pretend import pretend_missing
+from tangram_celery.common import lifeline
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.errors import SandboxError
+from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox import cgroups
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.languages import extra_ro_paths

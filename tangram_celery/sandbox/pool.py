@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tangram_celery.actions import ActionStatus
-from tangram_celery.config import SandboxConfig
-from tangram_celery.errors import SandboxError
+from tangram_celery.common.actions import ActionStatus
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.limits import (

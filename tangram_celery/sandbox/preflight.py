@@ -7,9 +7,9 @@ with what to install or change.
 
 from __future__ import annotations
 
-from tangram_celery.actions import ActionStatus
-from tangram_celery.config import SandboxConfig
-from tangram_celery.errors import SandboxError
+from tangram_celery.common.actions import ActionStatus
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 
 

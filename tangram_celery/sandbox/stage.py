@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tangram_celery.errors import SandboxError
+from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox import tools
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 DEFAULT_STAGE_DIR = "/run/tangram-sandbox"
 PACKAGE_DIR = Path(__file__).resolve().parent
 RUNNER_SRC_DIR = PACKAGE_DIR / "inside"
-BOOT_FILES = (PACKAGE_DIR / "launcher.py", PACKAGE_DIR.parent / "lifeline.py")
+BOOT_FILES = (PACKAGE_DIR / "launcher.py", PACKAGE_DIR.parent / "common" / "lifeline.py")
 SCOPE_LEN = 16
 
 

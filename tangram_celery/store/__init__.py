@@ -26,7 +26,7 @@ that was never dispatched; see `cancel`). Transitions happen only in the Lua scr
 (`scripts.py`), so a duplicate Celery message can never run an action twice and a cancelled
 action never runs. The operations of the client, the scheduler and the workers are each in
 their own module (`client_side.py`, `scheduler_side.py`, `worker_side.py`); what they write is
-typed by `tangram_celery.wire`.
+typed by `tangram_celery.common.wire`.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ from typing import TypeVar
 
 import redis
 
-from tangram_celery.errors import BrokerError
+from tangram_celery.common.errors import BrokerError
+from tangram_celery.common.wire import Completion
 from tangram_celery.store import scripts
 from tangram_celery.store.keys import EVENTS, RESULT_TTL_S, akey, nkey, redact
-from tangram_celery.wire import Completion
 
 log = logging.getLogger("tangram.store")
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The client side of the store: submit, cancel, wait for results, read the published pools.
 
 `SubmitBatch`, `memory_refusal`, `check_submitted`, `cancel_keys` and `cancel_args` are shared
-with the asyncio client (`tangram_celery.aclient`), which runs the same scripts on its own
+with the asyncio client (`tangram_celery.client.aio`), which runs the same scripts on its own
 connection.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError
+from tangram_celery.common.errors import ActionRejected, AdmissionError, BrokerError
+from tangram_celery.common.wire import Completion, EventStatus, PoolView
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import (
     CONFIG,
@@ -28,7 +29,6 @@ from tangram_celery.store.keys import (
     nkey,
 )
 from tangram_celery.store.scripts import SUBMIT
-from tangram_celery.wire import Completion, EventStatus, PoolView
 
 
 class ClientSide(StoreBase):

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from tangram_celery.common.wire import Completion, DispatchRecord, EventStatus, PoolView
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import (
     CONFIG,
@@ -29,7 +30,6 @@ from tangram_celery.store.keys import (
     IntakeEntry,
     akey,
 )
-from tangram_celery.wire import Completion, DispatchRecord, EventStatus, PoolView
 
 log = logging.getLogger("tangram.store")
 

@@ -7,9 +7,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tangram_celery.common.wire import Chunk, Completion, GpuWarm, ResidencyReport, residency
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import EVENTS, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
-from tangram_celery.wire import Chunk, Completion, GpuWarm, ResidencyReport, residency
 
 
 class WorkerSide(StoreBase):

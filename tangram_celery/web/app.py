@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tangram_celery.aclient import AsyncTangramClient
-from tangram_celery.config import TangramConfig
-from tangram_celery.errors import BrokerError
+from tangram_celery.client.aio import AsyncTangramClient
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import BrokerError
 from tangram_celery.web.gate import Gate
 from tangram_celery.web.phases import COMPILED, LANGUAGES
 from tangram_celery.web.sandbox_fusion import Answer, run_code_fast
@@ -52,7 +52,7 @@ class ServerState:
 
     async def capabilities(self) -> Capabilities:
         if self._caps is None:
-            from tangram_celery.wire import PoolView
+            from tangram_celery.common.wire import PoolView
 
             view = PoolView.of(self.cfg)
             self._caps = Capabilities(

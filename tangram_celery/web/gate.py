@@ -26,11 +26,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_celery.aclient import AsyncTangramClient
-from tangram_celery.actions import ActionResult
-from tangram_celery.client import AnyAction
-from tangram_celery.config import HttpConfig
-from tangram_celery.errors import AdmissionError, ResultTimeout
+from tangram_celery.client.aio import AsyncTangramClient
+from tangram_celery.client.sync import AnyAction
+from tangram_celery.common.actions import ActionResult
+from tangram_celery.common.config import HttpConfig
+from tangram_celery.common.errors import AdmissionError, ResultTimeout
 
 log = logging.getLogger("tangram.web")
 

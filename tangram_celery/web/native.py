@@ -14,8 +14,9 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tangram_celery.aclient import UnknownAction
-from tangram_celery.actions import (
+from tangram_celery.client.aio import UnknownAction
+from tangram_celery.client.sync import AnyAction
+from tangram_celery.common.actions import (
     COMPILED_LANGUAGES,
     MAX_CODE_BYTES,
     ActionResult,
@@ -25,8 +26,7 @@ from tangram_celery.actions import (
     RewardAction,
     TestCase,
 )
-from tangram_celery.client import AnyAction
-from tangram_celery.errors import ActionRejected, AdmissionError, ResultTimeout
+from tangram_celery.common.errors import ActionRejected, AdmissionError, ResultTimeout
 from tangram_celery.web.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.web.sandbox_models import ID_PATTERN, Capabilities
 

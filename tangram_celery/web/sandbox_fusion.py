@@ -18,8 +18,8 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import Scope
 
-from tangram_celery.actions import ActionResult, CodeAction
-from tangram_celery.errors import ActionRejected
+from tangram_celery.common.actions import ActionResult, CodeAction
+from tangram_celery.common.errors import ActionRejected
 from tangram_celery.web.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.web.phases import (
     COMPILED,

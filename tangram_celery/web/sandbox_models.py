@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tangram_celery.actions import MAX_CODE_BYTES
+from tangram_celery.common.actions import MAX_CODE_BYTES
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 

@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tangram_celery.config import TangramConfig
-from tangram_celery.errors import ConfigError
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import ConfigError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

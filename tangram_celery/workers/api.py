@@ -10,9 +10,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tangram_celery.actions import ActionResult, ActionStatus
-from tangram_celery.config import ApiConfig
-from tangram_celery.wire import TaskOrder
+from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.config import ApiConfig
+from tangram_celery.common.wire import TaskOrder
 
 _pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api-call")
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from celery import Celery
 
-from tangram_celery.actions import ActionResult, ActionStatus
-from tangram_celery.metrics import WorkerMetrics
+from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.metrics import WorkerMetrics
+from tangram_celery.common.wire import ActionMeta, Completion, EventStatus, TaskOrder, residency
 from tangram_celery.store import Store
-from tangram_celery.wire import ActionMeta, Completion, EventStatus, TaskOrder, residency
 from tangram_celery.workers.turns import CoreTurns, turn_key
 
 log = logging.getLogger("tangram.worker")

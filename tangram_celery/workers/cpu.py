@@ -8,10 +8,10 @@ import logging
 import threading
 from typing import Any
 
-from tangram_celery.actions import ActionResult, ActionStatus, CodeAction, RewardAction
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction, RewardAction
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.wire import CoreLoan, SandboxOrder, TaskOrder
 from tangram_celery.sandbox import ExecRequest, Sandbox
-from tangram_celery.wire import CoreLoan, SandboxOrder, TaskOrder
 from tangram_celery.workers.loans import CoreLoans
 
 log = logging.getLogger("tangram.worker")

@@ -18,13 +18,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tangram_celery.actions import ActionResult, ActionStatus, RewardAction
-from tangram_celery.config import GpuNodeConfig, TangramConfig
-from tangram_celery.wire import GpuWarm, TaskOrder
+from tangram_celery.common.actions import ActionResult, ActionStatus, RewardAction
+from tangram_celery.common.config import GpuNodeConfig, TangramConfig
+from tangram_celery.common.wire import GpuWarm, TaskOrder
 from tangram_celery.workers.batcher import Batcher
 
 if TYPE_CHECKING:
-    from tangram_celery.metrics import WorkerMetrics
+    from tangram_celery.common.metrics import WorkerMetrics
     from tangram_celery.store import Store
 
 log = logging.getLogger("tangram.worker")

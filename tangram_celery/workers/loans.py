@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from tangram_celery.wire import CoreLoan
+from tangram_celery.common.wire import CoreLoan
 
 Cores = frozenset[int]
 KEEP_S = 600.0  # how long a loan waits for its action's start, and an ended action is remembered

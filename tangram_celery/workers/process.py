@@ -7,11 +7,11 @@ import sys
 from collections.abc import Callable
 from typing import Literal
 
-from tangram_celery.app import make_app, queue_name
-from tangram_celery.broker import resolve_url
-from tangram_celery.config import CpuNodeConfig, SandboxConfig, TangramConfig
-from tangram_celery.errors import ConfigError
-from tangram_celery.metrics import serve
+from tangram_celery.common.config import CpuNodeConfig, SandboxConfig, TangramConfig
+from tangram_celery.common.errors import ConfigError
+from tangram_celery.common.metrics import serve
+from tangram_celery.transport.app import make_app, queue_name
+from tangram_celery.transport.broker import resolve_url
 from tangram_celery.workers import tasks
 from tangram_celery.workers.base import WorkerRuntime
 

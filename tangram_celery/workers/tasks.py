@@ -1,4 +1,4 @@
-"""Celery task registration: binds the task names of `tangram_celery.app` to handlers."""
+"""Celery task registration: binds the task names of `tangram_celery.transport.app` to handlers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 from celery import Celery
 
-from tangram_celery.app import (
+from tangram_celery.common.wire import CoreLoan, GpuWarm
+from tangram_celery.transport.app import (
     TASK_API,
     TASK_CLOSE,
     TASK_CPU,
@@ -17,7 +18,6 @@ from tangram_celery.app import (
     TASK_NOOP,
     TASK_WARM,
 )
-from tangram_celery.wire import CoreLoan, GpuWarm
 from tangram_celery.workers.base import Handler, WorkerRuntime
 
 log = logging.getLogger("tangram.worker")

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tangram_celery.wire import TaskOrder
+from tangram_celery.common.wire import TaskOrder
 
 
 def turn_key(order: TaskOrder) -> tuple[int, ...] | None:

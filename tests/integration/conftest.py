@@ -20,7 +20,7 @@ RECORD_API = {
 
 
 def _deployment(tmp_path: Path, request: pytest.FixtureRequest, with_http: bool) -> Iterator[object]:
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
 
     marker = request.node.get_closest_marker("deploy")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ApiAction, CodeAction
+from tangram_celery.common.actions import ApiAction, CodeAction
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ BIG_API = {
 def test_two_thousand_outstanding_actions_from_one_process(deployment: Any) -> None:
     """2,000 actions awaited at once by one client (one listener connection): every result
     arrives, each the right one."""
-    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.client.aio import AsyncTangramClient
 
     async def go() -> tuple[list[Any], int]:
         async with AsyncTangramClient(deployment.url) as client:
@@ -53,7 +53,7 @@ def test_two_thousand_outstanding_actions_from_one_process(deployment: Any) -> N
 def test_results_by_id_cancel_and_lost_wake_ups(deployment: Any) -> None:
     """A result is found by id from another client; cancelling a finished action is refused;
     a result whose wake-up was lost arrives through the listener's sweep."""
-    from tangram_celery.aclient import AsyncTangramClient, UnknownAction
+    from tangram_celery.client.aio import AsyncTangramClient, UnknownAction
     from tangram_celery.store import Store, notify_key
 
     async def go() -> None:
@@ -87,7 +87,7 @@ def test_a_resubmitted_action_answers_without_waiting_for_a_sweep(deployment: An
     it is done, on its completion if it runs (the retrying client is the one woken), never at
     the next sweep (30 s here) or poll. Both clients, async and blocking."""
     from tangram_celery import TangramClient
-    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.client.aio import AsyncTangramClient
 
     done = CodeAction(trajectory_id="re1", code="print(5)")
     slow = CodeAction(trajectory_id="re2", code="import time; time.sleep(1.5); print(6)")
@@ -125,7 +125,7 @@ def test_results_the_async_client_hands_out_are_kept_minutes(deployment: Any) ->
     another client's), then its listener gives each `READ_TTL_S` instead of a day; a result no
     client received keeps its day."""
     from tangram_celery import TangramClient
-    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.client.aio import AsyncTangramClient
     from tangram_celery.store import READ_TTL_S, RESULT_TTL_S, Store, akey
 
     store = Store(deployment.url)
@@ -159,7 +159,7 @@ def test_a_submit_is_one_round_trip_and_survives_a_flushed_script_cache(redis_ur
     Redis has), the next submits load it once and enqueue each action exactly once."""
     import redis
 
-    from tangram_celery.aclient import AsyncTangramClient
+    from tangram_celery.client.aio import AsyncTangramClient
     from tangram_celery.store import INTAKE, SUBMIT
 
     r = redis.Redis.from_url(redis_url)
@@ -190,8 +190,8 @@ def test_a_submit_is_one_round_trip_and_survives_a_flushed_script_cache(redis_ur
 def test_each_waiter_of_one_action_times_out_or_wakes_on_its_own(redis_url: str) -> None:
     """Two result() calls on one action: the one with a short timeout raises ResultTimeout and
     leaves the other waiting; the outcome (here a cancel from another client) wakes it."""
-    from tangram_celery.aclient import AsyncTangramClient
-    from tangram_celery.errors import ResultTimeout
+    from tangram_celery.client.aio import AsyncTangramClient
+    from tangram_celery.common.errors import ResultTimeout
 
     async def go() -> None:
         async with AsyncTangramClient(redis_url) as a, AsyncTangramClient(redis_url) as b:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import CodeAction, TestCase
+from tangram_celery.common.actions import CodeAction, TestCase
 
 pytestmark = pytest.mark.integration
 
@@ -72,8 +72,8 @@ def test_a_running_suite_is_widened_by_a_loan_and_narrowed_by_its_take_back(sand
     core 1 is lent to it (a CoreLoan), then its cgroup's cpuset becomes 0-1 and cases run two at
     once on cores [0, 1]; when the loan is taken back, the cpuset is 0 again and no case started
     after that runs beside another; every case ran once and passed."""
-    from tangram_celery.config import SandboxConfig
-    from tangram_celery.wire import CoreLoan, TaskOrder
+    from tangram_celery.common.config import SandboxConfig
+    from tangram_celery.common.wire import CoreLoan, TaskOrder
     from tangram_celery.workers.cpu import CpuHandler
 
     handler = CpuHandler(sandbox_backend, SandboxConfig(backend="namespace"))

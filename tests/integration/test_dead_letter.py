@@ -19,9 +19,9 @@ def test_malformed_intake_entries_are_dead_lettered_and_never_crash_the_schedule
     callers are woken), parks them in tangram:dead, dispatches the valid one; a restarted
     scheduler does not read them again (no crash loop)."""
     from scheduler.service import SchedulerService
-    from tangram_celery.actions import ActionResult, ApiAction
-    from tangram_celery.client import TangramClient
-    from tangram_celery.config import parse_config
+    from tangram_celery.client.sync import TangramClient
+    from tangram_celery.common.actions import ActionResult, ApiAction
+    from tangram_celery.common.config import parse_config
     from tangram_celery.store import Store, akey
 
     cfg = parse_config(

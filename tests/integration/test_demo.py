@@ -27,7 +27,7 @@ def test_short_demo_uses_every_pool_and_loses_nothing(
     the queue/exec split and batch sizes, reward actions of one model were scored together,
     the run's `tangram report` plots are written where the summary says, and no reward action
     paid a model load (the services were warmed at start)."""
-    from tangram_celery.config import default_config_path, load_config
+    from tangram_celery.common.config import default_config_path, load_config
     from tangram_celery.demo import run_demo
     from tangram_celery.deploy import Deployment
 

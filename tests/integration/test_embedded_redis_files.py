@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_embedded_redis_files_are_owner_only(tmp_path: Path) -> None:
     """Given a data directory an older version left world-readable, when the embedded Redis
     starts and writes, then the directory is 0700 and its AOF, config and log are 0600."""
-    from tangram_celery.broker import EmbeddedRedis
+    from tangram_celery.transport.broker import EmbeddedRedis
 
     data = tmp_path / "redis"
     data.mkdir(mode=0o755)
@@ -54,8 +54,8 @@ def test_a_port_taken_between_the_check_and_the_start_is_replaced(tmp_path: Path
 
     import redis
 
-    from tangram_celery.broker import EmbeddedRedis
-    from tangram_celery.errors import BrokerError
+    from tangram_celery.common.errors import BrokerError
+    from tangram_celery.transport.broker import EmbeddedRedis
 
     data = tmp_path / "redis"
     first = EmbeddedRedis(data, keep_address=True)

@@ -187,7 +187,7 @@ def test_redis_killed_and_restarted_loses_nothing(deployment, client, tmp_path: 
     assert all(r.status is ActionStatus.OK for r in results)
     assert sorted(executed) == list(range(n)), "an action was lost"
     # No worker stopped on the way (kombu's close of a lost connection used to stop the one
-    # holding unacknowledged messages: tangram_celery/kombu_redis.py).
+    # holding unacknowledged messages: tangram_celery/transport/kombu_redis.py).
     restarted = {name: len(c.restarts) for name, c in deployment.children.items() if c.restarts}
     assert not restarted, restarted
     # And the system still serves new work.
@@ -225,7 +225,7 @@ def test_an_embedded_redis_that_dies_is_started_again(deployment, client, tmp_pa
 def test_a_redis_restart_keeps_the_cpu_worker_and_its_sandboxes(deployment, client) -> None:
     """Given a CPU action running (its Celery message not yet acknowledged: late acks) when
     Redis is SIGKILLed and restarted from its AOF, then the CPU worker does not stop (kombu's
-    close of the lost connection used to stop it: tangram_celery/kombu_redis.py), the action
+    close of the lost connection used to stop it: tangram_celery/transport/kombu_redis.py), the action
     completes once, and the trajectory keeps its sandbox: its files are there and nothing says
     `sandbox_reset`."""
     tid = "keeps-its-files"
@@ -295,7 +295,7 @@ def test_a_client_of_the_last_run_carries_on_after_tangram_up_restarts(tmp_path:
     import threading
 
     from tangram_celery import TangramClient
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
     from tests.fixtures.redis import deployment_config
 
@@ -344,7 +344,7 @@ def test_a_flower_that_dies_is_started_again(tmp_path: Path) -> None:
     import urllib.error
     import urllib.request
 
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
     from tests.fixtures.redis import deployment_config
 
@@ -436,7 +436,7 @@ def test_without_flower_workers_send_task_events_only_once_a_monitor_enables_the
     sends every few seconds), then the next actions' tasks show up as events."""
     import threading
 
-    from tangram_celery.app import make_app
+    from tangram_celery.transport.app import make_app
 
     app = make_app(deployment.url)
     seen: list[str] = []

@@ -25,7 +25,7 @@ from tests.fixtures.triton import reward_deps_missing
 @pytest.fixture
 def flower_deployment(tmp_path: Path) -> Iterator[Any]:
     """CPU, API and GPU pools (the GPU node's Triton serves a tiny model the deployment builds)."""
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
 
     missing = reward_deps_missing()
@@ -111,7 +111,7 @@ def test_flower_requires_login_and_shows_workers_tasks_and_queues(
     shows the messages waiting in it; screenshot saved), the workers of every pool appear, and
     the tasks page names each action's kind and trajectory, so that an action can be found."""
     from tangram_celery import ApiAction, CodeAction, RewardAction, TangramClient
-    from tangram_celery.app import make_app
+    from tangram_celery.transport.app import make_app
 
     dep = flower_deployment
     from playwright.sync_api import Error as BrowserError

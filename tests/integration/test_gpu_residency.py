@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 def _config(tmp_path: Path) -> Any:
-    from tangram_celery.config import parse_config
+    from tangram_celery.common.config import parse_config
 
     return parse_config(
         {
@@ -47,8 +47,8 @@ def test_warm_up_residency_reaches_the_scheduler_and_steers_placement(redis_url:
     first free GPU, 0) and the two sims go to GPU 0 as one batch of 2; each message's argsrepr
     names its kind and trajectory. A malformed residency report is ignored."""
     from scheduler.service import SchedulerService
-    from tangram_celery.actions import RewardAction
-    from tangram_celery.client import TangramClient
+    from tangram_celery.client.sync import TangramClient
+    from tangram_celery.common.actions import RewardAction
     from tangram_celery.store import EVENTS, Store
 
     cfg = _config(tmp_path)

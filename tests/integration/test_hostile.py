@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest, inside
 from tests.fixtures.common import unavailable
 from tests.fixtures.docker import SMALL_LIMITS

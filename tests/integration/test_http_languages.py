@@ -27,8 +27,8 @@ def test_verl_scores_cpp_and_java_and_an_unoffered_language_is_refused(
     """verl's check_correctness over /run_code: C++ and Java references pass, broken ones fail,
     compile errors are -4; rust, not offered here, is refused with 400 and by the client."""
     from tangram_celery import TangramClient
-    from tangram_celery.actions import CodeAction
-    from tangram_celery.errors import ActionRejected
+    from tangram_celery.common.actions import CodeAction
+    from tangram_celery.common.errors import ActionRejected
 
     verl = verl_sandbox_utils()
     url = http_deployment.http_url + "/run_code"

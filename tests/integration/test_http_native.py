@@ -265,7 +265,7 @@ def test_a_restarted_stack_keeps_its_http_url(tmp_path: Path) -> None:
     import socket
 
     import tangram_celery.deploy as deploy
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tests.fixtures.redis import deployment_config
 
     path = deployment_config(tmp_path, nodes={"cpu": []})

@@ -171,9 +171,9 @@ def test_failed_start_leaves_nothingrunning(tmp_path: Path, monkeypatch: pytest.
     """Given a CPU worker that cannot open a sandbox (no launcher here, as on a fresh machine
     without bubblewrap or root), when a deployment starts, then the start fails naming the reason
     and every process it had started (Redis, scheduler, API worker) is gone."""
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
+    from tangram_celery.common.errors import TangramError
     from tangram_celery.deploy import Deployment
-    from tangram_celery.errors import TangramError
 
     monkeypatch.setenv("TANGRAM_PRETEND_MISSING", "bwrap,builtin,docker")
     path = write_config(tmp_path, {"backend": "namespace"})

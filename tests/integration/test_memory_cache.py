@@ -205,7 +205,7 @@ def test_a_restarted_stack_does_not_start_without_memory(tmp_path: Path) -> None
     their reservations (their sandboxes died with the old workers), new trajectories run, and the
     old ones' next actions say sandbox_reset."""
     from tangram_celery import TangramClient
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
     from tests.fixtures.redis import deployment_config
 

@@ -80,7 +80,7 @@ def test_actions_cross_hosts_and_survive_a_worker_host_cut_off(hosts: Hosts, tmp
     """Given Redis, the scheduler, workers a and b and the client on five hosts, when host b is
     cut off while trajectories run on both workers, then every action completes exactly once
     with the right output: b's trajectories are re-routed to a."""
-    from tangram_celery.broker import EmbeddedRedis
+    from tangram_celery.transport.broker import EmbeddedRedis
 
     require_sandbox(SANDBOX)
     config = _config(tmp_path)

@@ -18,7 +18,7 @@ def test_deploy_status_attach_undeploy(tmp_path: Path, tiny_models: dict[str, Pa
     from reward_servers.cli import main
     from reward_servers.service import RewardService
     from reward_servers.triton import pid_alive
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
 
     data = reward_config_dict(tmp_path / "state", tiny_models)
     data["reward_models"] = [m for m in data["reward_models"] if m["name"] in ("rm", "math")]

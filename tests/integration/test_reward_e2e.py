@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 def gpu_deployment(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[Any]:
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
 
     # no warm-up: these tests are about loading on demand (test_warm_start.py covers warm-up)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus, TestCase
+from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.sandbox import ExecRequest
 from tests.integration.test_hostile import healthy
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus, TestCase
+from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.sandbox import ExecRequest
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import COMPILED_LANGUAGES, ActionStatus, TestCase
+from tangram_celery.common.actions import COMPILED_LANGUAGES, ActionStatus, TestCase
 from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.docker import SMALL_LIMITS
 from tests.fixtures.sandbox import require_sandbox
@@ -24,7 +24,7 @@ _seq = itertools.count()
 @pytest.fixture(scope="module")
 def box(toolchains: list[str]) -> Iterator[Any]:
     """One namespace-backend sandbox for the module (each test its own trajectory)."""
-    from tangram_celery.config import SandboxConfig
+    from tangram_celery.common.config import SandboxConfig
     from tangram_celery.sandbox import open_sandbox
 
     settings: dict[str, Any] = {"backend": "namespace", **SMALL_LIMITS}

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WORKER_SCRIPT = """
 import os, sys, time
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, SandboxScope, open_sandbox
 cfg = SandboxConfig.model_validate_json(sys.argv[1])
 box = open_sandbox(cfg, SandboxScope(sys.argv[2]))
@@ -72,7 +72,7 @@ def test_restarted_namespace_worker_removes_previous_incarnation(tmp_path: Path)
     holding a process), and another deployment's leftover on the same machine, when a worker
     of the same deployment and node starts, then it kills and removes its predecessor's
     leftovers before serving and leaves the other deployment's alone."""
-    from tangram_celery.config import SandboxConfig
+    from tangram_celery.common.config import SandboxConfig
     from tangram_celery.sandbox import ExecRequest, open_sandbox
     from tangram_celery.sandbox.cgroups import CgroupSet
 
@@ -124,7 +124,7 @@ def test_restarted_docker_worker_removes_previous_incarnation(docker_engine: str
     starts, then the predecessor's container is gone before it serves and the other is kept."""
     import docker
 
-    from tangram_celery.config import SandboxConfig
+    from tangram_celery.common.config import SandboxConfig
     from tangram_celery.sandbox import ExecRequest, open_sandbox
 
     sandbox = {"backend": "docker", "docker_host": docker_engine}
@@ -186,7 +186,7 @@ def test_docker_containers_do_not_outlive_a_killed_worker(docker_engine: str, tm
 
 STARTER_SCRIPT = """
 import sys
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, SandboxScope, open_sandbox
 cfg = SandboxConfig.model_validate_json(sys.argv[1])
 box = open_sandbox(cfg, SandboxScope(sys.argv[2]))
@@ -252,7 +252,7 @@ def test_no_runner_outlives_a_worker_killed_while_sandboxes_start(launcher: str)
 
 DIE_SCRIPT = """
 import os, signal, sys
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, SandboxScope, open_sandbox
 cfg = SandboxConfig.model_validate_json(sys.argv[1])
 box = open_sandbox(cfg, SandboxScope(sys.argv[2]))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.docker import namespace_sandbox
 from tests.integration.lifecycle_support import is_sandbox_runner, status_field

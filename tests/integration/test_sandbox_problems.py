@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import LANGUAGES, ActionStatus
+from tangram_celery.common.actions import LANGUAGES, ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.problems import Problem, all_problems
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.docker import namespace_sandbox
 
@@ -193,7 +193,7 @@ print((procs(os.getuid() + 1), procs(os.getuid()), sorted(os.listdir('/work')), 
 
 
 def with_test(code: str) -> ExecRequest:
-    from tangram_celery.actions import TestCase
+    from tangram_celery.common.actions import TestCase
 
     r = req(code)
     r.test_cases = [TestCase(name="t", assert_code="assert f() == 1")]
@@ -319,7 +319,7 @@ def test_a_verifier_a_test_left_large_retires_after_that_test(box: Any) -> None:
     """Given a verifier of a group whose test left 72 MiB allocated in it (a module of the
     test's own; `_tangram_verifier.MAX_RSS_MB` is 64), when that test is done, then its verdict
     stands, the verifier has ended, and the next test gets a new one, which stays."""
-    from tangram_celery.actions import TestCase
+    from tangram_celery.common.actions import TestCase
 
     def grouped(code: str, test: str | None = None) -> ExecRequest:
         r = in_group(req(code), "job:a")

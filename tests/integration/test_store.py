@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from tangram_celery.common.wire import Completion, EventStatus
 from tangram_celery.store import Store, akey, nkey
-from tangram_celery.wire import Completion, EventStatus
 
 pytestmark = pytest.mark.integration
 OK = Completion(status=EventStatus.OK)
@@ -57,7 +57,7 @@ def test_resubmitting_the_same_action_is_idempotent(redis_url: str) -> None:
 def test_submit_is_refused_with_admission_error_when_redis_memory_is_high(redis_url: str) -> None:
     """With Redis above the admission share of its maxmemory, submit raises AdmissionError and
     enqueues nothing; once memory is back under it, submits go through again."""
-    from tangram_celery.errors import AdmissionError
+    from tangram_celery.common.errors import AdmissionError
 
     store = Store(redis_url)
     used = int(store.r.info("memory")["used_memory"])
@@ -76,7 +76,7 @@ def test_submit_is_refused_with_admission_error_when_redis_memory_is_high(redis_
 
 def test_an_oom_refusal_from_redis_itself_is_an_admission_error(redis_url: str) -> None:
     """When Redis refuses the write at its ceiling (noeviction), submit raises AdmissionError."""
-    from tangram_celery.errors import AdmissionError
+    from tangram_celery.common.errors import AdmissionError
 
     store = Store(redis_url)
     old = store.r.config_get("maxmemory")["maxmemory"]
@@ -111,7 +111,7 @@ def test_completion_drops_the_payload_but_resubmission_stays_idempotent(redis_ur
     store.complete("d1", '{"status": "ok"}', OK)
     assert not store.r.hexists(akey("d1"), "payload")
     store.submit([("d1", "{}", '{"p": 1}')], max_queued=0)  # no error: same digest
-    from tangram_celery.errors import ActionRejected
+    from tangram_celery.common.errors import ActionRejected
 
     with pytest.raises(ActionRejected):
         store.submit([("d1", "{}", '{"p": 2}')], max_queued=0)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.admission import cancelled_result
+from tangram_celery.common.admission import cancelled_result
+from tangram_celery.common.wire import ActionMeta, AllocationWire, Completion, DispatchRecord, EventStatus
 from tangram_celery.store import EVENTS, INTAKE, Store, akey, nkey
-from tangram_celery.wire import ActionMeta, AllocationWire, Completion, DispatchRecord, EventStatus
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def test_an_action_sent_back_to_the_queue_after_a_dispatch_is_not_cancelled(redi
 
 def _scheduler(redis_url: str, tmp_path: Path) -> Any:
     from scheduler.service import SchedulerService
-    from tangram_celery.config import parse_config
+    from tangram_celery.common.config import parse_config
 
     cfg = parse_config(
         {
@@ -116,8 +116,8 @@ def _celery_messages(store: Store) -> int:
 def test_the_scheduler_drops_an_action_cancelled_while_it_waits(redis_url: str, tmp_path: Path) -> None:
     """An action in the scheduler's waiting queue (no free core) that is cancelled leaves the
     queue on the cancel event, frees its trajectory's count, and is never sent to a worker."""
-    from tangram_celery.actions import CodeAction
-    from tangram_celery.client import TangramClient
+    from tangram_celery.client.sync import TangramClient
+    from tangram_celery.common.actions import CodeAction
 
     svc, cfg = _scheduler(redis_url, tmp_path)
     store = Store(redis_url)
@@ -139,8 +139,8 @@ def test_a_cancel_between_decision_and_dispatch_sends_nothing(redis_url: str, tm
     """The policy chose an action, then its caller cancelled it before the scheduler persisted
     the allocation: the dispatch script skips it, its cores are given back, no message is sent,
     and the next action gets the cores."""
-    from tangram_celery.actions import CodeAction
-    from tangram_celery.client import TangramClient
+    from tangram_celery.client.sync import TangramClient
+    from tangram_celery.common.actions import CodeAction
 
     svc, cfg = _scheduler(redis_url, tmp_path)
     store = Store(redis_url)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import CodeAction
+from tangram_celery.common.actions import CodeAction
 
 pytestmark = pytest.mark.integration
 
@@ -50,8 +50,8 @@ def test_a_sharer_runs_beside_the_holder_of_its_core_at_a_lower_weight(sandbox_b
     to core 0; while it runs its sandbox's CPU weight is a quarter of the default and the
     holder's the default; after it, its weight is the default again, and its result says how
     much CPU time it used."""
-    from tangram_celery.config import SandboxConfig
-    from tangram_celery.wire import TaskOrder
+    from tangram_celery.common.config import SandboxConfig
+    from tangram_celery.common.wire import TaskOrder
     from tangram_celery.workers.cpu import CpuHandler
 
     handler = CpuHandler(sandbox_backend, SandboxConfig(backend="namespace"))

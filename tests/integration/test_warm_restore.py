@@ -42,12 +42,12 @@ def test_an_idle_gpu_node_gets_a_warm_restore_and_the_next_call_finds_it(
     goes to that chunk and is scored with no on-demand load."""
     from reward_servers.naming import replica_name
     from scheduler.service import SchedulerService
-    from tangram_celery.actions import RewardAction
-    from tangram_celery.client import TangramClient
-    from tangram_celery.config import parse_config
-    from tangram_celery.errors import RewardServerError
+    from tangram_celery.client.sync import TangramClient
+    from tangram_celery.common.actions import RewardAction
+    from tangram_celery.common.config import parse_config
+    from tangram_celery.common.errors import RewardServerError
+    from tangram_celery.common.wire import GpuWarm
     from tangram_celery.store import Store
-    from tangram_celery.wire import GpuWarm
     from tangram_celery.workers.base import WorkerRuntime
     from tangram_celery.workers.gpu import GpuHandler
     from tests.fixtures.common import unavailable

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture
 def fresh_gpu_deployment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[tuple[Any, str]]:
     """Two models that each fill a GPU of a 2-GPU node: warm-up puts `a` on GPU 0, `b` on GPU 1."""
-    from tangram_celery.config import load_config
+    from tangram_celery.common.config import load_config
     from tangram_celery.deploy import Deployment
 
     missing = reward_deps_missing()

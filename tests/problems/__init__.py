@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tangram_celery.actions import TestCase
+from tangram_celery.common.actions import TestCase
 
 HERE = Path(__file__).resolve().parent
 BROKEN_FILE = HERE / "broken.json"

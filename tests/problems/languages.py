@@ -4,7 +4,7 @@ limit) for the per-language sandbox tests."""
 
 from __future__ import annotations
 
-from tangram_celery.actions import TestCase
+from tangram_celery.common.actions import TestCase
 
 # The same two problems in every language: the sum of the numbers on stdin (broken: drops the
 # last one) and the word count of stdin's first line (broken: counts separators instead).

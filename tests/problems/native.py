@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tangram_celery.actions import TestCase
+from tangram_celery.common.actions import TestCase
 
 _C_HEAD = "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
 

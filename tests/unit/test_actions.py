@@ -5,9 +5,9 @@ from pydantic import ValidationError
 
 from scheduler.model import ResourceKind
 from scheduler.service.cluster import to_queued
-from tangram_celery.actions import ApiAction, CodeAction, RewardAction, TestCase
-from tangram_celery.config import parse_config
-from tangram_celery.wire import ActionMeta, PoolView
+from tangram_celery.common.actions import ApiAction, CodeAction, RewardAction, TestCase
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.wire import ActionMeta, PoolView
 
 action_meta = ActionMeta.of
 
@@ -91,8 +91,8 @@ def test_the_pool_view_refuses_what_can_never_run() -> None:
 def test_admission_rejects_malformed_reward_inputs_before_enqueue() -> None:
     """A reward action whose inputs do not fit its model's backend is refused at admission (the
     check both clients make); a fitting one is admitted with its metadata."""
-    from tangram_celery.admission import admit
-    from tangram_celery.errors import ActionRejected
+    from tangram_celery.common.admission import admit
+    from tangram_celery.common.errors import ActionRejected
 
     view = PoolView.of(CFG)
     bad = RewardAction(trajectory_id="t", model="rm", inputs={"colour": "blue"})
@@ -113,8 +113,8 @@ def _deep(n: int) -> object:
 def test_deeply_nested_requests_are_rejected_at_submit_not_in_serialisation() -> None:
     """An API request or reward inputs nested 300 levels deep is an ActionRejected with a reason
     (not a serialiser's recursion error); 50 levels pass the model and exceed the default cap."""
-    from tangram_celery.admission import coerce_action, payload_errors
-    from tangram_celery.errors import ActionRejected
+    from tangram_celery.common.admission import coerce_action, payload_errors
+    from tangram_celery.common.errors import ActionRejected
 
     with pytest.raises(ActionRejected, match="nested deeper"):
         coerce_action({"type": "api", "trajectory_id": "t", "api": "calc", "request": {"x": _deep(300)}})
@@ -125,8 +125,8 @@ def test_deeply_nested_requests_are_rejected_at_submit_not_in_serialisation() ->
 def test_payload_caps_count_bytes_and_name_the_limit() -> None:
     """Code is capped in UTF-8 bytes (not characters); stdin, the number and size of files and
     each test case's fields are capped too; each refusal names the `limits.` key to raise."""
-    from tangram_celery.admission import payload_errors
-    from tangram_celery.config import LimitsConfig
+    from tangram_celery.common.admission import payload_errors
+    from tangram_celery.common.config import LimitsConfig
 
     lim = LimitsConfig(max_code_bytes=1024, max_stdin_bytes=10, max_files=2, max_test_field_bytes=1024)
     wide = "\u00e9" * 600  # 600 characters, 1200 bytes

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tangram_celery.broker import expand_env
 from tangram_celery.cli import build_parser
-from tangram_celery.config import load_config
-from tangram_celery.errors import BrokerError
+from tangram_celery.common.config import load_config
+from tangram_celery.common.errors import BrokerError
+from tangram_celery.transport.broker import expand_env
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"

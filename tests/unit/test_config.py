@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery.config import default_config_path, load_config, parse_config
-from tangram_celery.errors import ConfigError
+from tangram_celery.common.config import default_config_path, load_config, parse_config
+from tangram_celery.common.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

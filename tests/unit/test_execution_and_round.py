@@ -15,8 +15,8 @@ from scheduler.round import Round
 from scheduler.sim import ClusterSpec, build
 from scheduler.sim.cluster import ExecParams
 from scheduler.sim.engine import Simulator
-from tangram_celery.config import parse_config
-from tangram_celery.errors import ConfigError
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

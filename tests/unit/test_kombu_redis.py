@@ -1,4 +1,4 @@
-"""The patches to kombu's Redis transport (tangram_celery.kombu_redis)."""
+"""The patches to kombu's Redis transport (tangram_celery.transport.kombu_redis)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import redis
 from kombu.transport import redis as kombu_redis
 
-from tangram_celery.kombu_redis import reuse_channel_client
+from tangram_celery.transport.kombu_redis import reuse_channel_client
 
 pytestmark = pytest.mark.unit
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery.actions import COMPILED_LANGUAGES, LANGUAGES, CodeAction
-from tangram_celery.config import parse_config
+from tangram_celery.common.actions import COMPILED_LANGUAGES, LANGUAGES, CodeAction
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.wire import ActionMeta, PoolView
 from tangram_celery.sandbox import languages
 from tangram_celery.sandbox.inside import _tangram_build as build
 from tangram_celery.sandbox.inside import _tangram_langs as langs
 from tangram_celery.store.client_side import languages_of
-from tangram_celery.wire import ActionMeta, PoolView
 
 pytestmark = pytest.mark.unit
 

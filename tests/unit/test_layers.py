@@ -23,21 +23,21 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = {
-    "tangram_celery.errors",
-    "tangram_celery.config",
-    "tangram_celery.config_front",
-    "tangram_celery.actions",
-    "tangram_celery.admission",
-    "tangram_celery.wire",
+    "tangram_celery.common.errors",
+    "tangram_celery.common.config",
+    "tangram_celery.common.config_front",
+    "tangram_celery.common.actions",
+    "tangram_celery.common.admission",
+    "tangram_celery.common.wire",
     "tangram_celery.store",
-    "tangram_celery.app",
-    "tangram_celery.metrics",
-    "tangram_celery.broker",
-    "tangram_celery.lifeline",
+    "tangram_celery.transport.app",
+    "tangram_celery.common.metrics",
+    "tangram_celery.transport.broker",
+    "tangram_celery.common.lifeline",
 }
 ROOF = {
-    "tangram_celery.client",
-    "tangram_celery.aclient",
+    "tangram_celery.client.sync",
+    "tangram_celery.client.aio",
     "tangram_celery.workers",
     "tangram_celery.cli",
     "tangram_celery.web",

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import CodeAction, TestCase
+from tangram_celery.common.actions import CodeAction, TestCase
+from tangram_celery.common.wire import CoreLoan, GpuWarm, TaskOrder
 from tangram_celery.testing import sent_messages
-from tangram_celery.wire import CoreLoan, GpuWarm, TaskOrder
 from tests.unit.test_service_loop import Harness, config
 
 pytestmark = pytest.mark.unit

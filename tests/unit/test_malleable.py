@@ -122,9 +122,9 @@ def test_a_suite_of_test_cases_is_malleable_and_a_script_is_not() -> None:
     """Given code actions with cpus '1..8', when queued, then the one carrying test cases is
     malleable (its runner can take workers mid-run) and a plain script (`pytest -n K`) is not."""
     from scheduler.service.cluster import to_queued
-    from tangram_celery.actions import CodeAction, TestCase
-    from tangram_celery.config import TangramConfig
-    from tangram_celery.wire import ActionMeta
+    from tangram_celery.common.actions import CodeAction, TestCase
+    from tangram_celery.common.config import TangramConfig
+    from tangram_celery.common.wire import ActionMeta
 
     cfg = TangramConfig.model_validate({"nodes": {"cpu": [{"name": "n", "cores": 16, "memory_mb": 8192}]}})
     suite = CodeAction(

@@ -1,4 +1,4 @@
-"""A process whose metrics port is taken keeps serving its pool (tangram_celery.metrics.serve)."""
+"""A process whose metrics port is taken keeps serving its pool (tangram_celery.common.metrics.serve)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tangram_celery import metrics
+from tangram_celery.common import metrics
 
 pytestmark = pytest.mark.unit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.service.cluster import to_queued
-from tangram_celery.actions import ActionResult, ActionStatus, ApiAction, CodeAction
-from tangram_celery.config import TangramConfig
-from tangram_celery.wire import ActionMeta
+from tangram_celery.common.actions import ActionResult, ActionStatus, ApiAction, CodeAction
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.wire import ActionMeta
 
 
 @pytest.mark.unit

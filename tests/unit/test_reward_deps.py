@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from reward_servers._deps import check_serving
-from tangram_celery.config import parse_config
-from tangram_celery.errors import RewardServerError
+from reward_servers.backends.deps import check_serving
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.errors import RewardServerError
 
 pytestmark = pytest.mark.unit
 

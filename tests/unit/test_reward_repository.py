@@ -8,7 +8,7 @@ import pytest
 
 from reward_servers.naming import parse_name, replica_name
 from reward_servers.repository import build_repository
-from tangram_celery.config import GpuNodeConfig, RewardModelConfig
+from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig
 
 pytestmark = pytest.mark.unit
 

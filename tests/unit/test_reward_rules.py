@@ -7,7 +7,7 @@ import pytest
 from reward_servers.backends import input_errors
 from reward_servers.backends.rules import exact_match, math_equiv, to_number
 from reward_servers.service import validate_request
-from tangram_celery.config import parse_config
+from tangram_celery.common.config import parse_config
 
 pytestmark = pytest.mark.unit
 

@@ -28,10 +28,10 @@ from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
 from scheduler.sim.engine import Simulator
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
-from tangram_celery.actions import ActionResult, ActionStatus
-from tangram_celery.config import parse_config
+from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.wire import ActionMeta, Completion, EventStatus, TaskOrder
 from tangram_celery.testing import memory_app, memory_store, sent_messages
-from tangram_celery.wire import ActionMeta, Completion, EventStatus, TaskOrder
 
 pytestmark = pytest.mark.unit
 

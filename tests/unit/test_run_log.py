@@ -8,8 +8,8 @@ import pytest
 
 from scheduler.model import Allocation, CostVector, QueuedAction, ResourceKind
 from scheduler.service.record import RunRecorder
+from tangram_celery.common.wire import Completion, EventStatus
 from tangram_celery.report import load_log
-from tangram_celery.wire import Completion, EventStatus
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery.actions import ActionStatus, TestCase
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.actions import ActionStatus, TestCase
+from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.cgroups import CgroupSet, _field
 from tangram_celery.sandbox.inside._tangram_suite import rewrite

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler.service import sandboxes
 from scheduler.service.sandboxes import Report, SandboxBook, caller_trajectory, is_one_shot, one_shot_key
-from tangram_celery.wire import SandboxOrder
+from tangram_celery.common.wire import SandboxOrder
 
 
 @pytest.mark.unit

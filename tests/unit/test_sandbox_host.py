@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery import lifeline
-from tangram_celery.errors import SandboxError
+from tangram_celery.common import lifeline
+from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.docker import container_name
 from tangram_celery.sandbox.link import RunnerGone, call_runner
 from tangram_celery.sandbox.stage import SandboxScope, Stage, scope_of
@@ -103,7 +103,7 @@ def test_exec_wrapper_refuses_to_run_for_a_dead_parent() -> None:
 def test_child_of_tangram_up_exits_when_its_parent_is_already_gone() -> None:
     """A Python child started by `tangram up` whose parent died before it armed itself exits
     at once instead of running as an orphan."""
-    code = "from tangram_celery.lifeline import arm_from_env; arm_from_env(); print('ran')"
+    code = "from tangram_celery.common.lifeline import arm_from_env; arm_from_env(); print('ran')"
     env = dict(os.environ, **{lifeline.PARENT_ENV: "1"})
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert (res.returncode, res.stdout) == (lifeline.EXIT_ORPHANED, "")

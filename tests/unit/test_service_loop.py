@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from scheduler.service import SchedulerService
-from tangram_celery.actions import ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
-from tangram_celery.admission import cancelled_result
-from tangram_celery.client import TangramClient
-from tangram_celery.config import TangramConfig, parse_config
+from tangram_celery.client.sync import TangramClient
+from tangram_celery.common.actions import ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
+from tangram_celery.common.admission import cancelled_result
+from tangram_celery.common.config import TangramConfig, parse_config
+from tangram_celery.common.wire import ChunkServices, Completion, EventStatus, TaskOrder
 from tangram_celery.store import EVENTS, INTAKE, RUNNING, WORKER_POOLS, WORKERS, Store, akey
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
-from tangram_celery.wire import ChunkServices, Completion, EventStatus, TaskOrder
 
 pytestmark = pytest.mark.unit
 

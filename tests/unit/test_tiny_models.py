@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from reward_servers.tiny_models import missing_builds
-from tangram_celery.config import parse_config
+from tangram_celery.common.config import parse_config
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionResult, ActionStatus, CodeAction
+from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction
+from tangram_celery.common.wire import TaskOrder
 from tangram_celery.testing import sent_messages
-from tangram_celery.wire import TaskOrder
 from tangram_celery.workers.base import WorkerRuntime
 from tangram_celery.workers.turns import CoreTurns, turn_key
 

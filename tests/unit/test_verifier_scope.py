@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionStatus, CodeAction
-from tangram_celery.config import SandboxConfig
+from tangram_celery.common.actions import ActionStatus, CodeAction
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.common.wire import TaskOrder
 from tangram_celery.sandbox import ExecRequest, ExecResult
-from tangram_celery.wire import TaskOrder
 from tangram_celery.workers.cpu import CpuHandler
 
 

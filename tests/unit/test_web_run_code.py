@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.actions import ActionResult, ActionStatus
-from tangram_celery.config import parse_config
-from tangram_celery.errors import BrokerError, ResultTimeout
+from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.errors import BrokerError, ResultTimeout
 
 pytestmark = pytest.mark.unit
 pytest.importorskip("fastapi")

@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tangram_celery.actions import ActionStatus, CodeAction, RewardAction
-from tangram_celery.wire import (
+from tangram_celery.common.actions import ActionStatus, CodeAction, RewardAction
+from tangram_celery.common.wire import (
     ActionMeta,
     ChunkServices,
     Completion,

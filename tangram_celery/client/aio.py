@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aredis
 
-from tangram_celery.actions import ActionResult, new_id
-from tangram_celery.admission import (
+from tangram_celery.common.actions import ActionResult, new_id
+from tangram_celery.common.admission import (
     LANGUAGES_TTL_S,
     AnyAction,
     admit,
@@ -35,9 +35,15 @@ from tangram_celery.admission import (
     coerce_action,
     limits_from_view,
 )
-from tangram_celery.broker import resolve_url
-from tangram_celery.config import TangramConfig, load_config
-from tangram_celery.errors import ActionRejected, AdmissionError, BrokerError, ResultTimeout, TangramError
+from tangram_celery.common.config import TangramConfig, load_config
+from tangram_celery.common.errors import (
+    ActionRejected,
+    AdmissionError,
+    BrokerError,
+    ResultTimeout,
+    TangramError,
+)
+from tangram_celery.common.wire import PoolView
 from tangram_celery.store import (
     CANCEL,
     CONFIG,
@@ -55,7 +61,7 @@ from tangram_celery.store import (
     notify_key,
     redact,
 )
-from tangram_celery.wire import PoolView
+from tangram_celery.transport.broker import resolve_url
 
 log = logging.getLogger("tangram.aclient")
 T = TypeVar("T")

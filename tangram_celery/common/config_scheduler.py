@@ -1,4 +1,4 @@
-"""The scheduler's settings (`scheduler:` in the deployment config, `tangram_celery.config`):
+"""The scheduler's settings (`scheduler:` in the deployment config, `tangram_celery.common.config`):
 its policy, intake bounds, duration priors, fair share, CPU riders and run log."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
-from tangram_celery.config_front import StrictModel
+from tangram_celery.common.config_front import StrictModel
 
 if TYPE_CHECKING:
     from scheduler.policies.base import Policy

@@ -1,5 +1,5 @@
 """The front door's settings: the HTTP server (`tangram serve`) and the caps on what one action
-may carry (checked at submit). Part of the deployment config (`tangram_celery.config`)."""
+may carry (checked at submit). Part of the deployment config (`tangram_celery.common.config`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tangram_celery.errors import ConfigError
+from tangram_celery.common.errors import ConfigError
 
 
 class StrictModel(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from tangram_celery.kombu_redis import guard_connparams, reuse_channel_client
+from tangram_celery.transport.kombu_redis import guard_connparams, reuse_channel_client
 
 TASK_CPU = "tangram.run_cpu"
 TASK_CPU_BATCH = "tangram.run_cpu_batch"  # [[action id, order], ...]: run one after another

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import redis
 
-from tangram_celery import lifeline
-from tangram_celery.config import TangramConfig
-from tangram_celery.errors import BrokerError
+from tangram_celery.common import lifeline
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import BrokerError
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from tangram_celery.errors import RewardServerError
+from tangram_celery.common.errors import RewardServerError
 
 if TYPE_CHECKING:
-    from tangram_celery.config import TangramConfig
+    from tangram_celery.common.config import TangramConfig
 
 # what serving a model on Triton needs, besides the model's own package
 SERVING_MODULES = ("torch", "transformers", "tritonclient", "pytriton")

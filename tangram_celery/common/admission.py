@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
 
-from tangram_celery.actions import (
+from tangram_celery.common.actions import (
     Action,
     ActionResult,
     ActionStatus,
@@ -23,9 +23,10 @@ from tangram_celery.actions import (
     RewardAction,
     json_depth,
 )
-from tangram_celery.config import LimitsConfig
-from tangram_celery.errors import ActionRejected
-from tangram_celery.wire import ActionMeta, PoolView
+from tangram_celery.common.config import LimitsConfig
+from tangram_celery.common.errors import ActionRejected
+from tangram_celery.common.reward_inputs import input_errors
+from tangram_celery.common.wire import ActionMeta, PoolView
 
 AnyAction = CodeAction | RewardAction | ApiAction
 # how long a client trusts the languages the CPU workers reported (a worker starting later, or
@@ -63,8 +64,6 @@ def admit(action: AnyAction, view: PoolView | None, limits: LimitsConfig, submit
     if view is not None:
         why = view.refusal(meta)
         if why is None and isinstance(action, RewardAction):
-            from reward_servers.backends import input_errors
-
             errors = input_errors(view.models[action.model].backend, action.inputs)
             why = f"inputs for {action.model!r}: " + "; ".join(errors) if errors else None
         if why is not None:

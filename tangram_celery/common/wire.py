@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tangram_celery.actions import ApiAction, CodeAction, RewardAction
-from tangram_celery.config import LimitsConfig, TangramConfig
+from tangram_celery.common.actions import ApiAction, CodeAction, RewardAction
+from tangram_celery.common.config import LimitsConfig, TangramConfig
 
 WIRE_VERSION = 1
 Chunk = tuple[int, ...]

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tangram_celery.actions import ActionResult
-from tangram_celery.admission import (
+from tangram_celery.common.actions import ActionResult
+from tangram_celery.common.admission import (
     LANGUAGES_TTL_S,
     AnyAction,
     admit,
@@ -24,11 +24,11 @@ from tangram_celery.admission import (
     coerce_action,
     limits_from_view,
 )
-from tangram_celery.broker import resolve_url
-from tangram_celery.config import LimitsConfig, TangramConfig, load_config
-from tangram_celery.errors import ActionRejected, ResultTimeout
+from tangram_celery.common.config import LimitsConfig, TangramConfig, load_config
+from tangram_celery.common.errors import ActionRejected, ResultTimeout
+from tangram_celery.common.wire import PoolView
 from tangram_celery.store import Store
-from tangram_celery.wire import PoolView
+from tangram_celery.transport.broker import resolve_url
 
 __all__ = ["ActionHandle", "AnyAction", "TangramClient"]
 

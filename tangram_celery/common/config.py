@@ -15,9 +15,14 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from scheduler.pools import numa_split
-from tangram_celery.config_front import HttpConfig, LimitsConfig, StrictModel, expand_env
-from tangram_celery.config_scheduler import CpuBatchConfig, FairShareConfig, PriorConfig, SchedulerConfig
-from tangram_celery.errors import ConfigError
+from tangram_celery.common.config_front import HttpConfig, LimitsConfig, StrictModel, expand_env
+from tangram_celery.common.config_scheduler import (
+    CpuBatchConfig,
+    FairShareConfig,
+    PriorConfig,
+    SchedulerConfig,
+)
+from tangram_celery.common.errors import ConfigError
 
 __all__ = [  # the front door's and the scheduler's models live in their own modules
     "CpuBatchConfig",
@@ -396,7 +401,7 @@ def load_config(path: str | os.PathLike[str]) -> TangramConfig:
 def default_config_path() -> Path:
     """configs/local.yaml in a checkout, else the copy shipped in the package."""
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "configs" / "local.yaml", here / "local.yaml"):
+    for cand in (here.parent.parent / "configs" / "local.yaml", here.parent / "local.yaml"):
         if cand.exists():
             return cand
     raise ConfigError("no configs/local.yaml found; pass --config FILE")
