@@ -1,5 +1,8 @@
 """Saving and rebuilding a `ClusterState`'s bookkeeping (`ClusterState.to_dict` / `restore`).
 
+It reads and writes only the books (`scheduler.cluster_books.ClusterBooks`, the state's base
+class), so `scheduler.resources` imports it and not the other way round.
+
 The live service rebuilds its state after a restart from what Redis holds (its dispatch
 records and pin records, `scheduler.service.recovery`) in this shape, and restores it onto a
 freshly built cluster.
@@ -7,16 +10,14 @@ freshly built cluster.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from scheduler.cluster_books import ClusterBooks
 from scheduler.model import Allocation, ResourceKind
-
-if TYPE_CHECKING:
-    from scheduler.pools import CpuNode, GpuNode
-    from scheduler.resources import ClusterState
+from scheduler.pools import CpuNode, GpuNode
 
 
-def snapshot(state: ClusterState) -> dict[str, Any]:
+def snapshot(state: ClusterBooks) -> dict[str, Any]:
     """What `restore` takes: pins, reservations, running allocations and their expected ends,
     and when each pinned trajectory was last used."""
     return {
@@ -29,7 +30,7 @@ def snapshot(state: ClusterState) -> dict[str, Any]:
     }
 
 
-def restore(state: ClusterState, d: dict[str, Any]) -> None:
+def restore(state: ClusterBooks, d: dict[str, Any]) -> None:
     """Re-apply saved bookkeeping onto a freshly built (all-free) cluster of the same shape:
     pins first, then each running allocation (units already held are a rider's), sharers of
     time-shared cores last."""
