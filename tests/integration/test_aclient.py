@@ -11,8 +11,6 @@ import pytest
 
 from tangram_celery.common.actions import ApiAction, CodeAction
 
-pytestmark = pytest.mark.integration
-
 BIG_API = {
     "apis": [
         {

@@ -15,8 +15,6 @@ import pytest
 from tangram_celery import ActionStatus, AdmissionError, ApiAction, TangramClient
 from tests.integration.conftest import RECORD_API
 
-pytestmark = pytest.mark.integration
-
 SLOW = {"name": "slow", "handler": "tests.integration.support:record", "max_concurrency": 1}
 
 

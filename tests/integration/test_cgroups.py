@@ -8,12 +8,8 @@ import subprocess
 import sys
 import uuid
 
-import pytest
-
 from tests.fixtures.common import unavailable
 from tests.fixtures.sandbox import require_sandbox
-
-pytestmark = pytest.mark.integration
 
 # burns CPU, then forks until the pids limit refuses
 CHILD = """

@@ -24,8 +24,6 @@ import pytest
 
 from tangram_celery.common.actions import CodeAction, TestCase
 
-pytestmark = pytest.mark.integration
-
 CASE = """import json, os, sys, time
 t0 = time.time()
 cores = sorted(os.sched_getaffinity(0))

@@ -20,8 +20,6 @@ import pytest
 from tangram_celery import ActionStatus, CodeAction
 from tests.fixtures.common import unavailable
 
-pytestmark = pytest.mark.integration
-
 NAMESPACE = {"backend": "namespace", "default_timeout_s": 10, "prewarm": 2}
 NODE = {"cpu": [{"name": "n0", "cores": 2, "memory_mb": 4096}]}
 

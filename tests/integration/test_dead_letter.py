@@ -6,10 +6,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.integration
-
 
 def test_malformed_intake_entries_are_dead_lettered_and_never_crash_the_scheduler(
     redis_url: str, tmp_path: Path

@@ -16,7 +16,7 @@ from tests.fixtures.common import unavailable
 from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_deps_missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def test_short_demo_uses_every_pool_and_loses_nothing(

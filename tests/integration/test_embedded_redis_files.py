@@ -11,8 +11,6 @@ import pytest
 
 from tests.fixtures.common import unavailable
 
-pytestmark = pytest.mark.integration
-
 
 def test_embedded_redis_files_are_owner_only(tmp_path: Path) -> None:
     """Given a data directory an older version left world-readable, when the embedded Redis

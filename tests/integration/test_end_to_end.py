@@ -15,8 +15,6 @@ import redis
 from tangram_celery import ActionRejected, ActionStatus, ApiAction, CodeAction, TestCase
 from tests.integration.conftest import RECORD_API
 
-pytestmark = pytest.mark.integration
-
 CALC_AND_RECORD = [
     {"name": "calc", "handler": "tangram_celery.apis.builtin:calculator", "max_concurrency": 4},
     RECORD_API,

@@ -100,7 +100,6 @@ def _queue_rows(page: Any) -> dict[str, str]:
     return {r[0]: r[1] for r in rows if len(r) > 1}
 
 
-@pytest.mark.integration
 @pytest.mark.slow
 def test_flower_requires_login_and_shows_workers_tasks_and_queues(
     flower_deployment: Any, browser: Any, tmp_path: Path

@@ -13,10 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytestmark = pytest.mark.integration
-
 
 def _config(tmp_path: Path) -> Any:
     from tangram_celery.common.config import parse_config

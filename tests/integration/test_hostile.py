@@ -18,8 +18,6 @@ from tangram_celery.sandbox import ExecRequest, inside
 from tests.fixtures.common import unavailable
 from tests.fixtures.docker import SMALL_LIMITS
 
-pytestmark = pytest.mark.integration
-
 
 def tid() -> str:
     return "h-" + uuid.uuid4().hex[:10]

@@ -11,7 +11,6 @@ import requests
 
 from tests.integration.http_support import verl_sandbox_utils
 
-pytestmark = pytest.mark.integration
 sandbox_fusion = pytest.importorskip("sandbox_fusion")
 
 # pages written, so resident; over the sandbox default (512 MiB): SandboxFusion's client model

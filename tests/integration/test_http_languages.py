@@ -11,7 +11,6 @@ import requests
 from tests.integration.http_support import verl_sandbox_utils
 from tests.problems.languages import FAILING, language_problems
 
-pytestmark = pytest.mark.integration
 # rust left out on purpose: the deployment offers every other language
 OFFERED = ["python", "bash", "c", "cpp", "nodejs", "go", "java"]
 CASES = {"inputs": ["3\n1 2 3\n", "1\n-7\n"], "outputs": ["6\n", "-7\n"]}

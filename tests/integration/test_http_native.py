@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import requests
 
-pytestmark = pytest.mark.integration
 pytest.importorskip("fastapi")
 
 RULE = {"reward_models": [{"name": "exact", "backend": "rule", "rule": "exact-match"}]}

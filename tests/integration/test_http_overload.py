@@ -13,8 +13,6 @@ import pytest
 from tangram_celery.store import Store, akey
 from tests.integration.http_support import run_log
 
-pytestmark = pytest.mark.integration
-
 
 def test_gate_cancels_what_cannot_start_and_refuses_a_full_intake(redis_url: str) -> None:
     """With no scheduler taking actions, a request is cancelled at its latest start and answered

@@ -27,7 +27,7 @@ from tests.integration.lifecycle_support import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def write_config(tmp: Path, sandbox: dict[str, Any]) -> Path:

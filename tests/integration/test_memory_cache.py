@@ -19,8 +19,6 @@ from tangram_celery import ActionStatus, ApiAction, CodeAction
 from tangram_celery.store import RESETS, TRAJ
 from tests.fixtures.common import unavailable
 
-pytestmark = pytest.mark.integration
-
 NAMESPACE = {"backend": "namespace", "default_timeout_s": 10, "prewarm": 2}
 
 

@@ -73,7 +73,6 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.hosts("redis", "sched", "a", "b", "client")
 def test_actions_cross_hosts_and_survive_a_worker_host_cut_off(hosts: Hosts, tmp_path: Path) -> None:

@@ -11,8 +11,6 @@ import pytest
 from tangram_celery import ActionStatus, ApiAction
 from tangram_celery.report import write_report
 
-pytestmark = pytest.mark.integration
-
 
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:

@@ -6,12 +6,8 @@ import time
 import uuid
 from typing import Any
 
-import pytest
-
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
-
-pytestmark = pytest.mark.integration
 
 LIST = "import os; print(sorted(f for f in os.listdir('.') if f != 'main.py'))"
 

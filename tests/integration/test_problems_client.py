@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tangram_celery import ActionStatus, CodeAction
 from tests.problems import all_problems
-
-pytestmark = pytest.mark.integration
 
 
 def test_problem_suite_through_the_client(client, toolchains: list[str]) -> None:

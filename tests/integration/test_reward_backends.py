@@ -6,8 +6,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 ROWS = [{"prompt": f"question {i}", "response": "the answer is " + "yes " * (i % 5)} for i in range(8)]
 
 

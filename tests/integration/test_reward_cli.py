@@ -5,12 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.fixtures.triton import reward_config_dict
-
-pytestmark = pytest.mark.integration
 
 
 def test_deploy_status_attach_undeploy(tmp_path: Path, tiny_models: dict[str, Path], capsys: Any) -> None:

@@ -23,7 +23,7 @@ import yaml
 from tests.fixtures.sandbox import require_sandbox
 from tests.fixtures.triton import reward_config_dict
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

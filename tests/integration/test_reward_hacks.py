@@ -14,8 +14,6 @@ from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.sandbox import ExecRequest
 from tests.integration.test_hostile import healthy
 
-pytestmark = pytest.mark.integration
-
 REFERENCE = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a - b\n"
 HUMANEVAL = (

@@ -11,8 +11,6 @@ import pytest
 from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.sandbox import ExecRequest
 
-pytestmark = pytest.mark.integration
-
 C_SUM = '#include <stdio.h>\nint main(void){long a,b; scanf("%ld %ld",&a,&b); printf("%ld\\n",a+b);}\n'
 
 

@@ -17,8 +17,6 @@ import pytest
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 
-pytestmark = pytest.mark.integration
-
 CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 

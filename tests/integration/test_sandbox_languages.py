@@ -16,7 +16,6 @@ from tests.fixtures.docker import SMALL_LIMITS
 from tests.fixtures.sandbox import require_sandbox
 from tests.problems.languages import FAILING, NEW_LANGUAGES, language_problems
 
-pytestmark = pytest.mark.integration
 COMPILE_S = 30.0  # javac / rustc need 1-2 s idle; this machine is shared and loaded
 _seq = itertools.count()
 

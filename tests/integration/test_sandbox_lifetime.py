@@ -26,7 +26,7 @@ from tests.integration.lifecycle_support import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 WORKER_SCRIPT = """

@@ -5,13 +5,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
-
 from tangram_celery.common.actions import LANGUAGES, ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.problems import Problem, all_problems
 
-pytestmark = pytest.mark.integration
 TIMEOUT_S = 10.0
 COMPILE_TIMEOUT_S = 30.0  # javac / rustc start slowly on a loaded 2-core machine (1-2 s idle)
 

@@ -14,8 +14,6 @@ from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.docker import namespace_sandbox
 
-pytestmark = pytest.mark.integration
-
 # The previous occupant: leaves processes, files (hidden, locked, in /tmp and /dev/shm),
 # symlinks to the runner's places, a chmod'ed workdir, and tries SysV/POSIX IPC and the runner.
 HOSTILE = r"""

@@ -10,7 +10,6 @@ import pytest
 from tangram_celery.common.wire import Completion, EventStatus
 from tangram_celery.store import Store, akey, nkey
 
-pytestmark = pytest.mark.integration
 OK = Completion(status=EventStatus.OK)
 
 

@@ -7,13 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tangram_celery.common.admission import cancelled_result
 from tangram_celery.common.wire import ActionMeta, AllocationWire, Completion, DispatchRecord, EventStatus
 from tangram_celery.store import EVENTS, INTAKE, Store, akey, nkey
-
-pytestmark = pytest.mark.integration
 
 
 def _submit(store: Store, action_id: str) -> None:

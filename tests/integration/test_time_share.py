@@ -25,8 +25,6 @@ import pytest
 
 from tangram_celery.common.actions import CodeAction
 
-pytestmark = pytest.mark.integration
-
 # spins on the CPU for `secs`, then reports its span and cores
 SPIN = """import json, os, time
 t0 = time.time()

@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 
 def test_failed_model_load_is_reported(reward_service: Any) -> None:
     """Given a model whose directory does not exist, when scored, then ModelLoadFailed says why and the server lives on."""

@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures.triton import reward_config_dict
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def _take(store: Any, queue: str) -> list[tuple[str, list[Any]]]:

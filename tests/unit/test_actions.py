@@ -11,7 +11,6 @@ from tangram_celery.common.wire import ActionMeta, PoolView
 
 action_meta = ActionMeta.of
 
-pytestmark = pytest.mark.unit
 
 CFG = parse_config(
     {

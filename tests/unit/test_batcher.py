@@ -7,8 +7,6 @@ import pytest
 
 from tangram_celery.workers.batcher import Batcher
 
-pytestmark = pytest.mark.unit
-
 
 def test_requests_waiting_together_go_as_one_call() -> None:
     """Given 8 concurrent requests for one model, the service sees one batched call and each

@@ -26,7 +26,6 @@ def region(template: str, body: str = "stale") -> str:
     return f"intro\n<!-- bench:begin\n{template}\n-->\n{body}\n<!-- bench:end -->\nafter\n"
 
 
-@pytest.mark.unit
 def test_a_region_is_rendered_from_its_template(tmp_path: Path, sources: report.Sources) -> None:
     """Given a region with value, expression, condition and input placeholders, when written,
     then its body holds the rendered figures and the template is kept."""
@@ -44,7 +43,6 @@ def test_a_region_is_rendered_from_its_template(tmp_path: Path, sources: report.
     assert report.process(md, sources, write=False) == (False, [])
 
 
-@pytest.mark.unit
 def test_a_figure_outside_a_region_has_no_source(tmp_path: Path, sources: report.Sources) -> None:
     """Given prose quoting 1.84x and a table cell 2.37, when checked, then both are errors with
     their line; the same figures in code, or in an inputs region, pass."""
@@ -60,7 +58,6 @@ def test_a_figure_outside_a_region_has_no_source(tmp_path: Path, sources: report
     ]
 
 
-@pytest.mark.unit
 def test_a_literal_figure_in_a_template_is_refused(tmp_path: Path, sources: report.Sources) -> None:
     """Given a template writing 4.24 s by hand, when processed, then it is refused and the file
     is not written."""
@@ -71,7 +68,6 @@ def test_a_literal_figure_in_a_template_is_refused(tmp_path: Path, sources: repo
     assert "stale" in md.read_text()
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("template", "message"),
     [
@@ -93,7 +89,6 @@ def test_a_placeholder_without_a_sound_source_fails(
     assert len(errors) == 1 and message in errors[0]
 
 
-@pytest.mark.unit
 def test_check_mode_reports_a_stale_region(tmp_path: Path, sources: report.Sources) -> None:
     """Given a region whose body is out of date, when run with --check, then it fails and leaves
     the file alone; without --check it rewrites it and then passes."""
@@ -107,7 +102,6 @@ def test_check_mode_reports_a_stale_region(tmp_path: Path, sources: report.Sourc
     assert "-->\n4.2 s\n" in md.read_text()
 
 
-@pytest.mark.unit
 def test_every_figure_in_the_readme_and_docs_comes_from_a_result_file() -> None:
     """Given the repository's README.md and docs/*.md, when checked, then every figure is rendered
     from a committed result file and up to date (run `make bench-report` after a benchmark)."""

@@ -6,8 +6,6 @@ import pytest
 
 from tangram_celery.apis.builtin import calculator
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize(
     "expr",

@@ -43,7 +43,6 @@ def _services() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())["services"]
 
 
-@pytest.mark.unit
 def test_every_tangram_service_command_is_accepted_by_the_cli() -> None:
     """Given each service that runs the image (entrypoint `tangram`), when its command is parsed
     by the real argument parser, then it parses, and worker nodes/APIs exist in the config."""
@@ -66,7 +65,6 @@ def test_every_tangram_service_command_is_accepted_by_the_cli() -> None:
     assert sorted(checked) == ["flower", "scheduler", "serve", "worker-api", "worker-cpu", "worker-gpu"]
 
 
-@pytest.mark.unit
 def test_the_example_config_validates_and_takes_its_secrets_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -87,7 +85,6 @@ def test_the_example_config_validates_and_takes_its_secrets_from_the_environment
     assert cfg.http.resolved_token() == "t0ken"
 
 
-@pytest.mark.unit
 def test_compose_security_defaults() -> None:
     """Redis requires a password and keeps an AOF, with the password on no command line (its
     own or the health check's); Flower requires one; Redis is published on TANGRAM_BIND, the
@@ -118,7 +115,6 @@ def test_compose_security_defaults() -> None:
     assert not any("seccomp" in o for o in services["worker-cpu"]["security_opt"])
 
 
-@pytest.mark.unit
 def test_the_dockerfile_copies_every_package_the_project_installs() -> None:
     """Given pyproject's package list, then the image build copies each of them."""
     text = (ROOT / "compose" / "Dockerfile").read_text()

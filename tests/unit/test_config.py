@@ -7,8 +7,6 @@ import pytest
 from tangram_celery.common.config import default_config_path, load_config, parse_config
 from tangram_celery.common.errors import ConfigError
 
-pytestmark = pytest.mark.unit
-
 
 def test_embedded_default_config_loads() -> None:
     """The shipped configs/local.yaml validates."""
@@ -54,7 +52,6 @@ def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
         load_config(bad)
 
 
-@pytest.mark.unit
 def test_rule_verifiers_need_a_cpu_node_and_model_servers_a_gpu_node() -> None:
     """Rule reward models run as CPU actions: a config with only rules and CPU nodes is valid;
     rules without CPU nodes, or a model without GPU nodes, are errors that say what to add."""

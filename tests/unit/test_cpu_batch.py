@@ -16,8 +16,6 @@ from scheduler.sim.scenarios import Scenario
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
 from tests.fixtures.sim import one_node
 
-pytestmark = pytest.mark.unit
-
 SPEC = CpuBatchSpec(max_actions=4, max_action_s=0.05, max_batch_s=0.2)
 
 

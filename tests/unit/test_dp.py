@@ -42,7 +42,6 @@ def _random_options(rng: random.Random, n: int, allowed: list[int]) -> list[list
     return out
 
 
-@pytest.mark.unit
 def test_cpu_dp_matches_brute_force() -> None:
     """Given random small CPU instances, when arranged, then the DP total equals brute force."""
     rng = random.Random(7)
@@ -64,7 +63,6 @@ def test_cpu_dp_matches_brute_force() -> None:
         )
 
 
-@pytest.mark.unit
 def test_gpu_buddy_dp_matches_brute_force() -> None:
     """Given random free GPU sets, when arranged on buddy chunks, then the DP equals brute force."""
     rng = random.Random(11)
@@ -87,7 +85,6 @@ def test_gpu_buddy_dp_matches_brute_force() -> None:
             assert _gpu_feasible(free, sorted(got[1], reverse=True))
 
 
-@pytest.mark.unit
 def test_gpu_buddy_take_splits_the_smallest_larger_chunk() -> None:
     """Given one free 8-chunk, when 2 GPUs are taken, then a 2-chunk and a 4-chunk stay free."""
     op = GpuBuddy((0, 0, 0, 1))

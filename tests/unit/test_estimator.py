@@ -8,7 +8,6 @@ from scheduler.estimator import DurationEstimator, Prior
 from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
 
 
-@pytest.mark.unit
 def test_prior_is_used_before_any_observation() -> None:
     """Given a prior, when nothing was observed, then the estimate is the prior."""
     est = DurationEstimator(priors={"tests": Prior(100.0, 0.9)})
@@ -17,7 +16,6 @@ def test_prior_is_used_before_any_observation() -> None:
     assert curve.p == pytest.approx(0.9)
 
 
-@pytest.mark.unit
 def test_observations_at_one_unit_pull_t1_towards_the_measurements() -> None:
     """Given a 10 s prior, when 50 runs of 20 s are observed, then T1 approaches 20 s."""
     est = DurationEstimator(priors={"shell": Prior(10.0)})
@@ -26,7 +24,6 @@ def test_observations_at_one_unit_pull_t1_towards_the_measurements() -> None:
     assert est.estimate("shell")[0] == pytest.approx(20.0, rel=0.15)
 
 
-@pytest.mark.unit
 def test_amdahl_fraction_is_fitted_from_two_unit_counts() -> None:
     """Given runs at 1 and 8 units from p=0.8, T1=50, when fitted, then T1 and p are recovered."""
     est = DurationEstimator(priors={"run": Prior(10.0, 0.0)}, prior_weight=0.01)
@@ -38,7 +35,6 @@ def test_amdahl_fraction_is_fitted_from_two_unit_counts() -> None:
     assert curve.p == pytest.approx(0.8, abs=0.05)
 
 
-@pytest.mark.unit
 def test_annotate_sets_duration_model_and_roundtrip_keeps_state() -> None:
     """Given observations, when saved and loaded, then annotate gives the same durations."""
     est = DurationEstimator(priors={"tests": Prior(100.0, 0.9)})
@@ -52,7 +48,6 @@ def test_annotate_sets_duration_model_and_roundtrip_keeps_state() -> None:
     assert a.duration_s(8) < a.duration_s(1)
 
 
-@pytest.mark.unit
 def test_samples_arriving_shortest_first_do_not_bias_the_mean() -> None:
     """Given one step's lognormal durations (mean 300 s) completing shortest first, as a rollout
     step's actions do, when observed, then T1 is their mean, not the last (longest) samples'."""
@@ -67,7 +62,6 @@ def test_samples_arriving_shortest_first_do_not_bias_the_mean() -> None:
     assert est.estimate("tests")[0] == pytest.approx(300.0, rel=0.03)
 
 
-@pytest.mark.unit
 def test_the_running_mean_follows_drift_once_the_window_is_full() -> None:
     """Given 1000 runs of 10 s and then 1000 of 20 s, when observed, then T1 is near 20 s (the
     10 s prior keeps a weight of 3 against 20 for the measurements)."""

@@ -35,7 +35,6 @@ def node_with_idle(memory_mb: int, idle: dict[str, int], cores: int = 8) -> Clus
     return state
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_new_trajectory_evicts_the_least_recently_used_idle_ones(name: str) -> None:
     """Given a node whose 400 MiB are held by four idle trajectories (100 MiB each), when a new
@@ -50,7 +49,6 @@ def test_a_new_trajectory_evicts_the_least_recently_used_idle_ones(name: str) ->
     assert state.cpu["n"].memory_free_mb == 400 - 200 - 150
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_only_idle_trajectories_are_evicted(name: str) -> None:
     """Given three trajectories holding all memory, the oldest running an action and the next
@@ -65,7 +63,6 @@ def test_only_idle_trajectories_are_evicted(name: str) -> None:
     assert "b" in allocs
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_memory_freed_by_an_eviction_beyond_the_need_waits_for_the_next_round(name: str) -> None:
     """Given 50 MiB free and idle trajectories of 100 MiB, when two new trajectories need 100
@@ -80,7 +77,6 @@ def test_memory_freed_by_an_eviction_beyond_the_need_waits_for_the_next_round(na
     assert state.cpu["n"].memory_free_mb == 50
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_nothing_is_evicted_for_an_action_that_lacks_cores(name: str) -> None:
     """Given a node with no free core whose memory is held by an idle trajectory, when a new
@@ -90,7 +86,6 @@ def test_nothing_is_evicted_for_an_action_that_lacks_cores(name: str) -> None:
     assert get_policy(name).decide([code("a", "new", 100)], state, 10.0) == []
 
 
-@pytest.mark.unit
 def test_evicting_a_busy_trajectory_is_refused_and_changes_nothing() -> None:
     """Given a trajectory with an action running, when an allocation evicting it is applied,
     then apply raises and the state keeps every pin and reservation."""
@@ -103,7 +98,6 @@ def test_evicting_a_busy_trajectory_is_refused_and_changes_nothing() -> None:
     assert state.to_dict() == before
 
 
-@pytest.mark.unit
 def test_allocations_with_evictions_survive_persistence() -> None:
     """Given an evicting allocation, when it goes through to_dict/from_dict, then it is equal."""
     alloc = Allocation("a", ResourceKind.CPU, "n", 2, (0, 1), evict=("t1", "t2"))
@@ -111,7 +105,6 @@ def test_allocations_with_evictions_survive_persistence() -> None:
     assert "evict" not in Allocation("b", ResourceKind.CPU, "n", 1, (0,)).to_dict()
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_larger_memory_ask_reserves_the_increase(name: str) -> None:
     """Given a trajectory that reserved 96 MiB on a node with room, when its next action asks
@@ -125,7 +118,6 @@ def test_a_larger_memory_ask_reserves_the_increase(name: str) -> None:
     assert state.cpu["n"].memory_free_mb == 1000 - 320
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_larger_memory_ask_waits_without_blocking_others(name: str) -> None:
     """Given a full node (t1 holds 96 MiB, t2 the rest, both with actions queued), when t1 asks
@@ -136,7 +128,6 @@ def test_a_larger_memory_ask_waits_without_blocking_others(name: str) -> None:
     assert started == ["b"]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_larger_memory_ask_evicts_idle_trajectories(name: str) -> None:
     """Given a full node where t2 is idle, when t1 asks for 200 MiB more than it holds, then
@@ -190,7 +181,6 @@ def could_start(state: ClusterState, action: QueuedAction, busy: set[str], units
     return False
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", POLICIES)
 def test_no_round_stalls_with_free_cores_and_evictable_memory(name: str) -> None:
     """Given 400 random states (busy cores, memory held by pinned trajectories, some idle), when
@@ -217,7 +207,6 @@ def test_no_round_stalls_with_free_cores_and_evictable_memory(name: str) -> None
     assert checked > 100
 
 
-@pytest.mark.unit
 def test_the_simulator_models_evictions_and_the_fresh_sandbox_they_cost() -> None:
     """Given a coding workload with sandbox memory for 8 trajectories per node, when simulated
     under tangram-fast, then every action completes, idle trajectories are evicted, and each
@@ -265,7 +254,6 @@ def busy_node(memory_mb: int, busy: int, cores: int = 8) -> ClusterState:
     return state
 
 
-@pytest.mark.unit
 def test_a_burst_waiting_for_memory_is_not_walked_each_round() -> None:
     """Given a node whose memory is held by 2 running trajectories and 6 free cores, and 500
     new trajectories queued ahead of an action of a pinned trajectory, an action without a
@@ -310,7 +298,6 @@ def mixed_case(rng: random.Random) -> tuple[ClusterState, list[QueuedAction]]:
     return state, queue
 
 
-@pytest.mark.unit
 def test_the_pass_over_a_waiting_queue_decides_as_the_walk_over_a_list() -> None:
     """Given 600 random states and queues, many of them with memory too full for the new
     trajectories queued, when tangram-fast decides over a `WaitingQueue` and over a plain list

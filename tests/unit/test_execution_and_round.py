@@ -18,8 +18,6 @@ from scheduler.sim.engine import Simulator
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import ConfigError
 
-pytestmark = pytest.mark.unit
-
 
 def test_every_policy_declares_a_frozen_execution_model() -> None:
     """Each registered policy declares an ExecutionModel (immutable); Tangram's own policies

@@ -1,15 +1,11 @@
 """Priorities and fair share across jobs."""
 
-import pytest
-
 from scheduler.fairshare import order_queue
 from scheduler.model import CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.policies import get_policy
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import FairShareSpec, Round
-
-pytestmark = pytest.mark.unit
 
 
 def act(i: int, job: str, t: float, prio: int = 0, units: int = 1) -> QueuedAction:

@@ -18,7 +18,6 @@ def gpu_state() -> ClusterState:
     return ClusterState(gpu={"g": GpuNode("g", 2, 1024)})
 
 
-@pytest.mark.unit
 def test_riders_share_the_chunk_and_it_is_freed_by_the_last_one_out() -> None:
     """Given a chunk allocated to one action and shared by two riders, when they finish in any
     order, then the chunk stays held until the last one is released, and counts once as busy."""
@@ -35,7 +34,6 @@ def test_riders_share_the_chunk_and_it_is_freed_by_the_last_one_out() -> None:
     assert not state.gpu["g"].riders and not state.shared
 
 
-@pytest.mark.unit
 def test_sharing_needs_a_held_chunk_and_hold_rebuilds_batches_after_a_restart() -> None:
     """Sharing a free chunk is refused; `hold` (used by recovery) applies the first allocation
     of a chunk and shares the next ones, so the rebuilt state frees it only once."""

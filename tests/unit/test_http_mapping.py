@@ -16,8 +16,6 @@ from tangram_celery.integrations.code_tests import extract_code, parse_ground_tr
 from tangram_celery.web.phases import overall_status, phase_limits, split_phases
 from tangram_celery.web.sandbox_models import CommandRunStatus, RunStatus
 
-pytestmark = pytest.mark.unit
-
 
 def _res(status: ActionStatus, **kw: object) -> ActionResult:
     return ActionResult(action_id="a", status=status, **kw)  # type: ignore[arg-type]

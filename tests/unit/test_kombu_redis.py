@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import redis
 from kombu.transport import redis as kombu_redis
 
 from tangram_celery.transport.kombu_redis import reuse_channel_client
-
-pytestmark = pytest.mark.unit
 
 
 class _Channel:

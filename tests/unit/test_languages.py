@@ -16,8 +16,6 @@ from tangram_celery.sandbox.inside import _tangram_build as build
 from tangram_celery.sandbox.inside import _tangram_langs as langs
 from tangram_celery.store.client_side import languages_of
 
-pytestmark = pytest.mark.unit
-
 
 def test_runner_and_host_agree_on_the_languages() -> None:
     """Every language has a unit file and host tools, and both sides agree on which compile."""

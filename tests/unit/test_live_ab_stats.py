@@ -6,8 +6,6 @@ import pytest
 
 from benchmarks.live_ab_stats import PodGate, act_stats, overhead_breakdown, pod_capacity, trajectory_waits
 
-pytestmark = pytest.mark.unit
-
 
 def test_pod_capacity_is_the_tightest_of_cpu_requests_memory_and_max_pods() -> None:
     """A node admits pods while requests fit its cores and memory, at most max-pods."""

@@ -13,8 +13,6 @@ from tangram_celery.common.wire import CoreLoan, GpuWarm, TaskOrder
 from tangram_celery.testing import sent_messages
 from tests.unit.test_service_loop import Harness, config
 
-pytestmark = pytest.mark.unit
-
 PRIORS = {"code": {"t1_s": 100.0}, "tests": {"t1_s": 10.0, "parallel_fraction": 0.95}}
 
 

@@ -26,8 +26,6 @@ from tangram_celery.workers.cpu import CpuHandler
 from tangram_celery.workers.loans import CoreLoans
 from tests.unit.test_sandbox_proc import zygote  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.unit
-
 
 def loan(aid: str, cores: tuple[int, ...], seq: int) -> CoreLoan:
     return CoreLoan(action_id=aid, pool="n0", cores=cores, seq=seq)

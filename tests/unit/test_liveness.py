@@ -3,12 +3,8 @@ again, and when, from the workers' heartbeats and the actions' owners."""
 
 from __future__ import annotations
 
-import pytest
-
 from scheduler.model import Allocation, ResourceKind
 from scheduler.service.liveness import LivenessPolicy, assess
-
-pytestmark = pytest.mark.unit
 
 
 def _cpu(aid: str, node: str) -> Allocation:

@@ -33,7 +33,6 @@ def _running(state: ClusterState, qa: QueuedAction, ids: tuple[int, ...]) -> Bor
     return Borrower(qa, alloc)
 
 
-@pytest.mark.unit
 def test_spare_cores_go_to_malleable_actions_up_to_their_largest_count() -> None:
     """Given two running suites (max 8 cores) on a 16-core node with 10 spare cores, when cores
     are lent, then both reach 8 cores, no core is lent twice and none stays idle."""
@@ -47,7 +46,6 @@ def test_spare_cores_go_to_malleable_actions_up_to_their_largest_count() -> None
     assert idle_while_malleable([a, b], lent, state) == []
 
 
-@pytest.mark.unit
 def test_an_allocation_takes_its_lent_cores_back_first() -> None:
     """Given a suite holding every spare core on loan, when a round's allocation takes two of
     them, then the suite loses exactly those two and nothing else is lent."""
@@ -59,7 +57,6 @@ def test_an_allocation_takes_its_lent_cores_back_first() -> None:
     assert changed["a"][1] == frozenset(range(2, 6))
 
 
-@pytest.mark.unit
 def test_rigid_and_fixed_dop_actions_get_no_loans() -> None:
     """Given a running `pytest -n K` run (elastic but not malleable), when cores are lent, then
     it gets none, and the invariant has nothing to flag."""
@@ -69,7 +66,6 @@ def test_rigid_and_fixed_dop_actions_get_no_loans() -> None:
     assert idle_while_malleable([a], {}, state) == []
 
 
-@pytest.mark.unit
 def test_the_invariant_flags_an_idle_core_beside_a_malleable_action() -> None:
     """Given a suite below its largest count and free cores not lent, then the check names it."""
     state = ClusterState(cpu={"n0": CpuNode.uniform("n0", 8, 10_000)})
@@ -94,7 +90,6 @@ def _two_step_scenario() -> Scenario:
     return sc
 
 
-@pytest.mark.unit
 def test_a_loan_speeds_up_the_work_left_by_the_duration_curve() -> None:
     """Given a suite started on 2 cores while 6 are busy for 10 s, when the 6 come back, then
     the suite runs its remaining work on 8 cores: 80 s of work ends at 10 + (80 - 2*9.5)/8 s."""
@@ -108,7 +103,6 @@ def test_a_loan_speeds_up_the_work_left_by_the_duration_curve() -> None:
     assert {r.trajectory_id: r.ended_s for r in alone.records}["s"] == pytest.approx(0.5 + 40.0)
 
 
-@pytest.mark.unit
 def test_coding_simulation_conserves_work_and_completes() -> None:
     """Given a small contended coding run, when tangram-fast lends cores in debug mode, then
     the work-conservation check holds after every round and every action completes."""
@@ -117,7 +111,6 @@ def test_coding_simulation_conserves_work_and_completes() -> None:
     assert res.unfinished == 0 and len(res.records) == sc.num_actions
 
 
-@pytest.mark.unit
 def test_a_suite_of_test_cases_is_malleable_and_a_script_is_not() -> None:
     """Given code actions with cpus '1..8', when queued, then the one carrying test cases is
     malleable (its runner can take workers mid-run) and a plain script (`pytest -n K`) is not."""

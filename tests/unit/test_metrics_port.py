@@ -9,8 +9,6 @@ from prometheus_client import CollectorRegistry
 
 from tangram_celery.common import metrics
 
-pytestmark = pytest.mark.unit
-
 
 def test_a_taken_metrics_port_is_logged_not_fatal(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

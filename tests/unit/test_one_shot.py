@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 from scheduler.service.cluster import to_queued
 from tangram_celery.common.actions import ActionResult, ActionStatus, ApiAction, CodeAction
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.wire import ActionMeta
 
 
-@pytest.mark.unit
 def test_an_action_without_a_trajectory_is_one_shot_with_a_key_of_its_own() -> None:
     """Given code and API actions without a trajectory id, when reduced to metadata and queued,
     then they are ephemeral, tell the caller no trajectory, and get the scheduler key '~<id>'."""
@@ -23,7 +20,6 @@ def test_an_action_without_a_trajectory_is_one_shot_with_a_key_of_its_own() -> N
             assert to_queued(meta, cfg).trajectory_id == "~c1"
 
 
-@pytest.mark.unit
 def test_an_ephemeral_action_of_a_trajectory_keeps_its_trajectory_for_the_caller() -> None:
     """Given an ephemeral code action of trajectory t, when queued, then the caller's metadata
     names t while the scheduler keys its sandbox apart from t's."""
@@ -36,7 +32,6 @@ def test_an_ephemeral_action_of_a_trajectory_keeps_its_trajectory_for_the_caller
     assert not plain.ephemeral and to_queued(plain, cfg).trajectory_id == "t"
 
 
-@pytest.mark.unit
 def test_results_say_whether_the_sandbox_was_reset() -> None:
     """Given a result without the field (an older worker), when parsed, then sandbox_reset is False."""
     res = ActionResult.model_validate_json('{"action_id": "x", "status": "ok"}')

@@ -6,11 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from tangram_celery.workers.base import OverrunClock
-
-pytestmark = pytest.mark.unit
 
 
 def test_it_fires_once_when_one_action_runs_past_the_limit() -> None:

@@ -25,7 +25,6 @@ def api(aid: str) -> QueuedAction:
     return QueuedAction(aid, aid, cost, 0.0, kind="api:search", target="search")
 
 
-@pytest.mark.unit
 def test_every_policy_of_the_issue_is_registered() -> None:
     """Given the registry, when listed, then every policy the issue names can be built."""
     for name in [
@@ -42,7 +41,6 @@ def test_every_policy_of_the_issue_is_registered() -> None:
     assert "tangram-fast" in available()
 
 
-@pytest.mark.unit
 def test_fixed_dop_runs_elastic_actions_at_k_and_rigid_ones_at_one() -> None:
     """Given 8 cores, when fixed-dop-4 decides an elastic and a rigid action, then 4 and 1."""
     state = ClusterState(cpu={"n": CpuNode.uniform("n", 8, 10_000)})
@@ -50,7 +48,6 @@ def test_fixed_dop_runs_elastic_actions_at_k_and_rigid_ones_at_one() -> None:
     assert [a.units for a in allocs] == [4, 1]
 
 
-@pytest.mark.unit
 def test_static_pod_admits_pods_by_request_and_runs_at_the_cap() -> None:
     """Given 1 core and 0.5-core requests, when 3 trajectories arrive, then 2 pods run (the
     elastic action with 4 threads, no core ids) and the third stays pending."""
@@ -60,7 +57,6 @@ def test_static_pod_admits_pods_by_request_and_runs_at_the_cap() -> None:
     assert [(a.action_id, a.units, a.unit_ids) for a in allocs] == [("a", 4, ()), ("b", 1, ())]
 
 
-@pytest.mark.unit
 def test_static_pod_starts_actions_of_an_existing_pod_at_once() -> None:
     """Given a full node whose pod for t1 exists, when t1 submits, then it starts immediately."""
     state = ClusterState(cpu={"n": CpuNode.uniform("n", 1, 10_000)})
@@ -75,7 +71,6 @@ def two_nodes_with_pods(a: int, b: int) -> ClusterState:
     return state
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(("packing", "node"), [("spread", "b"), ("binpack", "a")])
 def test_static_pod_places_new_pods_by_the_configured_scoring(packing: str, node: str) -> None:
     """Given node a with 3 pods and b with 1, when a new trajectory arrives, then LeastAllocated
@@ -86,7 +81,6 @@ def test_static_pod_places_new_pods_by_the_configured_scoring(packing: str, node
     assert [(a.action_id, a.pool) for a in allocs] == [("x", node)]
 
 
-@pytest.mark.unit
 def test_static_pod_respects_max_pods_per_node() -> None:
     """Given max_pods 3 and nodes with 3 and 1 pods, when three trajectories arrive bin-packed,
     then the first two fill b up to 3 pods and the third stays pending (a and b are full)."""
@@ -95,7 +89,6 @@ def test_static_pod_respects_max_pods_per_node() -> None:
     assert [(a.action_id, a.pool) for a in allocs] == [("x", "b"), ("y", "b")]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "params", [{"packing": "random"}, {"max_pods": 0}, {"request_cores": 0.0}, {"cap_cores": 0}]
 )
@@ -105,7 +98,6 @@ def test_static_pod_rejects_bad_parameters(params: dict[str, object]) -> None:
         get_policy("static-pod", **params)
 
 
-@pytest.mark.unit
 def test_dedicated_gpu_gives_each_service_its_own_tp_group() -> None:
     """Given services a, b on one 8-GPU node with TP4, when 3 calls arrive, then a and b run on
     their own groups and the second call of a waits."""
@@ -115,7 +107,6 @@ def test_dedicated_gpu_gives_each_service_its_own_tp_group() -> None:
     assert [(a.action_id, a.unit_ids) for a in allocs] == [("1", (0, 1, 2, 3)), ("3", (4, 5, 6, 7))]
 
 
-@pytest.mark.unit
 def test_cold_start_runs_calls_at_their_minimum() -> None:
     """Given an empty GPU node, when cold-start decides two calls, then each gets one GPU."""
     state = ClusterState(gpu={"g": GpuNode("g", 8, 80_000)})
@@ -123,7 +114,6 @@ def test_cold_start_runs_calls_at_their_minimum() -> None:
     assert [a.units for a in allocs] == [1, 1]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast"])
 def test_quota_controlled_policies_never_exceed_the_token_bucket(name: str) -> None:
     """Given a 2-per-minute quota, when 3 calls wait, then 2 start and the third waits ~30 s."""
@@ -137,7 +127,6 @@ def test_quota_controlled_policies_never_exceed_the_token_bucket(name: str) -> N
     assert state.api["search"].next_fit_s(1, 0.0) == pytest.approx(30.0)
 
 
-@pytest.mark.unit
 def test_concurrency_cap_is_respected() -> None:
     """Given a cap of 1 concurrent call, when 2 calls wait, then only one starts."""
     state = ClusterState(api={"search": ApiPool("search", max_concurrency=1)})
@@ -145,7 +134,6 @@ def test_concurrency_cap_is_respected() -> None:
     assert len(allocs) == 1
 
 
-@pytest.mark.unit
 def test_per_trajectory_api_ignores_the_quota() -> None:
     """Given an exhausted quota, when per-trajectory-api decides, then every call starts."""
     pool = ApiPool("search", quota_per_window=1, window_s=60.0, tokens=0.0)
@@ -154,7 +142,6 @@ def test_per_trajectory_api_ignores_the_quota() -> None:
     assert len(allocs) == 2
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast", "fixed-dop-4"])
 def test_a_new_trajectory_waiting_for_memory_does_not_block_pinned_ones(name: str) -> None:
     """Given a node whose memory is all held by two idle pinned trajectories (200 of 200 MiB),
@@ -173,7 +160,6 @@ def test_a_new_trajectory_waiting_for_memory_does_not_block_pinned_ones(name: st
     assert started == {"p1", "p2"}
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast"])
 def test_an_action_waiting_for_cores_still_blocks_the_ones_behind_it(name: str) -> None:
     """Given 1 free core and memory to spare, when a 2-core rigid action is first in line, then
@@ -186,7 +172,6 @@ def test_an_action_waiting_for_cores_still_blocks_the_ones_behind_it(name: str) 
     assert started == []
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ["fcfs-min", "tangram-dp", "tangram-fast"])
 def test_a_rule_verifier_runs_anywhere_without_pinning_or_memory(name: str) -> None:
     """Given a trajectory pinned to a node with no free core and another node whose memory is
@@ -205,7 +190,6 @@ def test_a_rule_verifier_runs_anywhere_without_pinning_or_memory(name: str) -> N
     assert state.trajectory_node["t1"] == "full" and state.cpu["m"].memory_free_mb == 0
 
 
-@pytest.mark.unit
 def test_static_pod_spreads_by_requested_cpu_and_memory() -> None:
     """Given node a with 1 pod holding most of its memory and b with 2 small pods, when a new
     trajectory arrives, then LeastAllocated (cpu and memory, weight 1 each) picks b."""
@@ -215,7 +199,6 @@ def test_static_pod_spreads_by_requested_cpu_and_memory() -> None:
     assert [(a.action_id, a.pool) for a in allocs] == [("x", "b")]
 
 
-@pytest.mark.unit
 def test_static_pod_defaults_to_the_kubelet_pod_limit_of_110() -> None:
     """Given a 256-core node already running 110 pods, when a new trajectory arrives with the
     defaults, then its pod stays pending; with max_pods None it is admitted."""
@@ -225,7 +208,6 @@ def test_static_pod_defaults_to_the_kubelet_pod_limit_of_110() -> None:
     assert len(get_policy("static-pod", max_pods=None).decide([cpu("x", "new")], state, 0.0)) == 1
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     "params", [{"bind_qps": 0.0}, {"bind_burst": 0}, {"start_p50_s": 2.0, "start_p99_s": 1.0}]
 )
@@ -235,7 +217,6 @@ def test_static_pod_rejects_bad_pod_start_parameters(params: dict[str, object]) 
         get_policy("static-pod", **params)
 
 
-@pytest.mark.unit
 def test_dedicated_gpu_sizes_replicas_by_load() -> None:
     """Given services a and b with loads 3:1 on 8 GPUs at TP1, when placed by load, then a gets
     6 groups and b 2 (D'Hondt), every group its own GPU."""
@@ -246,7 +227,6 @@ def test_dedicated_gpu_sizes_replicas_by_load() -> None:
     assert sorted(c for slots in plan.values() for _, c in slots) == [(g,) for g in range(8)]
 
 
-@pytest.mark.unit
 def test_dedicated_gpu_serves_concurrent_calls_while_memory_lasts() -> None:
     """Given one 80 GB GPU, a 16 GB model and 16 GB per call, when 5 calls arrive with
     max_concurrent None, then 4 run together on the group ((80 - 16) // 16) and one waits."""
@@ -263,7 +243,6 @@ def test_dedicated_gpu_serves_concurrent_calls_while_memory_lasts() -> None:
     assert [(a.action_id, a.unit_ids) for a in allocs] == [(str(i), (0,)) for i in range(4)]
 
 
-@pytest.mark.unit
 def test_dedicated_gpu_routes_a_call_to_the_least_loaded_replica() -> None:
     """Given service a on GPUs 0 and 1 with GPU 0 already serving a call, when a call arrives,
     then it goes to GPU 1."""
@@ -273,7 +252,6 @@ def test_dedicated_gpu_routes_a_call_to_the_least_loaded_replica() -> None:
     assert [a.unit_ids for a in pol.decide([gpu("1", "a")], state, 0.0)] == [(1,)]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "params"),
     [

@@ -28,7 +28,6 @@ def apply_all(state: ClusterState, queue: list[QueuedAction], allocs: list[Alloc
         state.apply(alloc, by_id[alloc.action_id])
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ELASTIC)
 def test_two_perfectly_elastic_actions_split_the_cores_evenly(name: str) -> None:
     """Given 8 free cores and two equal p=1 actions, when decided, then each gets 4 cores."""
@@ -37,7 +36,6 @@ def test_two_perfectly_elastic_actions_split_the_cores_evenly(name: str) -> None
     assert sorted(a.units for a in allocs) == [4, 4]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ELASTIC)
 def test_longer_action_gets_more_cores(name: str) -> None:
     """Given 6 cores, T1 = 90 s and 10 s (p=1), when decided, then the split is 4/2 or better.
@@ -50,7 +48,6 @@ def test_longer_action_gets_more_cores(name: str) -> None:
     assert allocs == {"long": 4, "short": 2}
 
 
-@pytest.mark.unit
 def test_fast_defers_the_long_action_when_waiting_for_the_short_ones_cores_is_better() -> None:
     """Given 6 cores, a rigid 4-core 5 s action first in line and a 90 s p=1 action behind it:
     without deferral "long" starts on the 2 spare cores and ends at 45 s; tangram-fast (whose
@@ -71,7 +68,6 @@ def busy_node(cores: int, held: int, end_s: float) -> ClusterState:
     return state
 
 
-@pytest.mark.unit
 def test_fast_makes_a_test_suite_wait_seconds_for_32_cores_instead_of_minutes_on_4() -> None:
     """Given 4 free cores of 32, 28 held until t = 2 s, and a 300 s suite (p = 0.97):
     now on 4 cores it takes 300 * (0.03 + 0.97/4) = 81.8 s; at 2 s on 32 cores it ends at
@@ -83,7 +79,6 @@ def test_fast_makes_a_test_suite_wait_seconds_for_32_cores_instead_of_minutes_on
     assert allocs == {"ls": 1}
 
 
-@pytest.mark.unit
 def test_fast_weighs_the_suites_gain_against_the_delay_it_causes_behind_it() -> None:
     """Same 4 free cores of 32. Waiting gains the suite 81.8 - 20.1 = 61.7 s. With one 10 s
     command behind it (delayed by at most 2 s) it waits; with 40 of them (up to 80 s of delay
@@ -97,7 +92,6 @@ def test_fast_weighs_the_suites_gain_against_the_delay_it_causes_behind_it() -> 
     assert "suite" in allocs
 
 
-@pytest.mark.unit
 def test_fast_reserves_and_lets_an_action_behind_use_the_cores_spare_at_the_reservation() -> None:
     """With 36 cores (28 held until 2 s, 8 free), 36 are free at 2 s: 32 for the suite and 4
     spare, so the 10 s build behind it starts now and the suite waits for its 32 cores."""
@@ -108,7 +102,6 @@ def test_fast_reserves_and_lets_an_action_behind_use_the_cores_spare_at_the_rese
     assert allocs == {"build": 4}
 
 
-@pytest.mark.unit
 def test_fast_does_not_wait_for_actions_that_are_already_overdue() -> None:
     """An action past its expected end may run for any time yet: the suite does not bet on it."""
     queue = [cpu_action("suite", 1, 32, 300.0, p=0.97)]
@@ -117,7 +110,6 @@ def test_fast_does_not_wait_for_actions_that_are_already_overdue() -> None:
     assert allocs == {"suite": 4}
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ELASTIC)
 def test_drop_tail_gives_a_rigid_tail_candidates_core_to_a_long_elastic_action(name: str) -> None:
     """Given 2 free cores, a core freeing at 0.5 s, a 100 s elastic action and a 1 s rigid one,
@@ -133,7 +125,6 @@ def test_drop_tail_gives_a_rigid_tail_candidates_core_to_a_long_elastic_action(n
     assert [(a.action_id, a.units) for a in allocs] == [("big", 2)]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ELASTIC)
 def test_rigid_actions_start_at_their_minimum_in_fcfs_order(name: str) -> None:
     """Given 3 cores and 4 rigid actions, when decided, then the first 3 start at 1 core."""
@@ -142,7 +133,6 @@ def test_rigid_actions_start_at_their_minimum_in_fcfs_order(name: str) -> None:
     assert [(a.action_id, a.units) for a in allocs] == [("0", 1), ("1", 1), ("2", 1)]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ELASTIC)
 def test_decide_does_not_mutate_the_state_and_its_allocations_apply(name: str) -> None:
     """Given a mixed queue over two NUMA groups, when decided, then the state is untouched and
@@ -157,7 +147,6 @@ def test_decide_does_not_mutate_the_state_and_its_allocations_apply(name: str) -
         assert {c // 8 for c in a.unit_ids} == {a.unit_ids[0] // 8}
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name", ELASTIC)
 def test_gpu_actions_get_aligned_buddy_chunks(name: str) -> None:
     """Given an empty 8-GPU node and two GPU actions, when decided, then chunks are aligned 4+4."""
@@ -180,7 +169,6 @@ def test_gpu_actions_get_aligned_buddy_chunks(name: str) -> None:
     apply_all(state, queue, allocs)
 
 
-@pytest.mark.unit
 def test_fast_prefers_a_chunk_where_the_service_is_resident() -> None:
     """Given service m resident on GPUs (4,5), when one call is decided, then it goes there."""
     state = ClusterState(gpu={"g0": GpuNode("g0", 8, 80_000)})

@@ -11,8 +11,6 @@ import pytest
 from tangram_celery.sandbox import prewarm
 from tangram_celery.sandbox.prewarm import ReadyPool
 
-pytestmark = pytest.mark.unit
-
 
 class Fakes:
     """Sandboxes are ints; starting one is counted, destroying one is recorded."""

@@ -9,8 +9,6 @@ from reward_servers.backends.deps import check_serving
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import RewardServerError
 
-pytestmark = pytest.mark.unit
-
 
 def test_missing_model_package_is_named_with_the_install_command() -> None:
     """Given a model shipped by a package that is not installed, the check names the package,

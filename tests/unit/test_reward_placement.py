@@ -15,8 +15,6 @@ from reward_servers.placement import (
     victims_for,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def ready(name: str, chunk: tuple[int, ...], used_s: float, mem: int = 1024, in_flight: int = 0) -> Replica:
     model, dop = name.split("__dop")[0], len(chunk)

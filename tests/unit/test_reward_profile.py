@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from reward_servers.client import pieces
 from reward_servers.profile import DopProfile, batch_tokens, measure
-
-pytestmark = pytest.mark.unit
 
 
 def test_long_requests_get_more_gpus() -> None:

@@ -11,8 +11,6 @@ from reward_servers.placement import ScalingPolicy
 from reward_servers.replicas import ReplicaManager
 from reward_servers.testing import FakeController
 
-pytestmark = pytest.mark.unit
-
 
 class Clock:
     def __init__(self) -> None:

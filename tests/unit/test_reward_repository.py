@@ -10,8 +10,6 @@ from reward_servers.naming import parse_name, replica_name
 from reward_servers.repository import build_repository
 from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig
 
-pytestmark = pytest.mark.unit
-
 RM = RewardModelConfig(
     name="rm", backend="hf-seq-cls", path="/models/rm", dop_options=(1, 2), max_batch=16, batch_window_ms=2.5
 )

@@ -9,8 +9,6 @@ from reward_servers.backends.rules import exact_match, math_equiv, to_number
 from reward_servers.service import validate_request
 from tangram_celery.common.config import parse_config
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize(
     ("response", "reference"),

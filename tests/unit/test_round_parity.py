@@ -21,7 +21,7 @@ from scheduler.duration import Amdahl
 from scheduler.estimator import DurationEstimator, Prior
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import get_policy
-from scheduler.policies.time_share import TimeShareSpec
+from scheduler.execution import TimeShareSpec
 from scheduler.resources import ClusterState
 from scheduler.service import SchedulerService
 from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
@@ -32,8 +32,6 @@ from tangram_celery.common.actions import ActionResult, ActionStatus
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.wire import ActionMeta, Completion, EventStatus, TaskOrder
 from tangram_celery.testing import memory_app, memory_store, sent_messages
-
-pytestmark = pytest.mark.unit
 
 NODES, CORES, NUMA, MEMORY_MB = 2, 4, 2, 2048
 PRIORS = {"code": Prior(2.0), "tests": Prior(6.0, 0.9), "api:calc": Prior(0.5)}

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from scheduler.model import Allocation, CostVector, QueuedAction, ResourceKind
 from scheduler.service.record import RunRecorder
 from tangram_celery.common.wire import Completion, EventStatus
 from tangram_celery.report import load_log
-
-pytestmark = pytest.mark.unit
 
 
 def _complete(rec: RunRecorder, i: int) -> None:

@@ -18,7 +18,6 @@ from tangram_celery.sandbox import link as link_module
 from tangram_celery.sandbox.link import RunnerLink, RunnerTimeout, RunnerUnreachable
 
 pytestmark = [
-    pytest.mark.unit,
     pytest.mark.skipif(os.geteuid() != 0, reason="the runner's socket must be root's: run as root"),
 ]
 

@@ -13,7 +13,6 @@ from tangram_celery.sandbox.cgroups import CgroupSet, _field
 from tangram_celery.sandbox.inside._tangram_suite import rewrite
 from tangram_celery.sandbox.limits import Limits, classify, counter_delta, runner_payload, to_result
 
-pytestmark = pytest.mark.unit
 COUNTERS = {"oom_kill": 0, "pids_max": 0}
 
 

@@ -9,7 +9,6 @@ from scheduler.service.sandboxes import Report, SandboxBook, caller_trajectory, 
 from tangram_celery.common.wire import SandboxOrder
 
 
-@pytest.mark.unit
 def test_a_pinning_action_starts_a_generation_and_consumes_a_reset() -> None:
     """Given a trajectory whose sandbox was lost, when an action pins it again, then the worker
     is told it starts a new generation (that action's id) and that the caller lost its files;
@@ -25,7 +24,6 @@ def test_a_pinning_action_starts_a_generation_and_consumes_a_reset() -> None:
     assert book.reset == {}
 
 
-@pytest.mark.unit
 def test_a_close_forgets_everything_and_one_shot_keys_are_never_reset() -> None:
     """Given a closed trajectory and a one-shot key, when they are released, then neither is
     marked reset."""
@@ -39,7 +37,6 @@ def test_a_close_forgets_everything_and_one_shot_keys_are_never_reset() -> None:
     assert is_one_shot(key) and caller_trajectory(key) == "" and caller_trajectory("t") == "t"
 
 
-@pytest.mark.unit
 def test_gone_sandboxes() -> None:
     """Given idle trajectories owned by workers, when reports and liveness are checked, then a
     sandbox is gone when its owner is not alive, or a report newer than its last completion
@@ -60,7 +57,6 @@ def test_gone_sandboxes() -> None:
     assert never == ["never"]
 
 
-@pytest.mark.unit
 def test_pins_round_trip() -> None:
     """Given a pinned trajectory with an owner, when its pin fields are restored into a new
     book, then generation and owner are the same."""
@@ -73,7 +69,6 @@ def test_pins_round_trip() -> None:
     assert Report.from_dict({"seq": 3, "held": [["t", "a1"]]}) == Report(3, {"t": "a1"})
 
 
-@pytest.mark.unit
 def test_resets_are_forgotten_after_a_day_or_beyond_a_bound_oldest_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -19,7 +19,6 @@ from tangram_celery.sandbox.inside._tangram_codec import (
     recv_msg,
 )
 
-pytestmark = pytest.mark.unit
 EXACT = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 
 

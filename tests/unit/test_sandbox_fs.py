@@ -15,7 +15,6 @@ import pytest
 from tangram_celery.sandbox.inside import _tangram_fs as fs
 
 pytestmark = [
-    pytest.mark.unit,
     pytest.mark.skipif(os.getuid() != 0, reason="writing files for another uid needs root"),
 ]
 USER = 65534  # nobody

@@ -17,8 +17,6 @@ from tangram_celery.sandbox.docker import container_name
 from tangram_celery.sandbox.link import RunnerGone, call_runner
 from tangram_celery.sandbox.stage import SandboxScope, Stage, scope_of
 
-pytestmark = pytest.mark.unit
-
 
 def test_scope_is_stable_per_state_dir_and_node(tmp_path: Path) -> None:
     """The same state dir and node give the same scope (a restart finds its predecessor);

@@ -15,8 +15,6 @@ import pytest
 from tangram_celery.sandbox import prewarm
 from tangram_celery.sandbox.prewarm import Disposer, ReadyPool
 
-pytestmark = pytest.mark.unit
-
 
 @dataclass
 class Box:

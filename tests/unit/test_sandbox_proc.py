@@ -13,7 +13,6 @@ from tangram_celery.sandbox.inside import _tangram_proc
 from tangram_celery.sandbox.inside._tangram_proc import Action, Zygote
 
 pytestmark = [
-    pytest.mark.unit,
     pytest.mark.skipif(os.getuid() != 0, reason="children drop their uid and groups, which needs root"),
 ]
 

@@ -15,7 +15,6 @@ import pytest
 
 from tangram_celery.sandbox.inside import _tangram_seccomp as sc
 
-pytestmark = pytest.mark.unit
 X86, ARM = sc.AUDIT_ARCH_X86_64, sc.AUDIT_ARCH_AARCH64
 ALLOW, EPERM, ENOSYS = sc.RET_ALLOW, sc.RET_ERRNO | sc.EPERM, sc.RET_ERRNO | sc.ENOSYS
 HEADERS = {

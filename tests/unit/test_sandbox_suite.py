@@ -12,8 +12,6 @@ import pytest
 
 from tangram_celery.sandbox.inside._tangram_suite import Channel, verdict
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 def channel() -> Iterator[Channel]:

@@ -26,8 +26,6 @@ from tangram_celery.sandbox.inside._tangram_proxy import Conn
 from tangram_celery.sandbox.inside._tangram_serve import Server, exception_record
 from tangram_celery.sandbox.inside._tangram_verifier import verify
 
-pytestmark = pytest.mark.unit
-
 COMPILED_BY = ["verifier"]  # who compiles the test's code: set per test by the fixture below
 
 

@@ -23,8 +23,6 @@ from tangram_celery.common.wire import ChunkServices, Completion, EventStatus, T
 from tangram_celery.store import EVENTS, INTAKE, RUNNING, WORKER_POOLS, WORKERS, Store, akey
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
 
-pytestmark = pytest.mark.unit
-
 
 class Clock:
     """The scheduler's clock, moved by the test."""

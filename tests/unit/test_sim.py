@@ -16,7 +16,6 @@ from scheduler.sim.trace import read_workload, trajectories_from_action_log, wri
 from scheduler.sim.workload import SimAction
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("scenario", "policy"),
     [
@@ -40,7 +39,6 @@ def test_every_action_completes(scenario: str, policy: str) -> None:
     assert all(r.ended_s >= r.started_s >= r.submitted_s for r in result.records)
 
 
-@pytest.mark.unit
 def test_quota_control_never_exceeds_the_provider_limit() -> None:
     """Given a tight search quota, when tangram-fast runs DeepSearch, then no call is rejected,
     while per-trajectory calls are rejected by the provider."""
@@ -50,7 +48,6 @@ def test_quota_control_never_exceeds_the_provider_limit() -> None:
     assert simulate(sc, "per-trajectory-api").rejected_calls > 0
 
 
-@pytest.mark.unit
 def test_same_seed_gives_the_same_result() -> None:
     """Given one scenario, when simulated twice, then the average ACT is identical."""
     a = simulate(build("coding", {"batch": 16}), "tangram-fast").avg_act_s()
@@ -58,7 +55,6 @@ def test_same_seed_gives_the_same_result() -> None:
     assert a == b
 
 
-@pytest.mark.unit
 def test_trace_roundtrip_replays_identically() -> None:
     """Given a recorded workload, when read back and replayed, then the result is identical."""
     sc = build("mopd", {"batch": 24})
@@ -70,7 +66,6 @@ def test_trace_roundtrip_replays_identically() -> None:
     )
 
 
-@pytest.mark.unit
 def test_action_log_becomes_replayable_trajectories() -> None:
     """Given a live log of two actions, when converted, then think time and T1 are recovered."""
     log = [
@@ -100,7 +95,6 @@ def test_action_log_becomes_replayable_trajectories() -> None:
     assert traj.steps[1].action.t1_s == pytest.approx(40.0)
 
 
-@pytest.mark.unit
 def test_processor_sharing_splits_cores_equally_under_contention() -> None:
     """Given 1 core and two 1-thread 10 s jobs, when shared, then both finish at 20 s."""
     node = SharedNode(1.0)
@@ -111,7 +105,6 @@ def test_processor_sharing_splits_cores_equally_under_contention() -> None:
     assert sorted(node.pop_done(20.0)) == ["a", "b"]
 
 
-@pytest.mark.unit
 def test_gpu_cache_evicts_the_least_recently_used_instance() -> None:
     """Given a and b (30 GB each) on one 80 GB GPU and a used last, when c (30 GB) comes, then b
     is evicted and a stays."""
@@ -123,14 +116,12 @@ def test_gpu_cache_evicts_the_least_recently_used_instance() -> None:
     assert cache.resident == {(0,): ["a", "c"]}
 
 
-@pytest.mark.unit
 def test_cli_runs_a_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     """Given the sim CLI, when asked to run a tiny scenario, then it prints a summary line."""
     assert main(["run", "--scenario", "coding", "--set", "batch=4", "--policy", "fcfs-min"]) == 0
     assert '"policy": "fcfs-min"' in capsys.readouterr().out
 
 
-@pytest.mark.unit
 def test_cli_passes_policy_parameters(capsys: pytest.CaptureFixture[str]) -> None:
     """Given `name:key=value,...`, when run, then the policy is built with those parameters and
     the summary names the policy as given."""
@@ -139,7 +130,6 @@ def test_cli_passes_policy_parameters(capsys: pytest.CaptureFixture[str]) -> Non
     assert f'"policy": "{spec}"' in capsys.readouterr().out
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -159,7 +149,6 @@ def test_cli_rejects_bad_policy_specs_before_running(
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.unit
 def test_policy_spec_reads_config_mappings() -> None:
     """Given a config entry as a mapping, then its name and parameters are read from it."""
     from scheduler.sim.cli import policy_label, policy_spec

@@ -13,7 +13,6 @@ from scheduler.sim.gpu_share import BatchedGroup, batch_speedup
 from scheduler.sim.pods import PodStarts
 
 
-@pytest.mark.unit
 def test_pod_binding_is_limited_to_the_scheduler_clients_qps_after_its_burst() -> None:
     """Given QPS 50 and burst 100, when 150 pods are created at once, then the first 100 bind at
     once and the 150th a second later."""
@@ -24,7 +23,6 @@ def test_pod_binding_is_limited_to_the_scheduler_clients_qps_after_its_burst() -
     assert binds[149] == pytest.approx(1.0)
 
 
-@pytest.mark.unit
 def test_pod_start_up_has_the_given_median_and_99th_percentile() -> None:
     """Given median 1.5 s and p99 5 s, when 20,000 pods start, then the sample matches both."""
     pods = PodStarts(PodStart(start_p50_s=1.5, start_p99_s=5.0))
@@ -34,7 +32,6 @@ def test_pod_start_up_has_the_given_median_and_99th_percentile() -> None:
     assert pods.startup_s("t7") == pods.startup_s("t7")  # the same trajectory, the same draw
 
 
-@pytest.mark.unit
 def test_a_trajectorys_first_action_waits_for_its_pod() -> None:
     """Given pods that take exactly 2 s to start, when coding runs under static-pod, then every
     trajectory's first action pays 2 s plus the exec overhead, later ones only the overhead."""
@@ -48,7 +45,6 @@ def test_a_trajectorys_first_action_waits_for_its_pod() -> None:
     assert len(result.records) == sc.num_actions
 
 
-@pytest.mark.unit
 def test_a_batched_group_runs_concurrent_calls_with_the_batching_gain() -> None:
     """Given two 1 s calls on one group, when a batch amortises 20% of a call, then both end at
     1.8 s (1.11x throughput); with nothing amortised at 2 s (processor sharing)."""
@@ -61,7 +57,6 @@ def test_a_batched_group_runs_concurrent_calls_with_the_batching_gain() -> None:
         assert sorted(group.pop_done(end)) == ["a", "b"]
 
 
-@pytest.mark.unit
 def test_dedicated_replicas_by_load_with_concurrent_calls_complete_every_action() -> None:
     """Given MOPD at batch 512, when dedicated-gpu runs load-sized TP1 replicas serving concurrent
     calls, then every action completes, none restores, and ACT beats one TP4 group per service
@@ -74,7 +69,6 @@ def test_dedicated_replicas_by_load_with_concurrent_calls_complete_every_action(
     assert strong.avg_act_s() < paper.avg_act_s()
 
 
-@pytest.mark.unit
 def test_cold_start_keep_alive_saves_loads_and_expires_idle_instances() -> None:
     """Given MOPD, when cold-start keeps instances alive, then it loads less often than without;
     with a short window instances expire (unloads), with an infinite one only evictions remain."""
@@ -88,7 +82,6 @@ def test_cold_start_keep_alive_saves_loads_and_expires_idle_instances() -> None:
     assert all(len(r.records) == sc.num_actions for r in (none, short, kept))
 
 
-@pytest.mark.unit
 def test_an_expired_instance_is_unloaded_and_one_in_use_is_not() -> None:
     """Given a used at 0 and b in use (infinite time), when instances idle since 10 s expire,
     then a goes and b stays."""
@@ -100,7 +93,6 @@ def test_an_expired_instance_is_unloaded_and_one_in_use_is_not() -> None:
     assert cache.resident == {(0,): ["b"]}
 
 
-@pytest.mark.unit
 def test_summary_reports_the_decision_time_distribution() -> None:
     """Given a run, then its summary gives p50/p90/p99/max decision times, in order."""
     s = simulate(build("coding", {"batch": 16}), "tangram-fast").summary()

@@ -12,14 +12,12 @@ from scheduler.duration import Amdahl
 from scheduler.estimator import DurationEstimator
 from scheduler.model import ResourceKind
 from scheduler.policies import get_policy
-from scheduler.policies.time_share import TimeShareSpec
+from scheduler.execution import TimeShareSpec
 from scheduler.sim.engine import Simulator
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
 from tests.fixtures.sim import one_node
-
-pytestmark = pytest.mark.unit
 
 CPU = ResourceKind.CPU
 SPEC = TimeShareSpec(max_holder_loss=0.5)  # a 4-core host may give up to 2 cores' worth

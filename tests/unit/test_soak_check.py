@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from benchmarks.soak_check import Expected, InFlight, Kill, summarize, verify
-
-pytestmark = pytest.mark.unit
 
 
 def code_result(stdout: str = "5\n", status: str = "ok", attempts: int = 1, **kw: Any) -> dict[str, Any]:

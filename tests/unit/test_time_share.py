@@ -13,12 +13,11 @@ from scheduler.duration import Amdahl
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.policies import TangramFast
 from scheduler.policies.common import busy_by_pool
-from scheduler.policies.time_share import TimeShareSpec, core_share, narrowest_host, oversubscribed
+from scheduler.execution import TimeShareSpec
+from scheduler.policies.time_share import core_share, narrowest_host, oversubscribed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import Round, RoundPlan
-
-pytestmark = pytest.mark.unit
 
 CPU = ResourceKind.CPU
 

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from reward_servers.tiny_models import missing_builds
 from tangram_celery.common.config import parse_config
-
-pytestmark = pytest.mark.unit
 
 
 def test_only_models_with_build_and_no_model_at_their_path_are_built(tmp_path: Path) -> None:

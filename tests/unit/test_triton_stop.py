@@ -8,12 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from reward_servers.triton import group_alive, stop_pid
 from tests.integration.lifecycle_support import proc_stat
-
-pytestmark = pytest.mark.unit
 
 # A stand-in for tritonserver and one Python-backend stub: the "server" (its command line names
 # tritonserver, as `pid_alive` checks) leads its own session and exits at once on SIGTERM; its

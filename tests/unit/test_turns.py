@@ -8,15 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction
 from tangram_celery.common.wire import TaskOrder
 from tangram_celery.testing import sent_messages
 from tangram_celery.workers.base import WorkerRuntime
 from tangram_celery.workers.turns import CoreTurns, turn_key
-
-pytestmark = pytest.mark.unit
 
 
 def _order(**kw: object) -> TaskOrder:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from scheduler.gpu_cache import GpuCache
 from scheduler.model import Allocation, ResourceKind
 from scheduler.policies import get_policy
@@ -22,7 +20,6 @@ def _state(nodes: int = 2, memory_mb: int = 80 * GIB) -> ClusterState:
     return state
 
 
-@pytest.mark.unit
 def test_every_seeded_service_gets_a_free_chunk_of_its_share() -> None:
     """Given 16 idle GPUs and 4 configured services, when placing, then each service is
     restored once, on its own 4-GPU chunk (16 / 4), without evicting anything."""
@@ -34,7 +31,6 @@ def test_every_seeded_service_gets_a_free_chunk_of_its_share() -> None:
     assert len({(ld.pool, ld.chunk) for ld in loads}) == 4
 
 
-@pytest.mark.unit
 def test_nothing_is_placed_while_a_call_waits_or_under_load() -> None:
     """Given a waiting GPU call, or fewer than half the GPUs free, then no warm restore starts."""
     state = _state()
@@ -45,7 +41,6 @@ def test_nothing_is_placed_while_a_call_waits_or_under_load() -> None:
     assert warm_placements(state, demand, busy, False, 0.0) == []
 
 
-@pytest.mark.unit
 def test_a_resident_service_with_a_free_chunk_is_left_alone() -> None:
     """Given a service already resident on a free chunk, then it is not restored again, and a
     service that fits nowhere without eviction is not placed."""
@@ -56,7 +51,6 @@ def test_a_resident_service_with_a_free_chunk_is_left_alone() -> None:
     assert warm_placements(state, demand, [], False, 0.0) == []  # b: 8 + 4 GiB more per GPU > 24
 
 
-@pytest.mark.unit
 def test_demand_is_learned_and_decays() -> None:
     """Given calls started for one service, then it ranks first; unseen demand decays away."""
     d = GpuDemand({"a": (1,), "b": (1,)}, half_life_s=10.0)
@@ -65,7 +59,6 @@ def test_demand_is_learned_and_decays() -> None:
     assert d.ranked(1000.0) == []
 
 
-@pytest.mark.unit
 def test_low_load_mopd_calls_find_their_service_warm() -> None:
     """Given MOPD at a low batch, when tangram-fast places services ahead of demand, then
     almost no call waits for a restore and the average ACT drops."""
@@ -77,7 +70,6 @@ def test_low_load_mopd_calls_find_their_service_warm() -> None:
     assert warm.avg_act_s() < cold.avg_act_s()
 
 
-@pytest.mark.unit
 def test_an_instance_the_load_outgrew_is_retired_while_free() -> None:
     """Given a service resident on all 8 GPUs of a node while 6 of its calls run or wait at once
     on average, then that instance is named for unloading; on a busy chunk it is left alone."""
@@ -91,7 +83,6 @@ def test_an_instance_the_load_outgrew_is_retired_while_free() -> None:
     assert oversized(state, demand, inst, 0.0) == []
 
 
-@pytest.mark.unit
 def test_the_paper_policy_neither_lends_nor_warms() -> None:
     """tangram-dp and fcfs-min stay the paper's algorithm: no loans, no warm placements."""
     for name in ("tangram-dp", "fcfs-min"):

@@ -14,7 +14,6 @@ from tangram_celery.common.actions import ActionResult, ActionStatus
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import BrokerError, ResultTimeout
 
-pytestmark = pytest.mark.unit
 pytest.importorskip("fastapi")
 
 

@@ -21,8 +21,6 @@ from tangram_celery.common.wire import (
     resident_map,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def test_action_meta_carries_exactly_its_types_fields() -> None:
     """A code action's metadata has cpus and memory, a reward action's its model; metadata of
