@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from tangram_celery.client.gate import Gate
 from tangram_celery.integrations.scoring import Score, ScoreSettings, ScoringError, ScoringOverloaded, score
-from tangram_celery.web.gate import Gate
 
 router = APIRouter(prefix="/tangram/v1", tags=["rewards"])
 SCORER = r"^[a-z0-9][a-z0-9_.-]{0,62}$"

@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram_celery.client.sync import AnyAction
+from tangram_celery.client.gate import Gate, Late, Overloaded
 from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction, RewardAction
+from tangram_celery.common.admission import AnyAction
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.integrations.code_tests import extract_code, parse_ground_truth, to_test_cases
-from tangram_celery.web.gate import Gate, Late, Overloaded
 
 CODE_SCORER = "code"
 # how each reward backend kind takes (prompt, response, label)

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tangram_celery.client.aio import AsyncTangramClient
+from tangram_celery.client.gate import Gate
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
-from tangram_celery.web.gate import Gate
 from tangram_celery.web.phases import COMPILED, LANGUAGES
 from tangram_celery.web.sandbox_fusion import Answer, run_code_fast
 from tangram_celery.web.sandbox_models import Capabilities

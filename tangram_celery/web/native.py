@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tangram_celery.client.aio import UnknownAction
+from tangram_celery.client.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.client.sync import AnyAction
 from tangram_celery.common.actions import (
     COMPILED_LANGUAGES,
@@ -27,7 +28,6 @@ from tangram_celery.common.actions import (
     TestCase,
 )
 from tangram_celery.common.errors import ActionRejected, AdmissionError, ResultTimeout
-from tangram_celery.web.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.web.sandbox_models import ID_PATTERN, Capabilities
 
 router = APIRouter(prefix="/tangram/v1", tags=["tangram"])

@@ -18,9 +18,9 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import Scope
 
+from tangram_celery.client.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.common.actions import ActionResult, CodeAction
 from tangram_celery.common.errors import ActionRejected
-from tangram_celery.web.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.web.phases import (
     COMPILED,
     LANGUAGES,
