@@ -19,10 +19,10 @@ def test_gate_cancels_what_cannot_start_and_refuses_a_full_intake(redis_url: str
     'overloaded' (the store shows it cancelled, never dispatched); with the intake at its bound,
     the next request is refused at once with nothing enqueued."""
     from tangram_celery.client.aio import AsyncTangramClient
+    from tangram_celery.client.gate import Gate, Overloaded
     from tangram_celery.common.actions import ApiAction
     from tangram_celery.common.config import HttpConfig
     from tangram_celery.common.wire import PoolView
-    from tangram_celery.web.gate import Gate, Overloaded
 
     store = Store(redis_url)
     store.ensure_groups()

@@ -61,8 +61,8 @@ class StandIn:
 
 
 def _app(client: StandIn, **http: Any) -> Any:
+    from tangram_celery.client.gate import Gate
     from tangram_celery.web.app import ServerState, create_app
-    from tangram_celery.web.gate import Gate
 
     cfg = parse_config({"http": http})
     app = create_app(cfg, "redis://unused", client=client)  # type: ignore[arg-type]
