@@ -1,13 +1,20 @@
-"""The import layers: the floor never imports the roof, and the scheduler service has no cycles.
+"""The import layers, as folders: each package may import only the layers below it, and no module
+or package imports itself back through another.
 
-- core: `scheduler` (the pure scheduling code) without its service and simulator;
-- floor: what every process shares: config, errors, actions, admission, wire, the store, the
-  Celery app, metrics, the embedded broker;
-- roof: the clients, workers, CLI, HTTP server, deployment and the scheduler service.
+Every import statement is read from the source (AST), at the top, inside a function or under
+TYPE_CHECKING alike, so a new import is checked when it is added. The layers, lowest first:
 
-Core imports only core; the floor imports core and floor (and the reward backends' input
-schemas); neither imports the roof, not even lazily inside a function or for type checking.
-Every import statement is read from the source (AST), so a new import is checked when added.
+- `tangram_runner`: the program that runs inside sandboxes; the standard library only.
+- `scheduler` (core): the pure scheduling code (model, resources, queue, policies, round); it
+  imports nothing of ours.
+- `tangram_celery.common` (the floor): errors, actions, wire, records, config, admission.
+- `tangram_celery.store` (Redis keys, scripts, operations), `tangram_celery.transport` (the Celery
+  app, the embedded broker), `tangram_celery.sandbox` (the sandbox backends), `reward_servers`
+  (Triton, the reward backends) and `scheduler.sim` (the simulator) stand on the floor and core.
+- `tangram_celery.client` (both clients), then `tangram_celery.integrations`, `tangram_celery.web`.
+- `tangram_celery.workers` and `scheduler.service` (the processes that act).
+- the roof: `tangram_celery.deploy` and the top-level modules of `tangram_celery` (cli, demo,
+  report, testing, the facade), which may import anything.
 """
 
 from __future__ import annotations
@@ -18,37 +25,42 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FLOOR = {
-    "tangram_celery.common.errors",
-    "tangram_celery.common.config",
-    "tangram_celery.common.config_front",
-    "tangram_celery.common.actions",
-    "tangram_celery.common.admission",
-    "tangram_celery.common.wire",
-    "tangram_celery.store",
-    "tangram_celery.transport.app",
-    "tangram_celery.common.metrics",
-    "tangram_celery.transport.broker",
-    "tangram_celery.common.lifeline",
+PACKAGES = ("tangram_runner", "scheduler", "tangram_celery", "reward_servers")
+
+CORE = "scheduler"
+COMMON = "tangram_celery.common"
+STORE = "tangram_celery.store"
+TRANSPORT = "tangram_celery.transport"
+SANDBOX = "tangram_celery.sandbox"
+CLIENT = "tangram_celery.client"
+BASE = {CORE, COMMON}
+
+# layer -> the layers it may import (besides itself). A layer not listed here is a new folder
+# that must be given its place before it can be imported.
+ALLOWED: dict[str, set[str]] = {
+    "tangram_runner": set(),
+    CORE: set(),
+    COMMON: {CORE},
+    STORE: BASE,
+    TRANSPORT: BASE | {STORE},
+    SANDBOX: BASE | {"tangram_runner"},
+    "tangram_celery.apis": BASE,
+    "reward_servers": BASE,
+    "scheduler.sim": BASE,
+    CLIENT: BASE | {STORE, TRANSPORT},
+    "tangram_celery.integrations": BASE | {STORE, TRANSPORT, CLIENT},
+    "tangram_celery.web": BASE | {STORE, TRANSPORT, CLIENT, "tangram_celery.integrations"},
+    "tangram_celery.workers": BASE
+    | {STORE, TRANSPORT, SANDBOX, "tangram_runner", "reward_servers", "tangram_celery.apis"},
+    "scheduler.service": BASE | {STORE, TRANSPORT, "reward_servers"},
 }
-ROOF = {
-    "tangram_celery.client.sync",
-    "tangram_celery.client.aio",
-    "tangram_celery.workers",
-    "tangram_celery.cli",
-    "tangram_celery.web",
-    "tangram_celery.deploy",
-    "tangram_celery.demo",
-    "tangram_celery.integrations",
-    "tangram_celery.testing",
-    "scheduler.service",
-}
+ROOF = {"tangram_celery.deploy", "tangram_celery"}  # may import anything
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the three packages: dotted name -> file."""
+    """Every module of our packages: dotted name -> file."""
     out = {}
-    for pkg in ("scheduler", "tangram_celery", "reward_servers"):
+    for pkg in PACKAGES:
         for path in (ROOT / pkg).rglob("*.py"):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -58,7 +70,7 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of `known` that `name` imports anywhere in its source."""
+    """The modules of `known` that `name` imports anywhere in its source (itself excluded)."""
     tree = ast.parse(path.read_text(), str(path))
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
@@ -76,85 +88,146 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         for t in targets:
             while t and t not in known:
                 t = t.rpartition(".")[0]
-            if t:
+            if t and t != name:
                 out.add(t)
     return out
 
 
-def layer(name: str, groups: set[str]) -> bool:
-    return any(name == g or name.startswith(g + ".") for g in groups)
-
-
-def is_core(name: str) -> bool:
-    return name.startswith("scheduler") and not layer(name, {"scheduler.service", "scheduler.sim"})
-
-
-def test_floor_and_core_never_import_the_roof() -> None:
-    """No floor or core module imports a roof module, at the top, in a function or for typing;
-    core imports nothing of tangram_celery or reward_servers."""
+def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
+    return {name: imports(name, path, known) for name, path in mods.items()}
+
+
+def layer_of(module: str) -> str:
+    """The layer (a folder) a module belongs to: the deepest listed folder that holds it."""
+    best = ""
+    for group in (*ALLOWED, *ROOF):
+        if (module == group or module.startswith(group + ".")) and len(group) > len(best):
+            best = group
+    return best
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_of(module: str) -> str:
+    """The folder (package) of a module: a package's __init__ counts as its own folder."""
+    is_pkg = (ROOT / module.replace(".", "/") / "__init__.py").exists()
+    return module if is_pkg else module.rpartition(".")[0] or module
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    """A new folder gets its place in the layers before anything can depend on it."""
+    assert not [m for m in graph() if not layer_of(m)], "modules in no layer"
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    """No module imports a layer its own layer may not import (lazy and type-checking imports
+    included): the floor never reaches the roof, the runner and the core import nothing of ours."""
     bad = []
-    for name, path in mods.items():
-        floor, core = layer(name, FLOOR), is_core(name)
-        if not (floor or core):
+    for name, targets in graph().items():
+        here = layer_of(name)
+        if here in ROOF:
             continue
-        for target in imports(name, path, known):
-            if layer(target, ROOF) or (core and not is_core(target) and target != name):
-                bad.append(f"{name} imports {target}")
+        for target in targets:
+            there = layer_of(target)
+            if there != here and there not in ALLOWED[here]:
+                bad.append(f"{name} ({here}) imports {target} ({there})")
     assert not bad, "\n".join(sorted(bad))
 
 
-def test_only_the_cli_starts_the_scheduler_service() -> None:
-    """Clients, workers and the HTTP server do not import the scheduler service (they share
-    the wire models and the pool view with it instead); the CLI and the deployment start it."""
-    mods = modules()
-    known = set(mods)
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle between modules, however long (a package's __init__ is a module: a child
+    imports its siblings, not its own package)."""
+    assert cycles(graph()) == []
+
+
+def test_no_package_imports_itself_back() -> None:
+    """No import cycle between folders: if a package imports another, nothing in the other
+    imports the first."""
+    pg: dict[str, set[str]] = {}
+    for name, targets in graph().items():
+        for target in targets:
+            a, b = package_of(name), package_of(target)
+            if a != b:
+                pg.setdefault(a, set()).add(b)
+    assert cycles(pg) == []
+
+
+def test_the_runner_uses_the_standard_library_only() -> None:
+    """The in-sandbox program runs under whatever python3 a sandbox has: it imports nothing from
+    site-packages (but pytest, which `pytest_boot` runs under when a suite asks for it)."""
+    stdlib = set(sys.stdlib_module_names) | {"tangram_runner", "__future__", "pytest", "_pytest"}
+    bad = []
+    for path in (ROOT / "tangram_runner").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] not in stdlib]
+    assert not bad, bad
+
+
+def test_only_the_roof_starts_the_scheduler_service() -> None:
+    """Clients, workers and the HTTP server do not import the scheduler service (they share the
+    wire models and the pool view with it instead); the CLI and the deployment start it."""
     bad = [
         f"{name} imports {target}"
-        for name, path in mods.items()
-        if name.startswith("tangram_celery")
-        and not layer(name, {"tangram_celery.cli", "tangram_celery.deploy"})
-        for target in imports(name, path, known)
-        if layer(target, {"scheduler.service"})
+        for name, targets in graph().items()
+        if layer_of(name) not in ROOF and not name.startswith("scheduler.service")
+        for target in targets
+        if target.startswith("scheduler.service")
     ]
     assert not bad, "\n".join(sorted(bad))
 
 
 def test_importing_the_floor_loads_no_roof_module() -> None:
     """In a fresh interpreter, importing every floor module (and so the package facade) leaves
-    no roof module in sys.modules."""
+    no module of a higher layer in sys.modules."""
+    floor = sorted(m for m in graph() if layer_of(m) == COMMON)
+    high = sorted(set(ALLOWED) - {CORE, COMMON, "tangram_runner"} | ROOF - {"tangram_celery"})
     code = (
         "import sys\n"
-        + "".join(f"import {m}\n" for m in sorted(FLOOR))
-        + f"roof = {sorted(ROOF)!r}\n"
-        + "print([m for m in sys.modules if any(m == r or m.startswith(r + '.') for r in roof)])\n"
+        + "".join(f"import {m}\n" for m in floor)
+        + f"high = {high!r}\n"
+        + "print([m for m in sys.modules if any(m == r or m.startswith(r + '.') for r in high)])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
-
-
-def test_the_scheduler_service_has_no_import_cycle() -> None:
-    """The modules of scheduler.service import each other without a cycle (type-checking
-    imports included): the loop applies what the parts decide, no part reaches back into it."""
-    mods = {n: p for n, p in modules().items() if n.startswith("scheduler.service.")}
-    graph = {n: {t for t in imports(n, p, set(mods)) if t != n} for n, p in mods.items()}
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(n: str) -> None:
-        state[n] = 1
-        path.append(n)
-        for m in sorted(graph[n]):
-            if state.get(m) == 1:
-                cycle = [*path[path.index(m) :], m]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if m not in state:
-                visit(m)
-        path.pop()
-        state[n] = 2
-
-    for n in sorted(graph):
-        if n not in state:
-            visit(n)
-    assert "scheduler.service.loop" not in set().union(*graph.values())
