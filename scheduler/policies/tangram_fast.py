@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from scheduler.eviction import Evictions
-from scheduler.execution import ExecutionModel
+from scheduler.execution import ExecutionModel, TimeShareSpec
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import register
 from scheduler.policies.common import PoolKey, waiting
@@ -39,7 +39,6 @@ from scheduler.policies.elastic import (
 )
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.policies.gpu_aware import gpu_candidates, residency_gpu_solver
-from scheduler.policies.time_share import TimeShareSpec
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 

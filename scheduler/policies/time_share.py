@@ -48,39 +48,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from scheduler.eviction import Evictions
+from scheduler.execution import TimeShareSpec
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.cpu_batch import Observed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
-
-
-@dataclass(frozen=True, slots=True)
-class TimeShareSpec:
-    """Bounds of time sharing (see the module doc).
-
-    `max_action_s`: only kinds measured to take at most this long (seconds, at their unit
-    count) share; `per_core`: sharers on one held core at once; `weight`: a sharer's sandbox
-    CPU weight relative to its host's (the default weight); `min_share`: the least share of
-    each of its cores a sharer may be placed with (its expected slow-down at most
-    1 / min_share); `max_holder_loss`: the most of a host's cores' worth its sharers take in all
-    (a fraction of its cores).
-    """
-
-    max_action_s: float = 5.0
-    per_core: int = 1
-    weight: float = 0.25
-    min_share: float = 0.5
-    max_holder_loss: float = 0.125
-
-    def __post_init__(self) -> None:
-        if (
-            self.max_action_s <= 0
-            or self.per_core < 1
-            or not 0 < self.weight <= 1
-            or not 0 < self.min_share <= 1
-            or not 0 < self.max_holder_loss < 1
-        ):
-            raise ValueError(f"bad time-share bounds: {self}")
 
 
 def core_share(mine: float, holder: float, others: Iterable[float] = ()) -> float:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.policies.time_share import TimeShareSpec, core_share
+from scheduler.execution import TimeShareSpec
+from scheduler.policies.time_share import core_share
 
 Core = tuple[str, int]  # (node, core id)
 

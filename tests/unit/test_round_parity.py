@@ -19,9 +19,9 @@ import pytest
 
 from scheduler.duration import Amdahl
 from scheduler.estimator import DurationEstimator, Prior
+from scheduler.execution import TimeShareSpec
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies import get_policy
-from scheduler.execution import TimeShareSpec
 from scheduler.resources import ClusterState
 from scheduler.service import SchedulerService
 from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
@@ -234,7 +234,7 @@ def test_simulator_and_live_loop_time_share_the_same(tmp_path: Any, monkeypatch:
     the same time sharers in the same rounds, on the same held cores, and every policy round
     allocates the same (the test's workers run each action as long as it ran in the simulator,
     where sharing slowed it)."""
-    import scheduler.round as round_module
+    import scheduler.round.plan as round_module
 
     share = {"weight": 1.0, "min_share": 0.4, "max_holder_loss": 0.75, "per_core": 2}
     placed: list[tuple[float, list[tuple[str, str, tuple[int, ...], tuple[str, ...]]]]] = []
