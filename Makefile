@@ -43,13 +43,13 @@ test-integration: venv
 	$(BIN)/python -m pytest -q -m integration tests
 
 lint: venv
-	$(BIN)/ruff check tangram_celery scheduler reward_servers tests benchmarks
-	$(BIN)/ruff format --check tangram_celery scheduler reward_servers tests benchmarks
+	$(BIN)/ruff check tangram_celery scheduler reward_servers tangram_runner tests benchmarks
+	$(BIN)/ruff format --check tangram_celery scheduler reward_servers tangram_runner tests benchmarks
 	$(BIN)/mypy
 
 format: venv
-	$(BIN)/ruff format tangram_celery scheduler reward_servers tests benchmarks
-	$(BIN)/ruff check --fix tangram_celery scheduler reward_servers tests benchmarks
+	$(BIN)/ruff format tangram_celery scheduler reward_servers tangram_runner tests benchmarks
+	$(BIN)/ruff check --fix tangram_celery scheduler reward_servers tangram_runner tests benchmarks
 
 bench: venv
 	$(BIN)/python benchmarks/overhead.py

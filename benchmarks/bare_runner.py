@@ -1,7 +1,7 @@
 """The sandbox's runner without the sandbox, for benchmarks: the fair baseline for what isolation
 costs per test.
 
-The same runner code (`tangram_celery/sandbox/inside/`: warm zygote, fork server, the harness's
+The same runner code (`tangram_runner/`: warm zygote, fork server, the harness's
 own verdict, build cache) runs as PID 1 of a bare pid + mount namespace, which it needs to run at
 all: it chowns /tmp and its workdir (here private tmpfs mounts, not the host's) and may
 `kill(-1)` (only its own processes here). Nothing else of the sandbox: no cgroups (no memory,
@@ -15,6 +15,7 @@ Root only (namespaces, uid switching), like the namespace backend.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -32,6 +33,7 @@ from tangram_celery.sandbox.limits import (
 )
 from tangram_celery.sandbox.link import call_runner
 from tangram_celery.sandbox.stage import RUNNER_SRC_DIR
+from tangram_runner import boot
 
 TMPFS_MB = 64  # /tmp and the workdir, as the sandbox's default quota
 
@@ -44,8 +46,10 @@ class BareRunner:
         self.dir = Path(tempfile.mkdtemp(prefix="tangram-bare-", dir="/run"))
         os.chmod(self.dir, 0o700)
         runner = self.dir / "runner"
-        shutil.copytree(RUNNER_SRC_DIR, runner, ignore=shutil.ignore_patterns("__pycache__"))
-        for p in [runner, *runner.iterdir()]:
+        shutil.copytree(
+            RUNNER_SRC_DIR, runner / "tangram_runner", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        for p in [runner, *runner.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         os.chmod(self.dir, 0o711)  # the sandbox uid must reach the runner's files, not list them
         self.sock = self.dir / "sock" / "runner.sock"
@@ -55,7 +59,7 @@ class BareRunner:
         opts = f"size={TMPFS_MB}m,nosuid,nodev"
         script = (
             f"mount -t tmpfs -o {opts} tmpfs /tmp && mount -t tmpfs -o {opts} tmpfs {work} && "
-            f"exec taskset -c {core} {SANDBOX_PYTHON} -E -s -S {runner}/runner.py "
+            f"exec taskset -c {core} {shlex.join(boot.argv(SANDBOX_PYTHON, str(runner), 'runner'))} "
             f"--socket {self.sock} --uid {SANDBOX_UID} --workdir {work}"
         )
         argv = [

@@ -49,8 +49,8 @@ from benchmarks.sandbox import engine
 from tangram_celery.common.actions import LANGUAGES, TestCase
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
-from tangram_celery.sandbox.inside import _tangram_langs as langs
 from tangram_celery.sandbox.languages import detect
+from tangram_runner import langs
 from tests.problems import Problem, all_problems
 
 TIMEOUT_S = 10.0

@@ -19,16 +19,15 @@ from tangram_celery.common.actions import (
 )
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
+from tangram_runner import boot
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 SANDBOX_UID = 10001  # the uid user code runs as; owns nothing outside the workdir and /tmp
 VERIFIER_UID = SANDBOX_UID + 1  # assert tests are judged under this uid (the runner derives it)
 WORKDIR = "/work"
 RUNNER_SOCKET = "/run/tangram/runner.sock"
-RUNNER_DIR = "/opt/tangram/runner"  # tangram_celery/sandbox/inside, read-only
-RUNNER_PATH = f"{RUNNER_DIR}/runner.py"
-# -E -s -S: no env, no site; not -I, which would drop the runner's own dir from sys.path
-RUNNER_ARGV = [SANDBOX_PYTHON, "-E", "-s", "-S", RUNNER_PATH]
+RUNNER_DIR = "/opt/tangram/runner"  # holds the package tangram_runner, read-only
+RUNNER_ARGV = boot.argv(SANDBOX_PYTHON, RUNNER_DIR, "runner")  # -E -s -S, RUNNER_DIR first on sys.path
 TOOLS_PATH = "/opt/tangram/site"  # read-only site-packages with pytest + pytest-xdist
 HOST_RO_PATHS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
 RUNNER_GRACE_S = 5.0  # the host gives up on a runner this long after the action's timeout

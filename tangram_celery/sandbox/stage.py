@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tangram_runner
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox import tools
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STAGE_DIR = "/run/tangram-sandbox"
 PACKAGE_DIR = Path(__file__).resolve().parent
-RUNNER_SRC_DIR = PACKAGE_DIR / "inside"
+RUNNER_SRC_DIR = Path(tangram_runner.__file__).resolve().parent  # copied into runner/tangram_runner
 BOOT_FILES = (PACKAGE_DIR / "launcher.py", PACKAGE_DIR.parent / "common" / "lifeline.py")
 SCOPE_LEN = 16
 
@@ -139,7 +140,8 @@ class Stage:
         for d in (self.sandboxes, self.logs, self.root):
             d.mkdir(mode=0o700, exist_ok=True)
         if not self.runner.exists():
-            _copy_tree(RUNNER_SRC_DIR, self.runner)
+            self.runner.mkdir(mode=0o755)
+            _copy_tree(RUNNER_SRC_DIR, self.runner / RUNNER_SRC_DIR.name)
         if not self.boot.exists():
             self.boot.mkdir(mode=0o755)
             for f in BOOT_FILES:

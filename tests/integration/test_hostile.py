@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+import tangram_runner
 from tangram_celery.common.actions import ActionStatus
-from tangram_celery.sandbox import ExecRequest, inside
+from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.common import unavailable
 from tests.fixtures.docker import SMALL_LIMITS
 
@@ -49,7 +50,7 @@ def healthy(box: Any, traj: str) -> None:
     res = run(box, traj, language="python", code=LIST_PROCS)
     assert res.status is ActionStatus.OK, res
     procs = {p: (int(uid), cmd) for p, uid, cmd in (line.split(" ", 2) for line in res.stdout.splitlines())}
-    assert "runner.py" in procs.get("1", (0, ""))[1], procs
+    assert "tangram_runner.runner" in procs.get("1", (0, ""))[1], procs
     zygotes = [p for p, (uid, _) in procs.items() if uid == 0 and p != "1"]  # no user code is root
     verifiers = [p for p, (uid, _) in procs.items() if uid == 10002]
     assert len(zygotes) == 1 and set(procs) == {"1", *zygotes, *verifiers}, f"leftover processes: {procs}"
@@ -331,7 +332,7 @@ def test_planted_links_do_not_redirect_privileged_writes(sandbox_backend: Any) -
     st = state_dir.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
     assert sorted(p.name for p in state_dir.iterdir()) == before
-    assert not (Path(inside.__file__).parent / "x").exists()
+    assert not (Path(tangram_runner.__file__).parent / "x").exists()
     healthy(sandbox_backend, traj)
 
 

@@ -123,7 +123,7 @@ def test_nothing_outlives_tangram_up(
     children = descendants(up.proc.pid)
     assert cgroup_pids(scope), "the action's sandbox runner should be running"
     seen = cmdlines(children)
-    for part in ("redis-server", "cli scheduler", "worker cpu", "worker api", "flower", "runner.py"):
+    for part in ("redis-server", "cli scheduler", "worker cpu", "worker api", "flower", "tangram_runner"):
         assert part in seen, f"{part!r} not among the children:\n{seen}"
 
     os.kill(up.proc.pid, sig)

@@ -55,7 +55,7 @@ for obj in gc.get_objects():  # the user side of the test protocol: answer True 
 FORGE_PROTOCOL = """
 import socket, sys
 sys.path.insert(0, '/opt/tangram/runner')
-import _tangram_codec as c
+from tangram_runner import codec as c
 sock = socket.socket(fileno=3)
 c.send_msg(sock, c.encode(('ready', {}), lambda o: 1))
 while (msg := c.recv_msg(sock)) is not None:

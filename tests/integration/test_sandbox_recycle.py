@@ -102,7 +102,7 @@ def test_a_recycled_sandbox_shows_nothing_of_its_previous_occupant(box: Any) -> 
     assert fresh is not None and fresh.ref is h.ref
     res = box._exec(fresh, req(INSPECT))
     assert (res.status, res.stdout.strip()) == (ActionStatus.OK, CLEAN), res
-    again = box._exec(fresh, req("print(open('/opt/tangram/runner/runner.py').read()[:3])"))
+    again = box._exec(fresh, req("print(open('/opt/tangram/runner/tangram_runner/runner.py').read()[:3])"))
     assert again.stdout.strip() == '"""', again
     box._teardown(fresh)
 
@@ -315,7 +315,7 @@ def test_a_verifier_of_a_group_judges_later_occupants_of_that_group_only(box: An
 
 def test_a_verifier_a_test_left_large_retires_after_that_test(box: Any) -> None:
     """Given a verifier of a group whose test left 72 MiB allocated in it (a module of the
-    test's own; `_tangram_verifier.MAX_RSS_MB` is 64), when that test is done, then its verdict
+    test's own; `verifier.MAX_RSS_MB` is 64), when that test is done, then its verdict
     stands, the verifier has ended, and the next test gets a new one, which stays."""
     from tangram_celery.common.actions import TestCase
 

@@ -12,9 +12,8 @@ from tangram_celery.common.actions import COMPILED_LANGUAGES, LANGUAGES, CodeAct
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.wire import ActionMeta, PoolView
 from tangram_celery.sandbox import languages
-from tangram_celery.sandbox.inside import _tangram_build as build
-from tangram_celery.sandbox.inside import _tangram_langs as langs
-from tangram_celery.store.client_side import languages_of
+from tangram_celery.store.client_ops import languages_of
+from tangram_runner import build, langs
 
 
 def test_runner_and_host_agree_on_the_languages() -> None:

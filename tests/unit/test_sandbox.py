@@ -10,8 +10,8 @@ from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.cgroups import CgroupSet, _field
-from tangram_celery.sandbox.inside._tangram_suite import rewrite
 from tangram_celery.sandbox.limits import Limits, classify, counter_delta, runner_payload, to_result
+from tangram_runner.suite import rewrite
 
 COUNTERS = {"oom_kill": 0, "pids_max": 0}
 
@@ -82,7 +82,7 @@ def test_payload_gives_the_compile_phase_its_floor_of_memory() -> None:
     assert runner_payload(bare, Limits(), [], 512)["compile_memory_mb"] == 64
 
 
-BOOT = "/usr/bin/python3 -E -s /r/_tangram_pytest.py --tangram-fd 3 --tangram-path /opt/tangram/site"
+BOOT = "/usr/bin/python3 -E -s /r/pytest_boot.py --tangram-fd 3 --tangram-path /opt/tangram/site"
 
 
 @pytest.mark.parametrize(

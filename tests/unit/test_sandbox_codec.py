@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.sandbox.inside._tangram_codec import (
+from tangram_runner.codec import (
     FIRST_READ_B,
     MAX_DEPTH,
     CodecError,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery.sandbox.inside import _tangram_fs as fs
+from tangram_runner import fs
 
 pytestmark = [
     pytest.mark.skipif(os.getuid() != 0, reason="writing files for another uid needs root"),

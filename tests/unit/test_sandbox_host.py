@@ -58,7 +58,7 @@ def test_stage_layout_locks_and_stale_incarnations(tmp_path: Path) -> None:
     me = Stage(tmp_path / "stage", SandboxScope(scope))
     try:
         assert oct(os.stat(me.dir).st_mode & 0o777) == "0o700"
-        assert (me.runner / "runner.py").is_file() and me.launcher.is_file()
+        assert (me.runner / "tangram_runner" / "runner.py").is_file() and me.launcher.is_file()
         assert me.alive(live.who.incarnation) and me.alive(dead.who.incarnation)
         os.close(dead._lock_fd)  # as if its process had died
         dead._lock_fd = -1

@@ -1,4 +1,4 @@
-"""The sandbox runner's process pump (`_tangram_proc.Action`) with a real zygote, run from this
+"""The sandbox runner's process pump (`proc.Action`) with a real zygote, run from this
 process (standing in for the runner)."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery.sandbox.inside import _tangram_proc
-from tangram_celery.sandbox.inside._tangram_proc import Action, Zygote
+from tangram_runner.proc import Action, Zygote
 
 pytestmark = [
     pytest.mark.skipif(os.getuid() != 0, reason="children drop their uid and groups, which needs root"),
@@ -20,7 +19,7 @@ pytestmark = [
 @pytest.fixture
 def zygote() -> Iterator[Zygote]:
     """A zygote, started as the runner starts it."""
-    z = Zygote(str(Path(_tangram_proc.__file__).with_name("_tangram_zygote.py")))
+    z = Zygote()
     z.start()
     try:
         yield z
@@ -98,7 +97,7 @@ def test_a_killed_verifier_counts_as_dying_only_while_it_holds_its_pid(zygote: Z
     next prune (its pidfd tells its end: the seed that forked it sends no exit reports)."""
     import time
 
-    from tangram_celery.sandbox.inside._tangram_proc import verifier_spec
+    from tangram_runner.proc import verifier_spec
 
     pool = zygote.verifiers
     v = pool.get(verifier_spec({"uid": 10001, "workdir": "/", "nofile": 64}))
@@ -119,7 +118,7 @@ def test_verifiers_are_forked_by_a_seed_and_die_with_it(zygote: Zygote) -> None:
     the next verifier comes from a new seed."""
     import time
 
-    from tangram_celery.sandbox.inside._tangram_proc import verifier_spec
+    from tangram_runner.proc import verifier_spec
 
     def ppid(pid: int) -> int:
         with open(f"/proc/{pid}/stat") as f:

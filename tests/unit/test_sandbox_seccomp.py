@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tangram_celery.sandbox.inside import _tangram_seccomp as sc
+from tangram_runner import seccomp as sc
 
 X86, ARM = sc.AUDIT_ARCH_X86_64, sc.AUDIT_ARCH_AARCH64
 ALLOW, EPERM, ENOSYS = sc.RET_ALLOW, sc.RET_ERRNO | sc.EPERM, sc.RET_ERRNO | sc.ENOSYS
@@ -89,7 +89,7 @@ def test_foreign_calling_conventions_are_refused() -> None:
 CHILD = """
 import ctypes, os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-import _tangram_seccomp as sc
+from tangram_runner import seccomp as sc
 os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
 sc.install()
 libc = ctypes.CDLL(None, use_errno=True)
@@ -108,9 +108,9 @@ def test_installed_filter_blocks_user_namespaces_in_a_real_child() -> None:
     """Given a child that dropped privileges and installed the filter, when it tries to unshare
     a user namespace (directly and via `unshare -Ur`), then it fails and never becomes uid 0;
     forking and exec'ing still work."""
-    inside = Path(sc.__file__).parent
+    root = Path(sc.__file__).parent.parent
     out = subprocess.run(
-        ["/usr/bin/python3", "-c", CHILD, str(inside)], capture_output=True, text=True, timeout=60
+        ["/usr/bin/python3", "-c", CHILD, str(root)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.sandbox.inside._tangram_suite import Channel, verdict
+from tangram_runner.suite import Channel, verdict
 
 
 @pytest.fixture

@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.sandbox.inside import _tangram_proxy
-from tangram_celery.sandbox.inside._tangram_codec import encode, recv_msg, send_msg
-from tangram_celery.sandbox.inside._tangram_proc import (
+from tangram_runner import proxy
+from tangram_runner.codec import encode, recv_msg, send_msg
+from tangram_runner.proc import (
     MAX_RUNNER_COMPILE,
     TEST_FILENAME,
     assert_payload,
     compiled_payload,
 )
-from tangram_celery.sandbox.inside._tangram_proxy import Conn
-from tangram_celery.sandbox.inside._tangram_serve import Server, exception_record
-from tangram_celery.sandbox.inside._tangram_verifier import verify
+from tangram_runner.proxy import Conn
+from tangram_runner.serve import Server, exception_record
+from tangram_runner.verifier import verify
 
 COMPILED_BY = ["verifier"]  # who compiles the test's code: set per test by the fixture below
 
@@ -47,7 +47,7 @@ def user_code_patches_nothing_of_this_process() -> Iterator[None]:
 @pytest.fixture(autouse=True, params=["verifier", "runner"])
 def compiled_by(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every verdict twice: the verifier compiles the test's code itself, or gets it compiled
-    by the runner (`_tangram_proc.assert_payload`, marshalled as the job's memfd carries it)."""
+    by the runner (`proc.assert_payload`, marshalled as the job's memfd carries it)."""
     COMPILED_BY[0] = request.param
     yield request.param
     COMPILED_BY[0] = "verifier"
@@ -272,7 +272,7 @@ def test_a_verifier_warm_up_passes_and_leaves_the_interpreter_as_it_was() -> Non
     import builtins
     import sys
 
-    from tangram_celery.sandbox.inside._tangram_verifier import warm_up
+    from tangram_runner.verifier import warm_up
 
     before = (dict(vars(builtins)), list(sys.path), list(sys.meta_path))
     assert warm_up() is True
@@ -284,7 +284,7 @@ def test_the_runner_compiles_tests_as_the_verifier_would(compiled_by: str) -> No
     """Given assert code, when the runner prepares it for a verifier, then the verifier gets the
     source and its code object under the verifier's file name; and code that does not compile
     goes as source, for the verifier to say why."""
-    assert TEST_FILENAME == _tangram_proxy.TEST_FILENAME
+    assert TEST_FILENAME == proxy.TEST_FILENAME
     payload, compiled = assert_payload("assert 1 + 1 == 2")
     source, code = marshal.loads(payload)
     assert compiled and source == "assert 1 + 1 == 2" and code.co_filename == TEST_FILENAME

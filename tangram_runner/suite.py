@@ -31,7 +31,7 @@ def mentions_pytest(cmd: str) -> bool:
 def rewrite(cmd: str, dop: int, runner_dir: str, pythonpath: list[str]) -> str:
     """Every `pytest` / `python -m pytest` becomes the bootstrap (with `-n dop` when dop > 1)."""
     boot = (
-        f"{shlex.quote(sys.executable)} -E -s {shlex.quote(os.path.join(runner_dir, '_tangram_pytest.py'))}"
+        f"{shlex.quote(sys.executable)} -E -s {shlex.quote(os.path.join(runner_dir, 'pytest_boot.py'))}"
         f" --tangram-fd {REPORT_FD} --tangram-path {shlex.quote(':'.join(pythonpath) or ':')}"
     )
     if dop > 1 and " -n " not in cmd:

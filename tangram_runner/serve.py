@@ -15,18 +15,16 @@ import traceback
 import types
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside._tangram_codec import (
-        CodecError,
-        decode,
-        encode,
-        recv_msg,
-        send_msg,
-    )
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_codec import CodecError, decode, encode, recv_msg, send_msg  # type: ignore[no-redef]
+from tangram_runner.codec import (
+    CodecError,
+    decode,
+    encode,
+    recv_msg,
+    send_msg,
+)
 
 _MUTABLE = (list, dict, set)
+_HARNESS_DIR = __file__.rpartition("/")[0] + "/"  # the frames of this package's own modules
 _BASES: tuple[Any, ...] = (int, float, complex, str, bytes, tuple, list, dict, frozenset, set)
 
 
@@ -44,7 +42,7 @@ def exception_record(e: BaseException) -> tuple[str, str, str, str]:
     except BaseException:
         msg = f"<unprintable {type(e).__name__}>"
     tb_obj = e.__traceback__
-    while tb_obj is not None and "/_tangram_" in tb_obj.tb_frame.f_code.co_filename:
+    while tb_obj is not None and tb_obj.tb_frame.f_code.co_filename.startswith(_HARNESS_DIR):
         tb_obj = tb_obj.tb_next  # the harness's own frames say nothing about the user's error
     try:
         tb = "".join(traceback.format_exception(type(e), e, tb_obj))[-1500:]

@@ -19,12 +19,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside._tangram_spawn import SpawnFailed, Zygote, memfd
-    from tangram_celery.sandbox.inside._tangram_verifiers import Verifier
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_spawn import SpawnFailed, Zygote, memfd  # type: ignore[no-redef]
-    from _tangram_verifiers import Verifier  # type: ignore[no-redef]
+from tangram_runner.spawn import SpawnFailed, Zygote, memfd
+from tangram_runner.verifiers import Verifier
 
 __all__ = [
     "Action",
@@ -39,7 +35,7 @@ __all__ = [
 ]
 
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
-# what assert_code is compiled as: _tangram_proxy.TEST_FILENAME (not imported here: the runner
+# what assert_code is compiled as: proxy.TEST_FILENAME (not imported here: the runner
 # does not need the proxies, and what it imports shapes the zygote's heap, forked from it)
 TEST_FILENAME = "<test>"
 MAX_RUNNER_COMPILE = 1 << 16  # characters of a program the runner compiles (`compiled_payload`)
@@ -77,7 +73,7 @@ def compiled_payload(source: str, filename: str) -> tuple[bytes, bool]:
     off the pages the process shares with its parent: a compile in a fresh fork is a
     copy-on-write fault on every page the compiler writes. The marshalled code goes in a memfd
     to processes of the action only, which read it before they drop to the sandbox uid and
-    close every descriptor they were not given (`_tangram_child.setup`): user code never holds
+    close every descriptor they were not given (`child.setup`): user code never holds
     it."""
     if len(source) <= MAX_RUNNER_COMPILE:
         try:
@@ -205,7 +201,7 @@ class Action:
             **req.get("env", {}),
         }
         # no variable of the caller's: the zygote may take this environment on as its own
-        # before it forks (`_tangram_child.adopt_env`) instead of each child setting it up
+        # before it forks (`child.adopt_env`) instead of each child setting it up
         self.std_env = not req.get("env")
         self.compiled_fd: int | None = None  # the code memfd holds (source, code object)
 

@@ -2,8 +2,7 @@
 
 It listens on a unix socket that only root can reach, reads one JSON request at a time (over a
 connection the host keeps open for the sandbox's occupants, or one of its own:
-_tangram_control.Connections),
-runs it as the unprivileged sandbox uid and answers one JSON line of *facts* (exit code, output,
+`control.Connections`), runs it as the unprivileged sandbox uid and answers one JSON line of *facts* (exit code, output,
 flags such as timed_out / output_capped / disk_full); the host turns facts into a status.
 
 Why PID 1: orphans of user code are reparented to it, and `kill(-1, SIGKILL)` from PID 1 reaches
@@ -11,7 +10,7 @@ every other process of the sandbox (daemons, double forks, fork bombs) and nothi
 the sandboxed uid cannot signal PID 1.
 
 The runner holds requests, so nothing is ever forked from its memory: user processes and the
-verifiers of assert tests (another uid, _tangram_verifier) come from the zygote (_tangram_zygote,
+verifiers of assert tests (another uid, `verifier`) come from the zygote (`zygote`,
 forked at the runner's start, before it imports its own modules, or exec'd fresh; warm, holding
 nothing secret), and expected outputs are compared here. See
 docs/sandbox.md, "Threat model".
@@ -27,15 +26,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-# Only what the zygote imports too, up to `main`'s fork of it (`_tangram_spawn.fork_zygote`);
+# Only what the zygote imports too, up to `main`'s fork of it (`spawn.fork_zygote`);
 # the runner's own modules come after, in `serve`.
-try:
-    from tangram_celery.sandbox.inside._tangram_spawn import fork_zygote
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_spawn import fork_zygote  # type: ignore[no-redef]
+from tangram_runner.spawn import fork_zygote
 
 _PR_SET_DUMPABLE = 4
-ZYGOTE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tangram_zygote.py")
 
 
 def _harden() -> None:
@@ -49,23 +44,16 @@ def _harden() -> None:
 def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket]) -> None:
     """Answer the host's requests one at a time, forever. `started`: the zygote `main` forked before
     this process imported its own modules or read a request."""
-    try:
-        from tangram_celery.sandbox.inside._tangram_control import Connections, Control
-        from tangram_celery.sandbox.inside._tangram_fs import reset_tops
-        from tangram_celery.sandbox.inside._tangram_jobs import handle, warm_up
-        from tangram_celery.sandbox.inside._tangram_proc import Zygote, _strays, kill_all, prime
-        from tangram_celery.sandbox.inside._tangram_scrub import scrub
-    except ImportError:  # inside the sandbox this directory is sys.path[0]
-        from _tangram_control import Connections, Control  # type: ignore[no-redef]
-        from _tangram_fs import reset_tops  # type: ignore[no-redef]
-        from _tangram_jobs import handle, warm_up  # type: ignore[no-redef]
-        from _tangram_proc import Zygote, _strays, kill_all, prime  # type: ignore[no-redef]
-        from _tangram_scrub import scrub  # type: ignore[no-redef]
+    from tangram_runner.control import Connections, Control
+    from tangram_runner.fs import reset_tops
+    from tangram_runner.jobs import handle, warm_up
+    from tangram_runner.proc import Zygote, _strays, kill_all, prime
+    from tangram_runner.scrub import scrub
 
     for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
         os.chown(path, uid, uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
-    zygote = Zygote(ZYGOTE_PATH)
+    zygote = Zygote()
     zygote.adopt(started)
     zygote.wait_ready()  # part of the sandbox's start, not of its first action
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -76,7 +64,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
     os.chmod(tmp, 0o600)
     srv.listen(8)
     os.rename(tmp, sock_path)  # appears only once it accepts
-    control = Control(srv)  # the host's requests while an action runs (_tangram_control)
+    control = Control(srv)  # the host's requests while an action runs (control)
     conns = Connections(srv)
     while True:
         conn = conns.next_request()
@@ -100,7 +88,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
                 if req.get("prime"):  # a ready sandbox: warm, before the host offers it
                     _prime(req["prime"], uid, workdir, zygote, warm_up, None)
                 out = {"pong": True}
-            elif req.get("op") == "scrub":  # between occupants (_tangram_scrub)
+            elif req.get("op") == "scrub":  # between occupants (scrub)
                 out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
                 primed = req.get("prime") if out["scrubbed"] else None
             elif req.get("op") == "dop":  # for an action that is not running (any more)
@@ -132,8 +120,8 @@ def _prime(
     zygote, so no user code has talked to it, and warmed up (its first-use costs paid here,
     off that test's path). With `warm_up` (a new sandbox, before it is offered), through one
     test of the harness's own with a user process, which also warms the runner and the zygote
-    (`_tangram_jobs.warm_up`); after a scrub, with `prime` (`_tangram_proc.prime`), inside the
-    verifier only (`_tangram_verifier.warm_up`), unless the host says `warm_verifier: false`
+    (`jobs.warm_up`); after a scrub, with `prime` (`proc.prime`), inside the
+    verifier only (`verifier.warm_up`), unless the host says `warm_verifier: false`
     (its pool is short: the CPU goes to actions then): a user process, of the user code's uid,
     would race the host's check for processes of that uid. (Both are passed in, imported once
     by `serve`: an import here would search the path anew each time, the first form failing
@@ -151,7 +139,7 @@ def _prime(
 def main() -> None:
     args = dict(zip(sys.argv[1::2], sys.argv[2::2], strict=False))
     _harden()  # first: the zygote inherits it (not dumpable)
-    started = fork_zygote(ZYGOTE_PATH)  # before the runner's own modules: see fork_zygote
+    started = fork_zygote()  # before the runner's own modules: see fork_zygote
     serve(args["--socket"], int(args["--uid"]), args["--workdir"], started)
 
 

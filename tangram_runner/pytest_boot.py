@@ -1,6 +1,6 @@
 """pytest under the harness: what a `pytest` in a `test_command` is rewritten to (stdlib + pytest).
 
-Run as `python3 -E -s _tangram_pytest.py --tangram-fd N --tangram-path P [pytest args]`, so that
+Run as `python3 -E -s pytest_boot.py --tangram-fd N --tangram-path P [pytest args]`, so that
 neither the environment nor the working directory nor the user's site-packages are on the path
 while pytest is imported (from the read-only tools directory) and while the reporter gets its
 per-run nonce from the runner over descriptor N. Only then does the path become what
@@ -66,7 +66,7 @@ def make_reporter(pytest: Any, sock: socket.socket, nonce: str) -> Any:
 def main() -> None:
     args = sys.argv[1:]
     if len(args) < 4 or args[0] != "--tangram-fd" or args[2] != "--tangram-path":
-        raise SystemExit("usage: _tangram_pytest.py --tangram-fd N --tangram-path P [pytest args]")
+        raise SystemExit("usage: pytest_boot.py --tangram-fd N --tangram-path P [pytest args]")
     fd, tools, rest = int(args[1]), [p for p in args[3].split(":") if p], args[4:]
     stdlib = [p for p in sys.path if p.startswith("/usr/")]
     sys.path[:] = [*tools, *stdlib]

@@ -6,7 +6,7 @@ under its own uid (not the user's: user code can neither signal nor read it) wit
 filter. Verifiers are pooled by the runner: one judges one test at a time. Per test it gets the
 `assert_code` as a memfd, a connection to that test's user process, and the write end of the
 test's record, which only it holds; it runs the assert code with the user module's top-level
-names bound to proxies of the objects in the user's process (_tangram_proxy), and writes `PASS`
+names bound to proxies of the objects in the user's process (proxy), and writes `PASS`
 on the record only after the assert code ran to its end. That record is the test's verdict: the
 user process's exit status and output never decide it.
 
@@ -27,31 +27,25 @@ import traceback
 import types
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside import _tangram_child as child
-    from tangram_celery.sandbox.inside._tangram_proxy import (
-        TEST_FILENAME,
-        Conn,
-        RemoteModule,
-        install_importer,
-    )
-    from tangram_celery.sandbox.inside._tangram_serve import Server
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    import _tangram_child as child  # type: ignore[no-redef]
-    from _tangram_proxy import TEST_FILENAME, Conn, RemoteModule, install_importer  # type: ignore[no-redef]
-    from _tangram_serve import Server  # type: ignore[no-redef]
-
+from tangram_runner import child
+from tangram_runner.proxy import (
+    TEST_FILENAME,
+    Conn,
+    RemoteModule,
+    install_importer,
+)
+from tangram_runner.serve import Server
 
 CTL_FD = 3
 MAX_JOBS = 1000  # then a fresh verifier takes over (bounds what tests leave behind)
 # A verifier larger than this after a job retires too: what a test left allocated counts against
 # the sandbox's memory, and a verifier may go on to judge later occupants' tests (its group,
-# `_tangram_verifiers`), whose user processes share that memory. About four times a fresh one.
+# `verifiers`), whose user processes share that memory. About four times a fresh one.
 MAX_RSS_MB = 64
 
 
 def serve_jobs(warm: bool = False) -> None:
-    """In a verifier process, after `_tangram_child.setup` (uid, limits, seccomp), with the
+    """In a verifier process, after `child.setup` (uid, limits, seccomp), with the
     runner's control socket at descriptor 3: judge one test per job until the socket closes.
     Never returns.
 
@@ -155,7 +149,7 @@ def std_io() -> tuple[int, Any, Any]:
 
 
 def seed_ready(warm: bool) -> None:
-    """In a verifier seed (`_tangram_zygote.run_seed`), before it forks any verifier: the
+    """In a verifier seed (`zygote.run_seed`), before it forks any verifier: the
     standard streams made, and with `warm` one test of the harness's own judged (`warm_up`)
     and everything it changed put back. Each verifier forked from the seed then starts warm
     and clean: no uid switch, no limits, no filter to install, no streams to make, and the
@@ -242,7 +236,7 @@ def verify(
 ) -> tuple[bool, str]:
     """(passed, why not): run the test against the user process behind `conn`. With
     `trusted_path`, imports come from there and otherwise from the user process. `compiled`:
-    `assert_code` compiled already (by the runner, `_tangram_proc.assert_payload`)."""
+    `assert_code` compiled already (by the runner, `proc.assert_payload`)."""
     lines = assert_code.splitlines()
     if compiled is not None:
         code = compiled

@@ -7,7 +7,7 @@ leave something for the next one. The runner (PID 1, root in the sandbox) theref
    code through proxies; SIGKILL by pidfd, so none of them runs again), but not their seed, a
    verifier that never got a job (neither has talked to user code), nor one of a group (it
    judges later occupants' tests only if their actions name its group, the job,
-   `_tangram_verifiers`); then, if any process but itself, the zygote, the seed and those
+   `verifiers`); then, if any process but itself, the zygote, the seed and those
    verifiers is alive (nothing should be: every action
    ends with the runner killing what it left), or the zygote is gone, kills every process but
    itself with `kill(-1)` and exec's a fresh zygote.
@@ -24,7 +24,7 @@ leave something for the next one. The runner (PID 1, root in the sandbox) theref
 It answers what it could not remove, and afterwards (when the host asks, and unless a verifier
 that never got a job or one of a group is waiting) has the seed fork one verifier for the next
 occupant's first assert test: a new process no user code has talked to (`runner.py`,
-`_tangram_proc.prime`). The host then checks from outside (no process of the sandbox uid in the
+`proc.prime`). The host then checks from outside (no process of the sandbox uid in the
 sandbox's cgroup, every process in the sandbox's pid namespace) and destroys the sandbox instead
 of recycling it when anything is off. See docs/sandbox.md, "Recycling".
 """
@@ -35,10 +35,7 @@ import os
 import stat
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside import _tangram_build as build
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    import _tangram_build as build  # type: ignore[no-redef]
+from tangram_runner import build
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 EXTRA_TOPS = ("/dev/shm",)  # writable places besides the workdir and /tmp, where they exist
@@ -58,7 +55,7 @@ def wipe(top: str) -> list[str]:
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
-                    import shutil  # here, not at the top: see _tangram_zygote.PRELOAD
+                    import shutil  # here, not at the top: see zygote.PRELOAD
 
                     shutil.rmtree(name, dir_fd=fd)
                 else:

@@ -1,6 +1,6 @@
-"""The runner's side of the zygote (see _tangram_zygote): starting it, spawning through it and
+"""The runner's side of the zygote (see zygote): starting it, spawning through it and
 collecting the exit reports of its children. The verifiers of assert tests are forked by a seed
-of their own, on the same protocol (_tangram_verifiers).
+of their own, on the same protocol (verifiers).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import socket
 import sys
 from typing import Any
 
+from tangram_runner import boot
+
 ZYGOTE_START_TIMEOUT_S = 30.0
 
 
@@ -21,7 +23,7 @@ class SpawnFailed(Exception):
 
 
 class ForkServer:
-    """The runner's handle on a process that forks children on request (_tangram_zygote's
+    """The runner's handle on a process that forks children on request (zygote's
     protocol): the zygote, or a verifier seed. Subclasses start it and tell whether it lives."""
 
     name = "fork server"
@@ -149,23 +151,20 @@ class ForkServer:
 
 
 class Zygote(ForkServer):
-    """The runner's handle on the zygote process (see _tangram_zygote)."""
+    """The runner's handle on the zygote process (see zygote)."""
 
     name = "zygote"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.path = path
-        try:
-            from tangram_celery.sandbox.inside._tangram_verifiers import VerifierPool
-        except ImportError:  # inside the sandbox this directory is sys.path[0]
-            from _tangram_verifiers import VerifierPool  # type: ignore[no-redef]
+        from tangram_runner.verifiers import VerifierPool
+
         self.verifiers = VerifierPool(self)
 
     def start(self) -> None:
         """Start a zygote exec'd fresh (a replacement: the runner's first one is forked from it
         before it serves, `runner.main`, and adopted)."""
-        self.adopt(fork_zygote(self.path, pristine=False))
+        self.adopt(fork_zygote(pristine=False))
 
     def adopt(self, started: tuple[int, socket.socket]) -> None:
         """Take over a zygote `fork_zygote` started (the runner's, before it loaded its own
@@ -196,15 +195,15 @@ class Zygote(ForkServer):
             pass
 
 
-def fork_zygote(path: str, pristine: bool = True) -> tuple[int, socket.socket]:
-    """Start the zygote at `path`: (its pid, the runner's end of its socket). `pristine`: forked
+def fork_zygote(pristine: bool = True) -> tuple[int, socket.socket]:
+    """Start the zygote (`zygote.main`): (its pid, the runner's end of its socket). `pristine`: forked
     from this process, which must never have held a request. The runner does so first thing,
     before it imports its own modules (`runner.main`): a fork copies the page tables of every
     page the zygote holds, and every user process is such a fork, so what the runner alone
     uses (hashlib and its libcrypto, the request handling) stays out of the zygote: 7.7 MiB
     of anonymous memory instead of 8.9, fewer pages to copy and tear down per user process
     (and fewer page faults and less CPU each: benchmarks/fork_faults.py). Otherwise exec'd
-    fresh."""
+    fresh (`boot.argv`: the package from where this process has it, never the working directory)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
@@ -212,11 +211,10 @@ def fork_zygote(path: str, pristine: bool = True) -> tuple[int, socket.socket]:
             os.dup2(child.fileno(), 3)
             os.closerange(4, 1 << 16)
             if pristine:
-                sys.path.insert(0, os.path.dirname(path))
-                import _tangram_zygote
+                from tangram_runner import zygote
 
-                _tangram_zygote.main()
-            os.execv(sys.executable, [sys.executable, "-E", "-s", "-S", path])
+                zygote.main()
+            os.execv(sys.executable, boot.argv(sys.executable, boot.ROOT, "zygote"))
         finally:
             os._exit(127)
     child.close()

@@ -19,12 +19,9 @@ import traceback
 import types
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside import _tangram_seccomp as seccomp
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    import _tangram_seccomp as seccomp  # type: ignore[no-redef]
+from tangram_runner import seccomp
 
-RUNNER_MODULE_PREFIX = "_tangram_"
+RUNNER_PACKAGE = __name__.partition(".")[0]  # tangram_runner
 # The harness's modules a user process drops, noted once by the zygote before it forks (None:
 # scan sys.modules): a scan touches every module name, a copy-on-write fault on each page of
 # them in every user process.
@@ -83,7 +80,7 @@ def setup(
 def note_runner_modules() -> None:
     """In the zygote, once its imports are done: remember which modules `prepare_python` drops."""
     global _runner_modules
-    _runner_modules = tuple(n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX))
+    _runner_modules = tuple(n for n in sys.modules if n.partition(".")[0] == RUNNER_PACKAGE)
 
 
 def make_std_streams() -> None:
@@ -173,7 +170,7 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
     shadowed &= preloaded
     runner = _runner_modules
     if runner is None:
-        runner = tuple(n for n in sys.modules if n.startswith(RUNNER_MODULE_PREFIX))
+        runner = tuple(n for n in sys.modules if n.partition(".")[0] == RUNNER_PACKAGE)
     for name in runner:
         sys.modules.pop(name, None)
     if shadowed:  # rare: only then look at every module's name
@@ -185,7 +182,7 @@ def run_main(
     path: str, source: str, compiled: types.CodeType | None = None
 ) -> tuple[int, types.ModuleType, BaseException | None]:
     """Run `source` as `__main__` from `path` (`__file__`, and what tracebacks name; the runner
-    makes it absolute, as `python3 main.py` does: `_tangram_proc.main_file`), or `compiled`,
+    makes it absolute, as `python3 main.py` does: `proc.main_file`), or `compiled`,
     its code object compiled by the runner as `path`: (exit code as `python3` would give, the
     module, the exception that ended it, if any)."""
     main = types.ModuleType("__main__")

@@ -2,7 +2,7 @@
 
 A compile writes into a fresh directory in /tmp, made by the runner and lent to the sandbox user
 for the compile phase only. Once the compiler has exited (no user process is alive then: user
-code never runs at compile time, see `_tangram_langs`), the runner takes the directory back:
+code never runs at compile time, see `langs`), the runner takes the directory back:
 owned by root, nothing in it writable by anyone else. The run phase executes from there, so
 nothing user code does can change the binary that is judged.
 
@@ -33,7 +33,7 @@ _held: dict[str, str] = {}  # action -> its build, kept from its compile request
 
 def new_dir(uid: int) -> str:
     """A fresh build directory the sandbox user may write for the compile phase."""
-    import tempfile  # here, not at the top: see _tangram_zygote.PRELOAD
+    import tempfile  # here, not at the top: see zygote.PRELOAD
 
     path = tempfile.mkdtemp(prefix=PREFIX, dir="/tmp")
     _made.append(path)
@@ -65,7 +65,7 @@ def remove(path: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        import shutil  # here, not at the top: see _tangram_zygote.PRELOAD
+        import shutil  # here, not at the top: see zygote.PRELOAD
 
         shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: never follows links
     else:

@@ -13,12 +13,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside._tangram_langs import UNITS
-    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_langs import UNITS  # type: ignore[no-redef]
-    from _tangram_proc import Action, Proc  # type: ignore[no-redef]
+from tangram_runner.langs import UNITS
+from tangram_runner.proc import Action, Proc
 
 PYTHON_UNIT = UNITS["python"]  # the file a Python program runs as (`python3 main.py`)
 
@@ -47,7 +43,7 @@ def run_tests(
 ) -> tuple[list[dict[str, Any]], Proc | None]:
     """(one outcome per test case, the user process of the first test, whose output the action
     shows). `argv` runs the program (None: python, from `code_fd`). Up to `dop` cases run at
-    once; the host may change it while they run (`act.dop`, `_tangram_control`): each case still
+    once; the host may change it while they run (`act.dop`, `control`): each case still
     runs exactly once."""
     cases = req["test_cases"]
     lang = req["language"]

@@ -23,10 +23,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside._tangram_langs import unit
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_langs import unit  # type: ignore[no-redef]
+from tangram_runner.langs import unit
 
 DISK_SLACK_B = 256 * 1024  # a workdir with less free space than this counts as full
 INODE_SLACK = 16  # ... and one with fewer free inodes than this

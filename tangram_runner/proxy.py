@@ -24,16 +24,13 @@ import types
 import weakref
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside._tangram_codec import (
-        Unencodable,
-        decode,
-        encode,
-        recv_msg,
-        send_msg,
-    )
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_codec import Unencodable, decode, encode, recv_msg, send_msg  # type: ignore[no-redef]
+from tangram_runner.codec import (
+    Unencodable,
+    decode,
+    encode,
+    recv_msg,
+    send_msg,
+)
 
 
 class RemoteError(Exception):

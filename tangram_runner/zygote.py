@@ -34,10 +34,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-import _tangram_child as child
-import _tangram_seccomp as seccomp
-import _tangram_serve as serve
-import _tangram_verifier as verifier
+from tangram_runner import child, seccomp, serve, verifier
 
 # what model-written solutions and test code import most (HumanEval, MBPP); each module here
 # makes every fork a little dearer (more page tables to copy), so the list stays short. Not
@@ -264,7 +261,7 @@ def warm_up() -> None:
     """Pay once, here, the first-use costs every child would otherwise pay after its fork: the
     compiler's and the evaluator's lazy set-up (a child's first `compile` costs about twice
     its later ones, in page faults), and the verifier's and the object server's job path
-    (`_tangram_verifier.warm_up`: a test of the harness's own, its server a thread that has
+    (`verifier.warm_up`: a test of the harness's own, its server a thread that has
     ended before this returns). What each child then touches is already made, so it is shared
     with the zygote instead of built anew."""
     try:

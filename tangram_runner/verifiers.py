@@ -5,13 +5,13 @@ one test at a time, each in a fresh namespace, and waits for the next; so an ass
 one fork (its user process), not two. Test code is trusted; user code never runs in a verifier
 and cannot reach one (other uid, not dumpable, seccomp). A verifier judges the tests of one
 *group* only: those of one occupant of the sandbox (group "", killed at the next scrub,
-_tangram_scrub), or those of every occupant whose actions name the same group (the worker names
+scrub), or those of every occupant whose actions name the same group (the worker names
 the action's job, `sandbox.verifier_scope`: a new trajectory of the job then needs no verifier
 of its own; docs/sandbox.md, "Verifier scope").
 
 Each new verifier is forked from the sandbox's *seed*: a process the zygote forks once with the
 verifiers' uid, limits and filter, which warms itself up and never judges a test itself
-(_tangram_zygote.run_seed). A new occupant's first verifier is then a fork of that small, warm
+(zygote.run_seed). A new occupant's first verifier is then a fork of that small, warm
 process, not a fork of the zygote followed by the whole set-up. The runner tells a verifier's
 end from its pidfd (the seed sends no exit reports); verifiers die with their seed, and the seed
 with the zygote.
@@ -26,10 +26,7 @@ import signal
 import socket
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside._tangram_spawn import ForkServer, SpawnFailed, Zygote, exited
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    from _tangram_spawn import ForkServer, SpawnFailed, Zygote, exited  # type: ignore[no-redef]
+from tangram_runner.spawn import ForkServer, SpawnFailed, Zygote, exited
 
 MAX_SEEDS = 2  # seeds for different verifier limits (the rlimit fallback's change per action)
 
@@ -169,7 +166,7 @@ class VerifierPool:
         return v
 
     def drop_used(self) -> None:
-        """Between occupants (`_tangram_scrub`): kill every verifier that judged a test of the
+        """Between occupants (`scrub`): kill every verifier that judged a test of the
         previous occupant's own (group "") and any still busy. One that never got a job has
         talked to no user code, and one of a group (the job of the actions it judged for,
         `sandbox.verifier_scope`) judges that group's tests only (`get`): both stay."""
@@ -200,7 +197,7 @@ class VerifierPool:
 
     def _new(self, spec: dict[str, Any], key: str, warm: bool = False) -> Verifier:
         """Fork a verifier from the seed; with `warm`, it runs a test of its own before it waits
-        for jobs (`_tangram_verifier.warm_up`: its first job then costs what any other does)."""
+        for jobs (`verifier.warm_up`: its first job then costs what any other does)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         nproc = {k: v for k, v in spec.get("rlimits", {}).items() if k == "NPROC"}
         try:

@@ -9,20 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-try:
-    from tangram_celery.sandbox.inside import _tangram_build as build
-    from tangram_celery.sandbox.inside import _tangram_fs as fs
-    from tangram_celery.sandbox.inside import _tangram_langs as langs
-    from tangram_celery.sandbox.inside import _tangram_suite as suite
-    from tangram_celery.sandbox.inside._tangram_proc import Action, Proc, Zygote, code_memfd
-    from tangram_celery.sandbox.inside._tangram_tests import run_tests
-except ImportError:  # inside the sandbox this directory is sys.path[0]
-    import _tangram_build as build  # type: ignore[no-redef]
-    import _tangram_fs as fs  # type: ignore[no-redef]
-    import _tangram_langs as langs  # type: ignore[no-redef]
-    import _tangram_suite as suite  # type: ignore[no-redef]
-    from _tangram_proc import Action, Proc, Zygote, code_memfd  # type: ignore[no-redef]
-    from _tangram_tests import run_tests  # type: ignore[no-redef]
+from tangram_runner import build, fs, langs, suite
+from tangram_runner.proc import Action, Proc, Zygote, code_memfd
+from tangram_runner.tests import run_tests
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
 # what a program says when its allocator or runtime ran out (before the cgroup's OOM killer):
@@ -38,7 +27,7 @@ _MEMERR = (
 )
 _FORKERR = ("Resource temporarily unavailable", "BlockingIOError: [Errno 11]")
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
-RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _text(b: bytes) -> str:
@@ -63,7 +52,7 @@ def trusted_path(req: dict) -> list[str]:
 
 def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None = None) -> dict:
     """Run one request to completion and return its facts; `control(act)` lets the host's
-    requests reach the action while it runs (`_tangram_control`)."""
+    requests reach the action while it runs (`control`)."""
     t_wall = time.time()
     fs.reset_tops(req)
     marks = fs.inode_marks(req)
@@ -179,7 +168,7 @@ def _run_phase(
         channel = suite.Channel()
         held.append(channel)
         act.watch(channel.sock.fileno(), channel.on_readable)
-        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, RUNNER_DIR, req.get("pythonpath", []))]
+        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.get("pythonpath", []))]
         main = act.spawn("command", req.get("stdin"), argv=argv, extra_fd=channel.child_fd)
         _wait_for(act, main)
         channel.on_readable()  # what the last session sent just before it exited
@@ -201,7 +190,7 @@ def _run_phase(
 def _compile(req: dict, act: Action, src: str) -> tuple[dict[str, Any], str | None]:
     """The compile phase under its own time limit: the compiler's outcome, and the sealed build
     directory (None when the compile failed). A build of the same program from the same files
-    earlier in the trajectory is reused (`_tangram_build`)."""
+    earlier in the trajectory is reused (`build`)."""
     t0 = time.monotonic()
     lang, tools = req["language"], req.get("tools", {})
     mem = int(req.get("compile_memory_mb") or req.get("memory_mb") or 512)
