@@ -44,7 +44,8 @@ order: `ClusterState.apply` per allocation, `ClusterState.share` per rider,
 
 The round sits above the policies (`scheduler.policies`), which it calls, and below its two
 executors: core modules <- policies <- round <- simulator and service. `plan` holds the
-`Round` and its `RoundPlan`.
+`Round` and its `RoundPlan`, `steps` the steps around the policy (one per sandbox, GPU riders,
+GPU loads), `loans` the core loans the round keeps.
 
 Extending the round: a new kind of decision (resizing a running malleable action, say) is a
 step here that adds to the `RoundPlan`, which both executors then carry out; what an executor
@@ -53,10 +54,13 @@ and `ExecutionModel.live_gaps` says when the live service cannot. The parity tes
 (tests/unit/test_round_parity.py) keeps the two executors honest.
 """
 
-from scheduler.round.plan import FairShareSpec, MaxBatch, Round, RoundPlan, gpu_loads, one_per_sandbox, riders
+from scheduler.round.loans import Loans
+from scheduler.round.plan import FairShareSpec, Round, RoundPlan
+from scheduler.round.steps import MaxBatch, gpu_loads, one_per_sandbox, riders
 
 __all__ = [
     "FairShareSpec",
+    "Loans",
     "MaxBatch",
     "Round",
     "RoundPlan",

@@ -6,23 +6,22 @@ The steps and their order are in the package's doc (`scheduler.round`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler.execution import GpuResidency, execution_of
 from scheduler.fairshare import order_queue
-from scheduler.gpu_cache import GpuCache, GpuLoad
+from scheduler.gpu_cache import GpuLoad
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders, short_leads
-from scheduler.policies.malleable import Borrower, Lent, lend_cores
+from scheduler.policies.malleable import Borrower, Lent
 from scheduler.policies.time_share import HostCache, time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
-from scheduler.pools import CpuNode
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
-
-MaxBatch = Callable[[str], int]  # GPU service -> largest batch one call scores
+from scheduler.round.loans import Loans
+from scheduler.round.steps import MaxBatch, gpu_loads, one_per_sandbox, riders
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +91,7 @@ class Round:
         self.cpu_batch = cpu_batch if observed is not None and not self.execution.cpu_sharing else None
         self.observed = observed
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
-        self.lent: Lent = {}  # borrower -> (node, cores lent to it), kept by `plan`
-        self._on_loan: dict[str, int] = {}  # node -> cores on loan there (`_loan`)
-        self._borrowers: dict[str, Borrower] = {}  # running malleable actions (when lending)
-        # the same by node, in the same order: a round looks at nodes, not at every borrower
-        self._borrower_nodes: dict[str, dict[str, Borrower]] = {}
-        # each node's state (object, version) when its borrowers were last looked at: a node
-        # whose version has not moved has had no action end since
-        self._borrowers_seen: dict[str, tuple[CpuNode, int]] = {}
-        # nodes where no borrower gains from a core (each at its largest unit count or no
-        # faster with one more): so until an allocation or a take-back there changes them
-        self._saturated: set[str] = set()
+        self.loans = Loans()  # core loans to running malleable actions (when lending)
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
         self._hosts: HostCache = {}  # time sharing: each CPU node's hosts, by its version
@@ -172,64 +161,6 @@ class Round:
             out.gpu_loads = gpu_loads(allocs, queue, state, now_s, self.execution.gpu_residency)
         return out
 
-    def lend(self, allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float) -> Lent:
-        """Take lent cores back where `allocs` need them, lend the spare ones (see
-        `scheduler.policies.malleable`); updates `lent` and returns the changed loans."""
-        borrowers = self._borrowers
-        lent = self.lent
-        self._drop_ended(state)
-        taken: dict[str, set[int]] = {}
-        for a in allocs:
-            if a.kind is ResourceKind.CPU:
-                taken.setdefault(a.pool, set()).update(a.unit_ids)
-                qa = queue.action(a.action_id)
-                if qa.cost.malleable:
-                    self._add_borrower(Borrower(qa, a))
-        if not borrowers:
-            return {}
-        # Only nodes where something can change: an allocation took cores, or cores are spare
-        # (free beyond those on loan) and a borrower there can use one. Lent cores are free in
-        # `state` and disjoint.
-        saturated = self._saturated
-        saturated.difference_update(taken)
-        on_loan = self._on_loan
-        active = set(taken)
-        for node in self._borrower_nodes:
-            if node not in active and node not in saturated:
-                cpu = state.cpu.get(node)
-                if cpu is not None and len(cpu.free) > on_loan.get(node, 0):
-                    active.add(node)
-        if not active:
-            return {}
-        nodes = self._borrower_nodes
-        changed = lend_cores(
-            [b for node, on in nodes.items() if node in active for b in on.values()],
-            {aid: loan for aid, loan in lent.items() if loan[0] in active},
-            taken,
-            state,
-            now_s,
-            saturated,
-        )
-        for aid, loan in changed.items():
-            self._loan(aid, loan if loan[1] else None)
-        return changed
-
-    def _loan(self, aid: str, loan: tuple[str, frozenset[int]] | None) -> None:
-        """Set (or with None, end) a borrower's loan, keeping the count per node."""
-        lent, on_loan = self.lent, self._on_loan
-        old = lent.get(aid)
-        if old is not None:
-            left = on_loan[old[0]] - len(old[1])
-            if left:
-                on_loan[old[0]] = left
-            else:
-                del on_loan[old[0]]
-        if loan is None:
-            lent.pop(aid, None)
-        else:
-            lent[aid] = loan  # (one already there keeps its place)
-            on_loan[loan[0]] = on_loan.get(loan[0], 0) + len(loan[1])
-
     def warm(
         self, started: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float
     ) -> list[GpuLoad]:
@@ -272,50 +203,23 @@ class Round:
             out.warm = self.warm([], queue, state, now_s)
         return out
 
+    @property
+    def lent(self) -> Lent:
+        """Borrower -> (its node, the cores lent to it), as of the last round."""
+        return self.loans.lent
+
+    def lend(self, allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float) -> Lent:
+        """Take lent cores back where `allocs` need them, lend the spare ones (`Loans.lend`)."""
+        return self.loans.lend(allocs, queue, state, now_s)
+
     def borrowers(self) -> list[Borrower]:
         """The running malleable actions loans go to (as of the last round)."""
-        return list(self._borrowers.values())
+        return self.loans.borrowers()
 
     def track_malleable(self, action: QueuedAction, alloc: Allocation) -> None:
         """Count a running malleable action that no round of this object started (recovered
         after a restart) as a borrower."""
-        if action.cost.malleable and alloc.kind is ResourceKind.CPU:
-            self._add_borrower(Borrower(action, alloc))
-
-    def _drop_ended(self, state: ClusterState) -> None:
-        """Forget the borrowers that ended (and their loans), looking only at nodes whose
-        state changed since the last round."""
-        seen = self._borrowers_seen
-        for node, on in list(self._borrower_nodes.items()):
-            cpu = state.cpu.get(node)
-            last = seen.get(node)
-            if cpu is not None and last is not None and last[0] is cpu and last[1] == cpu.version:
-                continue
-            for aid in [aid for aid in on if aid not in state.running]:
-                self._drop_borrower(aid)
-                self._loan(aid, None)
-            if cpu is not None:
-                seen[node] = (cpu, cpu.version)
-
-    def _add_borrower(self, b: Borrower) -> None:
-        aid = b.alloc.action_id
-        self._saturated.discard(b.alloc.pool)
-        old = self._borrowers.get(aid)
-        if old is not None and old.alloc.pool != b.alloc.pool:
-            self._uncount(old.alloc.pool, aid)
-        self._borrowers[aid] = b  # (one already there keeps its place: loans go in this order)
-        self._borrower_nodes.setdefault(b.alloc.pool, {})[aid] = b
-
-    def _drop_borrower(self, aid: str) -> None:
-        self._uncount(self._borrowers.pop(aid).alloc.pool, aid)
-
-    def _uncount(self, node: str, aid: str) -> None:
-        on = self._borrower_nodes[node]
-        del on[aid]
-        if not on:
-            del self._borrower_nodes[node]
-            self._borrowers_seen.pop(node, None)
-            self._saturated.discard(node)
+        self.loans.track(action, alloc)
 
     def order(
         self, queue: WaitingQueue, state: ClusterState, now_s: float
@@ -331,92 +235,3 @@ class Round:
         if len(job_of) > 4 * len(state.running) + 1024:
             self._job_of = {k: v for k, v in job_of.items() if k in state.running}
         return order_queue(queue, held, self.fair.weights, now_s, self.fair.aging_s)
-
-
-def one_per_sandbox(allocs: list[Allocation], queue: WaitingQueue, state: ClusterState) -> list[Allocation]:
-    """`allocs` without the CPU allocations of a trajectory whose sandbox is taken: by a CPU
-    action of it already running, or by an earlier allocation of the round. A trajectory's
-    actions run in its one sandbox one at a time, so a second one would hold its cores idle
-    until the first ends (and could reach the worker first). It waits, or rides behind the
-    first (`cpu_batch`). Policies place actions as if they were independent; workloads of
-    agents (and every simulated scenario) submit a trajectory's next action after the last one
-    ended, so this only holds back callers that submit several of a trajectory's actions at
-    once."""
-    out: list[Allocation] = []
-    taken: set[str] = set()
-    for a in allocs:
-        if a.kind is ResourceKind.CPU:
-            qa = queue.action(a.action_id)
-            tid = qa.trajectory_id
-            if qa.cost.sandbox:
-                if tid in taken or (tid in state.trajectory_running and _runs_code(state, tid)):
-                    continue
-                taken.add(tid)
-        out.append(a)
-    return out
-
-
-def _runs_code(state: ClusterState, tid: str) -> bool:
-    """Does trajectory `tid` have a CPU action running (only asked when it runs something)?"""
-    return any(
-        t == tid and state.running[aid].kind is ResourceKind.CPU
-        for aid, t in state.running_trajectory.items()
-    )
-
-
-def riders(allocs: list[Allocation], queue: WaitingQueue, max_batch: MaxBatch) -> list[Allocation]:
-    """Batch reward actions: each GPU allocation takes along up to `max_batch - 1` waiting
-    actions of the same service that run at the same DoP, on the same chunk (FCFS among them).
-
-    They need no units of their own: the worker scores them in one batch with the action the
-    chunk was allocated to, which is what a GPU does best. Other waiting actions lose nothing,
-    since no units are taken from them."""
-    leaders = [a for a in allocs if a.kind is ResourceKind.GPU]
-    if not leaders:
-        return []
-    started = {a.action_id for a in allocs}
-    room: dict[str, list[Allocation]] = {}
-    for a in leaders:
-        service = queue.action(a.action_id).target
-        n = max_batch(service)
-        if n > 1:
-            room.setdefault(service, []).extend([a] * (n - 1))
-    if not room:
-        return []
-    out: list[Allocation] = []
-    gpu = ResourceKind.GPU
-    for qa in queue:
-        seats = room.get(qa.target) if qa.cost.key is gpu else None
-        if not seats or qa.action_id in started:
-            continue
-        for k, lead in enumerate(seats):
-            if lead.units in qa.cost.units.units:
-                del seats[k]
-                out.append(Allocation(qa.action_id, gpu, lead.pool, lead.units, lead.unit_ids))
-                break
-    return out
-
-
-def gpu_loads(
-    allocs: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float, residency: GpuResidency
-) -> dict[str, GpuLoad]:
-    """Each GPU allocation's load, planned in order on copies of the state's caches (a restore
-    may evict what an earlier one of the round loaded). Under KEEPALIVE an instance in use is
-    never evicted, as its executor marks it."""
-    scratch: dict[str, GpuCache] = {}
-    out: dict[str, GpuLoad] = {}
-    for a in allocs:
-        if a.kind is not ResourceKind.GPU or a.pool not in state.gpu_cache:
-            continue
-        cache = scratch.get(a.pool)
-        if cache is None:
-            cache = scratch[a.pool] = state.gpu_cache[a.pool].copy()
-        try:
-            load = cache.plan(a.pool, a.unit_ids, queue.action(a.action_id).target)
-        except ValueError:
-            continue  # it never fits there: left to its executor (which says so)
-        cache.apply(load, now_s)
-        if residency is GpuResidency.KEEPALIVE:
-            cache.touch(a.unit_ids, load.service, float("inf"))
-        out[a.action_id] = load
-    return out
