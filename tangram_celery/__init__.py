@@ -9,15 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tangram_celery.common.actions import (
-    ActionResult,
-    ActionStatus,
-    ApiAction,
-    CodeAction,
-    RewardAction,
-    TestCase,
-)
+from tangram_celery.common.actions import ActionStatus, ApiAction, CodeAction, RewardAction, TestCase
 from tangram_celery.common.errors import ActionRejected, AdmissionError, TangramError
+from tangram_celery.common.wire import ActionResult
 
 if TYPE_CHECKING:
     from tangram_celery.client.aio import AsyncActionHandle, AsyncTangramClient

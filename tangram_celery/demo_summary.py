@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tangram_celery.common.actions import ActionResult
+from tangram_celery.common.wire import ActionResult
 
 POOLS = ("cpu", "gpu", "api")
 

@@ -75,7 +75,7 @@ def to_queued(meta: ActionMeta, cfg: TangramConfig) -> QueuedAction:
         cost = CostVector(ResourceKind.API, Elastic.fixed(1), api_quota=1)
         kind, target = f"api:{meta.api}", str(meta.api)
     tid = meta.trajectory_id
-    if meta.ephemeral or not tid:
+    if meta.one_shot or not tid:
         tid = one_shot_key(meta.id)  # a key of its own, released when the action completes
     return QueuedAction(
         action_id=meta.id,

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram_celery.client.aio import AsyncTangramClient
-from tangram_celery.common.actions import ActionResult
 from tangram_celery.common.admission import AnyAction
 from tangram_celery.common.config import HttpConfig
 from tangram_celery.common.errors import AdmissionError, ResultTimeout
+from tangram_celery.common.wire import ActionResult
 
 log = logging.getLogger("tangram.web")
 

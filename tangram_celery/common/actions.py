@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MAX_CODE_BYTES = 1 << 20  # default cap; `limits` in the config sets the deployment's own
 MAX_JSON_DEPTH = 200  # hard ceiling for request/inputs nesting (serialisers recurse)
@@ -22,6 +31,23 @@ _BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 Language = Literal["python", "bash", "c", "cpp", "nodejs", "go", "java", "rust"]
 LANGUAGES: tuple[str, ...] = get_args(Language)
 COMPILED_LANGUAGES = frozenset({"c", "cpp", "go", "java", "rust"})  # these have a compile phase
+
+# The shapes of an action's names, here once: the action models and their metadata on the wire
+# (`wire.ActionMeta`) both use them.
+_ID = r"[A-Za-z0-9_.:-]{1,128}"
+ID_PATTERN = f"^{_ID}$"  # action, trajectory and test case ids
+TRAJECTORY_PATTERN = f"^({_ID})?$"  # a trajectory id between processes: "" for none
+JOB_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # reward models and APIs
+Priority = Annotated[int, Field(ge=-100, le=100)]
+
+# The context of a parse of what a client checked at submit (`stored_action`): the checks of
+# user input (paths, base64, nesting depth, the fields a test or an action needs) are not run again.
+STORED = {"stored": True}
+
+
+def _stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
 
 
 def compile_memory_mb(language: str | None, memory_mb: int, floor_mb: int, has_code: bool = True) -> int:
@@ -52,16 +78,16 @@ class ActionStatus(StrEnum):
 class _Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(default_factory=new_id, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
-    # None: a one-shot action, part of no trajectory (see `ephemeral`)
-    trajectory_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    id: str = Field(default_factory=new_id, pattern=ID_PATTERN)
+    # None: a one-shot action, part of no trajectory (see `ephemeral`; "" between processes)
+    trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
     # True: a code action runs in a fresh sandbox of its own, discarded when it completes,
     # not in its trajectory's (no files from earlier actions, none left for later ones); its
     # memory is reserved only while it runs and nothing needs closing. Implied without a
     # trajectory_id.
     ephemeral: bool = False
-    job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    priority: int = Field(0, ge=-100, le=100)
+    job_id: str = Field("default", pattern=JOB_PATTERN)
+    priority: Priority = 0
     timeout_s: float = Field(10.0, gt=0, le=3600)
 
     @property
@@ -76,14 +102,14 @@ class TestCase(BaseModel):
     model_config = ConfigDict(extra="forbid")
     __test__ = False  # not a pytest class
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    name: str = Field(pattern=ID_PATTERN)
     stdin: str | None = None
     expected_stdout: str | None = None
     assert_code: str | None = None
 
     @model_validator(mode="after")
-    def _one_kind(self) -> TestCase:
-        if (self.expected_stdout is None) == (self.assert_code is None):
+    def _one_kind(self, info: ValidationInfo) -> TestCase:
+        if not _stored(info) and (self.expected_stdout is None) == (self.assert_code is None):
             raise ValueError(f"test {self.name!r}: give expected_stdout or assert_code (one of them)")
         return self
 
@@ -122,8 +148,8 @@ class CodeAction(_Action):
 
     @field_validator("files", "binary_files")
     @classmethod
-    def _paths(cls, v: dict[str, str]) -> dict[str, str]:
-        for path in v:
+    def _paths(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        for path in () if _stored(info) else v:
             why = file_path_error(path)
             if why is not None:
                 raise ValueError(f"file path {path!r}: {why}")
@@ -131,11 +157,11 @@ class CodeAction(_Action):
 
     @field_validator("binary_files")
     @classmethod
-    def _base64(cls, v: dict[str, str]) -> dict[str, str]:
+    def _base64(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         import base64
         import binascii
 
-        for path, content in v.items():
+        for path, content in () if _stored(info) else v.items():
             try:
                 base64.b64decode(content, validate=True)
             except (binascii.Error, ValueError):
@@ -144,8 +170,8 @@ class CodeAction(_Action):
 
     @field_validator("fetch_files")
     @classmethod
-    def _fetch_paths(cls, v: list[str]) -> list[str]:
-        for path in v:
+    def _fetch_paths(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        for path in () if _stored(info) else v:
             rel = path.removeprefix("/work/").removeprefix("/tmp/") if path.startswith("/") else path
             why = "must be relative, or absolute under /work or /tmp" if rel.startswith("/") else None
             why = why or file_path_error(rel)
@@ -162,7 +188,9 @@ class CodeAction(_Action):
         return v
 
     @model_validator(mode="after")
-    def _something(self) -> CodeAction:
+    def _something(self, info: ValidationInfo) -> CodeAction:
+        if _stored(info):
+            return self
         if self.code is None and not self.files and not self.binary_files and not self.test_command:
             raise ValueError("a code action needs code, files or a test_command")
         return self
@@ -235,29 +263,36 @@ class RewardAction(_Action):
     response, reference)."""
 
     type: Literal["reward"] = "reward"
-    model: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    model: str = Field(pattern=NAME_PATTERN)
     inputs: dict[str, Any]
 
     @field_validator("inputs", mode="before")
     @classmethod
-    def _inputs_depth(cls, v: Any) -> Any:
-        return _shallow("inputs", v)
+    def _inputs_depth(cls, v: Any, info: ValidationInfo) -> Any:
+        return v if _stored(info) else _shallow("inputs", v)
 
 
 class ApiAction(_Action):
     """Call a rate-limited external API through its shared pool."""
 
     type: Literal["api"] = "api"
-    api: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    api: str = Field(pattern=NAME_PATTERN)
     request: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("request", mode="before")
     @classmethod
-    def _request_depth(cls, v: Any) -> Any:
-        return _shallow("request", v)
+    def _request_depth(cls, v: Any, info: ValidationInfo) -> Any:
+        return v if _stored(info) else _shallow("request", v)
 
 
 Action = Annotated[CodeAction | RewardAction | ApiAction, Field(discriminator="type")]
+_ACTION: TypeAdapter[CodeAction | RewardAction | ApiAction] = TypeAdapter(Action)
+
+
+def stored_action(payload: Mapping[str, Any]) -> CodeAction | RewardAction | ApiAction:
+    """The action of a payload its client stored (`action.model_dump()`, checked at submit):
+    typed again for the worker, without the submit's checks of user input (validated once)."""
+    return _ACTION.validate_python(payload, context=STORED)
 
 
 class TestOutcome(BaseModel):
@@ -279,46 +314,3 @@ class PhaseOutcome(BaseModel):
     exec_s: float = 0.0
     timed_out: bool = False
     cached: bool = False
-
-
-class ActionResult(BaseModel):
-    """What comes back for every action, whatever happened to it.
-
-    `sandbox_reset` is True when a code action of a trajectory ran in a fresh sandbox although
-    the trajectory had one before: it was evicted to make room (memory is a cache), removed
-    after the idle TTL, lost with its worker or node, or it died. Files written by earlier
-    actions of the trajectory are gone.
-    """
-
-    action_id: str
-    trajectory_id: str = ""  # empty for a one-shot action
-    status: ActionStatus
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int | None = None
-    tests: list[TestOutcome] = Field(default_factory=list)
-    compile: PhaseOutcome | None = None  # the compile phase, if any; stdout etc. are the run's
-    output: Any = None  # reward scores / API response
-    error: str = ""  # infrastructure or rejection reason
-    # why the sandbox chose the status or what it did about a limit, when that is not obvious:
-    # the files a disk-quota roll-back removed, deselected tests, a runner that was lost
-    detail: str = ""
-    queue_s: float = 0.0
-    exec_s: float = 0.0
-    act_s: float = 0.0
-    units: int = 0  # DoP granted
-    node: str = ""
-    attempts: int = 1
-    sandbox_reset: bool = False
-    files: dict[str, str] = Field(default_factory=dict)  # fetch_files: path -> base64 content
-    # Actions started together with this one, itself included: for a reward action on a GPU, the
-    # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
-    # on the same pool in the same round. 0 when it never ran.
-    batch_size: int = 0
-    # CPU seconds a code action's sandbox used while it ran (cgroup accounting; None where the
-    # kernel does not account it)
-    cpu_s: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status is ActionStatus.OK

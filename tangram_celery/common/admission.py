@@ -16,7 +16,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from tangram_celery.common.actions import (
     Action,
-    ActionResult,
     ActionStatus,
     ApiAction,
     CodeAction,
@@ -26,7 +25,7 @@ from tangram_celery.common.actions import (
 from tangram_celery.common.config import LimitsConfig
 from tangram_celery.common.errors import ActionRejected
 from tangram_celery.common.reward_inputs import input_errors
-from tangram_celery.common.wire import ActionMeta, PoolView
+from tangram_celery.common.wire import ActionMeta, ActionResult, PoolView
 
 AnyAction = CodeAction | RewardAction | ApiAction
 # how long a client trusts the languages the CPU workers reported (a worker starting later, or

@@ -6,11 +6,14 @@ Scheduler -> itself after a restart: `DispatchRecord` (`tangram:running`).
 Scheduler -> worker: `TaskOrder` (the Celery message's second argument), `CoreLoan` (cores lent
 to a running malleable action) and `GpuWarm` (a warm restore or retirement on a GPU node).
 Worker -> scheduler: `Completion` and `ResidencyReport` (the events stream).
+Worker (or scheduler) -> client: `ActionResult` (the action's hash; what the client returns).
 
 Each side validates what it reads with these models and nothing else, so a field is added or
 renamed in one place. Every model has a version `v`; records written before versions existed
-read as version 1. `PoolView.refusal` is the one check of whether an action can run on the
-deployment, made by the clients (sync and async) at submit and by the scheduler at intake.
+read as version 1 (`ActionMeta`: as its current version); a model whose fields changed since
+reads its older versions too. `PoolView.refusal` is the one check of whether an action can run
+on the deployment, made by the clients (sync and async) at submit and by the scheduler at
+intake.
 """
 
 from __future__ import annotations
@@ -20,15 +23,34 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from tangram_celery.common.actions import ApiAction, CodeAction, RewardAction
+from tangram_celery.common.actions import (
+    ID_PATTERN,
+    JOB_PATTERN,
+    NAME_PATTERN,
+    TRAJECTORY_PATTERN,
+    ActionStatus,
+    ApiAction,
+    CodeAction,
+    PhaseOutcome,
+    Priority,
+    RewardAction,
+    TestOutcome,
+)
 from tangram_celery.common.config import LimitsConfig, TangramConfig
 
-WIRE_VERSION = 1
+WIRE_VERSION = 1  # of every model that has not changed since versions began
 Chunk = tuple[int, ...]
-_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
-_NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+_ID = ID_PATTERN
+_NAME = NAME_PATTERN
+NO_TRAJECTORY = ""  # the trajectory of a one-shot action without one, in every model here
+
+
+def wire_trajectory(trajectory_id: str | None) -> str:
+    """An action's trajectory id as every model between processes carries it (`NO_TRAJECTORY`
+    for none; an action has None)."""
+    return trajectory_id or NO_TRAJECTORY
 
 
 class _Wire(BaseModel):
@@ -42,19 +64,22 @@ class ActionMeta(_Wire):
     """What the scheduler decides on: who, what kind, how big. Code, prompts and request bodies
     stay in the action's hash in Redis.
 
-    `trajectory_id` is "" for an action of no trajectory; `ephemeral` marks a one-shot action
-    (it runs in a sandbox of its own). Code actions carry `cpus` (min, max) and `memory_mb`,
-    reward actions `model`, API actions `api`.
+    `trajectory_id` is `NO_TRAJECTORY` for an action of no trajectory; `one_shot` marks an
+    action that runs in a sandbox of its own (`_Action.one_shot`). Code actions carry `cpus`
+    (min, max) and `memory_mb`, reward actions `model`, API actions `api`.
+
+    Version 2 renamed `ephemeral` to `one_shot`; version 1 records read as before.
     """
 
+    v: Literal[1, 2] = 2  # type: ignore[assignment]
     id: str = Field(pattern=_ID)
     type: Literal["code", "reward", "api"]
-    trajectory_id: str = Field("", pattern=r"^([A-Za-z0-9_.:-]{1,128})?$")
-    job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    priority: int = Field(0, ge=-100, le=100)
+    trajectory_id: str = Field(NO_TRAJECTORY, pattern=TRAJECTORY_PATTERN)
+    job_id: str = Field("default", pattern=JOB_PATTERN)
+    priority: Priority = 0
     timeout_s: float = Field(10.0, gt=0)
     submitted_s: float
-    ephemeral: bool = False
+    one_shot: bool = Field(False, validation_alias=AliasChoices("one_shot", "ephemeral"))
     cpus: tuple[int, int] | None = None
     memory_mb: int | None = Field(None, ge=1)
     has_tests: bool = False
@@ -82,12 +107,12 @@ class ActionMeta(_Wire):
         common: dict[str, Any] = {
             "id": action.id,
             "type": action.type,
-            "trajectory_id": action.trajectory_id or "",
+            "trajectory_id": wire_trajectory(action.trajectory_id),
             "job_id": action.job_id,
             "priority": action.priority,
             "timeout_s": action.timeout_s,
             "submitted_s": submitted_s,
-            "ephemeral": action.one_shot,
+            "one_shot": action.one_shot,
         }
         if isinstance(action, CodeAction):
             has_tests = bool(action.test_cases or action.test_command)
@@ -249,6 +274,55 @@ class DispatchRecord(_Wire):
     sandbox: SandboxOrder | None = None
 
 
+# ---- worker (or scheduler) -> client -------------------------------------------------------------
+class ActionResult(_Wire):
+    """What comes back for every action, whatever happened to it.
+
+    `sandbox_reset` is True when a code action of a trajectory ran in a fresh sandbox although
+    the trajectory had one before: it was evicted to make room (memory is a cache), removed
+    after the idle TTL, lost with its worker or node, or it died. Files written by earlier
+    actions of the trajectory are gone.
+
+    `attempts` is the attempt the action ran as (`TaskOrder.attempt`): how many times it was
+    dispatched; 0 when it never was (refused, cancelled).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)  # a client reads a newer result too
+
+    action_id: str
+    trajectory_id: str = NO_TRAJECTORY
+    status: ActionStatus
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    tests: list[TestOutcome] = Field(default_factory=list)
+    compile: PhaseOutcome | None = None  # the compile phase, if any; stdout etc. are the run's
+    output: Any = None  # reward scores / API response
+    error: str = ""  # infrastructure or rejection reason
+    # why the sandbox chose the status or what it did about a limit, when that is not obvious:
+    # the files a disk-quota roll-back removed, deselected tests, a runner that was lost
+    detail: str = ""
+    queue_s: float = 0.0
+    exec_s: float = 0.0
+    act_s: float = 0.0
+    units: int = 0  # DoP granted
+    node: str = ""
+    attempts: int = 1
+    sandbox_reset: bool = False
+    files: dict[str, str] = Field(default_factory=dict)  # fetch_files: path -> base64 content
+    # Actions started together with this one, itself included: for a reward action on a GPU, the
+    # requests scored in the one model call it rode in; otherwise the actions the scheduler placed
+    # on the same pool in the same round. 0 when it never ran.
+    batch_size: int = 0
+    # CPU seconds a code action's sandbox used while it ran (cgroup accounting; None where the
+    # kernel does not account it)
+    cpu_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ActionStatus.OK
+
+
 # ---- worker -> scheduler ---------------------------------------------------------------------------
 class EventStatus(StrEnum):
     """How an action's turn at a worker (or the scheduler's refusal) ended, as the scheduler is
@@ -271,6 +345,11 @@ class EventStatus(StrEnum):
     def ran(self) -> bool:
         """A worker ran the action to a result (its time is a duration sample)."""
         return self in (EventStatus.OK, EventStatus.FAILED)
+
+    @classmethod
+    def of(cls, status: ActionStatus) -> EventStatus:
+        """The status a result's turn ends with (the same word)."""
+        return cls(status.value)
 
 
 class ChunkServices(_Wire):
@@ -307,6 +386,25 @@ class Completion(_Wire):
     resident: list[ChunkServices] | None = None
     # a rider handed back before it started (RETRY): not a failed attempt; it goes alone next
     unstarted: bool = False
+
+    @classmethod
+    def of(
+        cls, result: ActionResult, worker: str, seq: int, resident: list[ChunkServices] | None = None
+    ) -> Completion:
+        """The event of a worker's finished `result` (the `seq`-th completion of `worker`)."""
+        return cls(
+            status=EventStatus.of(result.status),
+            worker=worker,
+            seq=seq,
+            exec_s=result.exec_s,
+            cpu_s=result.cpu_s,
+            queue_s=result.queue_s,
+            act_s=result.act_s,
+            units=result.units,
+            attempt=result.attempts,
+            trajectory_id=result.trajectory_id,
+            resident=resident,
+        )
 
 
 class ResidencyReport(_Wire):

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram_celery.client.gate import Gate, Late, Overloaded
-from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction, RewardAction
+from tangram_celery.common.actions import ActionStatus, CodeAction, RewardAction
 from tangram_celery.common.admission import AnyAction
 from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.integrations.code_tests import extract_code, parse_ground_truth, to_test_cases
 
 CODE_SCORER = "code"

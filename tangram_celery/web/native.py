@@ -20,7 +20,6 @@ from tangram_celery.client.sync import AnyAction
 from tangram_celery.common.actions import (
     COMPILED_LANGUAGES,
     MAX_CODE_BYTES,
-    ActionResult,
     ApiAction,
     CodeAction,
     Language,
@@ -28,6 +27,7 @@ from tangram_celery.common.actions import (
     TestCase,
 )
 from tangram_celery.common.errors import ActionRejected, AdmissionError, ResultTimeout
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.web.sandbox_models import ID_PATTERN, Capabilities
 
 router = APIRouter(prefix="/tangram/v1", tags=["tangram"])

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tangram_celery.common.actions import (
-    COMPILED_LANGUAGES,
-    LANGUAGES,
-    ActionResult,
-    ActionStatus,
-    PhaseOutcome,
-)
+from tangram_celery.common.actions import COMPILED_LANGUAGES, LANGUAGES, ActionStatus, PhaseOutcome
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.web.sandbox_models import CommandRunResult, CommandRunStatus, RunStatus
 
 COMPILED = COMPILED_LANGUAGES

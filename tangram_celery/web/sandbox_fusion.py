@@ -19,8 +19,9 @@ from pydantic import ValidationError
 from starlette.types import Scope
 
 from tangram_celery.client.gate import Gate, Late, Outcome, Overloaded
-from tangram_celery.common.actions import ActionResult, CodeAction
+from tangram_celery.common.actions import CodeAction
 from tangram_celery.common.errors import ActionRejected
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.web.phases import (
     COMPILED,
     LANGUAGES,

@@ -16,8 +16,9 @@ def test_malformed_intake_entries_are_dead_lettered_and_never_crash_the_schedule
     scheduler does not read them again (no crash loop)."""
     from scheduler.service import SchedulerService
     from tangram_celery.client.sync import TangramClient
-    from tangram_celery.common.actions import ActionResult, ApiAction
+    from tangram_celery.common.actions import ApiAction
     from tangram_celery.common.config import parse_config
+    from tangram_celery.common.wire import ActionResult
     from tangram_celery.store import Store, akey
 
     cfg = parse_config(

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from scheduler.model import ResourceKind
 from scheduler.service.cluster import to_queued
-from tangram_celery.common.actions import ApiAction, CodeAction, RewardAction, TestCase
+from tangram_celery.common.actions import ApiAction, CodeAction, RewardAction, TestCase, stored_action
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.wire import ActionMeta, PoolView
 
@@ -74,6 +74,22 @@ def test_test_case_needs_exactly_one_check() -> None:
         TestCase(name="t")
     with pytest.raises(ValidationError):
         TestCase(name="t", expected_stdout="1", assert_code="assert 1")
+
+
+def test_a_stored_action_is_typed_again_without_the_submit_checks() -> None:
+    """Given a payload its client stored after the submit's checks, when the worker reads it,
+    then it is the same typed action; the user-input checks (paths, base64, nesting) ran once,
+    at submit, and a direct build still runs them."""
+    action = CodeAction(
+        id="a", trajectory_id="t", code="x", files={"a.py": "1"}, binary_files={"b": "AAAA"}, cpus="1..2"
+    )
+    assert stored_action(action.model_dump(mode="json")) == action
+    reward = RewardAction(id="r", model="rm", inputs={"prompt": "p"})
+    assert stored_action(reward.model_dump(mode="json")) == reward
+    bad = {**action.model_dump(mode="json"), "binary_files": {"b": "not base64!"}}
+    assert isinstance(stored_action(bad), CodeAction)  # not checked again
+    with pytest.raises(ValidationError):
+        CodeAction.model_validate(bad)
 
 
 def test_the_pool_view_refuses_what_can_never_run() -> None:

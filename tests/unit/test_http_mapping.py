@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from tangram_celery.common.actions import ActionResult, ActionStatus, PhaseOutcome
+from tangram_celery.common.actions import ActionStatus, PhaseOutcome
 from tangram_celery.common.config import HttpConfig, parse_config
 from tangram_celery.common.errors import ConfigError
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.integrations.code_tests import extract_code, parse_ground_truth, to_test_cases
 from tangram_celery.web.phases import overall_status, phase_limits, split_phases
 from tangram_celery.web.sandbox_models import CommandRunStatus, RunStatus

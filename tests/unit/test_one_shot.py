@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from scheduler.service.cluster import to_queued
-from tangram_celery.common.actions import ActionResult, ActionStatus, ApiAction, CodeAction
+from tangram_celery.common.actions import ActionStatus, ApiAction, CodeAction
 from tangram_celery.common.config import TangramConfig
-from tangram_celery.common.wire import ActionMeta
+from tangram_celery.common.wire import ActionMeta, ActionResult
 
 
 def test_an_action_without_a_trajectory_is_one_shot_with_a_key_of_its_own() -> None:
@@ -15,7 +15,7 @@ def test_an_action_without_a_trajectory_is_one_shot_with_a_key_of_its_own() -> N
     for action in (CodeAction(id="c1", code="print(1)"), ApiAction(id="a1", api="calc")):
         assert action.one_shot and action.trajectory_id is None
         meta = ActionMeta.of(action, 1.0)
-        assert (meta.trajectory_id, meta.ephemeral) == ("", True)
+        assert (meta.trajectory_id, meta.one_shot) == ("", True)
         if isinstance(action, CodeAction):
             assert to_queued(meta, cfg).trajectory_id == "~c1"
 
@@ -26,10 +26,10 @@ def test_an_ephemeral_action_of_a_trajectory_keeps_its_trajectory_for_the_caller
     cfg = TangramConfig.model_validate({"nodes": {"cpu": [{"name": "n", "cores": 2, "memory_mb": 1024}]}})
     action = CodeAction(id="e1", trajectory_id="t", ephemeral=True, code="print(1)")
     meta = ActionMeta.of(action, 1.0)
-    assert (meta.trajectory_id, meta.ephemeral) == ("t", True)
+    assert (meta.trajectory_id, meta.one_shot) == ("t", True)
     assert to_queued(meta, cfg).trajectory_id == "~e1"
     plain = ActionMeta.of(CodeAction(id="p1", trajectory_id="t", code="print(1)"), 1.0)
-    assert not plain.ephemeral and to_queued(plain, cfg).trajectory_id == "t"
+    assert not plain.one_shot and to_queued(plain, cfg).trajectory_id == "t"
 
 
 def test_results_say_whether_the_sandbox_was_reset() -> None:

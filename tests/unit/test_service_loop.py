@@ -16,10 +16,10 @@ import pytest
 
 from scheduler.service import SchedulerService
 from tangram_celery.client.sync import TangramClient
-from tangram_celery.common.actions import ActionResult, ActionStatus, ApiAction, CodeAction, RewardAction
+from tangram_celery.common.actions import ActionStatus, ApiAction, CodeAction, RewardAction
 from tangram_celery.common.admission import cancelled_result
 from tangram_celery.common.config import TangramConfig, parse_config
-from tangram_celery.common.wire import ChunkServices, Completion, EventStatus, TaskOrder
+from tangram_celery.common.wire import ActionResult, ChunkServices, Completion, EventStatus, TaskOrder
 from tangram_celery.store import EVENTS, INTAKE, RUNNING, WORKER_POOLS, WORKERS, Store, akey
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
 
@@ -145,8 +145,8 @@ def test_a_rider_handed_back_before_it_started_goes_again_alone_and_is_not_given
     handle = h.client.submit(CodeAction(id="r1", trajectory_id="t", code="print(1)"))
     h.svc.step(block_ms=None)
     [(aid, order)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
-    last = h.svc.ctx.liveness.max_attempts
-    h.svc.books.attempt[aid] = last
+    last = h.svc.liveness.max_attempts
+    h.svc.books.set_attempt(aid, last)
     claimed = h.store.claim(aid, order.attempt, "w", time.time())
     assert not isinstance(claimed, str), claimed
     back = Completion(
@@ -155,14 +155,14 @@ def test_a_rider_handed_back_before_it_started_goes_again_alone_and_is_not_given
     assert h.store.give_back(aid, "w", order.attempt, back)
     h.svc.step(block_ms=None)
     [(again, order2)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
-    assert again == "r1" and order2.attempt == last + 1 and h.svc.books.running["r1"].solo
+    assert again == "r1" and order2.attempt == last + 1 and h.svc.books.running("r1").solo
     h.run(again, order2)
     h.svc.step(block_ms=None)
     assert handle.result(timeout=1).status is ActionStatus.OK
     failed = h.client.submit(CodeAction(id="r2", trajectory_id="u", code="print(2)"))
     h.svc.step(block_ms=None)
     [(aid, order)] = h.messages("tangram.cpu.n0") or h.messages("tangram.cpu.n1")
-    h.svc.books.attempt[aid] = last
+    h.svc.books.set_attempt(aid, last)
     assert not isinstance(h.store.claim(aid, order.attempt, "w", time.time()), str)
     crash = Completion(status=EventStatus.RETRY, error="reward server crashed", trajectory_id="u")
     assert h.store.give_back(aid, "w", order.attempt, crash)
@@ -176,10 +176,10 @@ def test_an_action_cancelled_before_dispatch_never_runs(h: Harness) -> None:
     first = h.client.submit(ApiAction(id="x1", trajectory_id="t", api="calc"))
     h.client.submit(ApiAction(id="x2", trajectory_id="t", api="calc"))
     h.svc.step(block_ms=None)
-    assert "x2" in h.svc.waiting and first.id in h.svc.books.running
+    assert "x2" in h.svc.waiting and h.svc.books.running(first.id) is not None
     assert h.client.cancel("x2")
     h.svc.step(block_ms=None)
-    assert "x2" not in h.svc.waiting and h.svc.books.active["t"] == 1
+    assert "x2" not in h.svc.waiting and h.svc.trajectories.active["t"] == 1
     assert [a for a, _ in h.messages("tangram.api.calc")] == ["x1"]
 
 
@@ -270,7 +270,7 @@ def test_liveness_takes_a_node_offline_and_reroutes_its_actions(h: Harness) -> N
     h.svc.check()
     assert f"cpu:{order.pool}" in h.svc.state.offline and not h.svc.state.cpu[order.pool].free
     assert "c1" in h.svc.waiting and "t" not in h.svc.state.trajectory_node
-    assert "t" in h.svc.books.sandboxes.reset
+    assert "t" in h.svc.trajectories.sandboxes.reset
     h.svc.step(block_ms=None)
     [(again, order2)] = h.messages(f"tangram.cpu.{other}")
     assert again == "c1" and order2.sandbox is not None and order2.sandbox.reset
@@ -305,7 +305,7 @@ def test_recovery_rebuilds_running_pins_and_queue_after_a_restart(h: Harness) ->
     for aid, order in resent:
         again.run(aid, order)
     again.svc.step(block_ms=None)
-    assert set(again.svc.books.running) == set(waiting)
+    assert set(again.svc.books.running_ids()) == set(waiting)
 
 
 def test_recovery_replays_unacknowledged_events(h: Harness) -> None:

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction
-from tangram_celery.common.wire import TaskOrder
+from tangram_celery.common.actions import ActionStatus, CodeAction
+from tangram_celery.common.wire import ActionResult, TaskOrder
 from tangram_celery.testing import sent_messages
 from tangram_celery.workers.base import WorkerRuntime
 from tangram_celery.workers.turns import CoreTurns, turn_key

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import BrokerError, ResultTimeout
+from tangram_celery.common.wire import ActionResult
 
 pytest.importorskip("fastapi")
 

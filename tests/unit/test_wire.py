@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tangram_celery.common.actions import ActionStatus, CodeAction, RewardAction
 from tangram_celery.common.wire import (
     ActionMeta,
+    ActionResult,
     ChunkServices,
     Completion,
     DispatchRecord,
@@ -26,10 +27,10 @@ def test_action_meta_carries_exactly_its_types_fields() -> None:
     """A code action's metadata has cpus and memory, a reward action's its model; metadata of
     one type with another's fields, or without its own, is refused."""
     code = ActionMeta.of(CodeAction(id="c", trajectory_id="t", code="x", cpus="1..4"), 5.0)
-    assert (code.cpus, code.memory_mb, code.v) == ((1, 4), 512, 1)
+    assert (code.cpus, code.memory_mb, code.v) == ((1, 4), 512, 2)
     assert ActionMeta.model_validate_json(code.dumps()) == code
     reward = ActionMeta.of(RewardAction(id="r", model="rm", inputs={}), 5.0)
-    assert reward.ephemeral and reward.trajectory_id == "" and reward.model == "rm"
+    assert reward.one_shot and reward.trajectory_id == "" and reward.model == "rm"
     with pytest.raises(ValidationError, match="needs cpus"):
         ActionMeta(id="x", type="code", submitted_s=0, memory_mb=1)
     with pytest.raises(ValidationError, match="has no model"):
@@ -80,3 +81,46 @@ def test_events_read_with_their_own_statuses_and_residency_as_lists() -> None:
         parse_event('{"type": "residency", "pool": "g0", "resident": 7}')
     with pytest.raises(ValidationError):
         ChunkServices(gpus=(), services=["rm"])
+
+
+def test_metadata_of_version_1_reads_its_ephemeral_field_as_one_shot() -> None:
+    """Given metadata a version-1 client wrote (`ephemeral`), when read, then it is one-shot, and
+    what is written now names the field `one_shot` at version 2."""
+    old = {"v": 1, "id": "a", "type": "api", "api": "calc", "submitted_s": 1.0, "ephemeral": True}
+    meta = ActionMeta.model_validate_json(json.dumps(old))
+    assert meta.one_shot and meta.v == 1
+    del old["v"]  # written before versions
+    assert ActionMeta.model_validate_json(json.dumps(old)).one_shot
+    written = json.loads(ActionMeta.of(CodeAction(id="c", code="x"), 1.0).dumps())
+    assert written["one_shot"] is True and written["v"] == 2 and "ephemeral" not in written
+
+
+def test_a_completion_is_built_from_its_result_in_one_place() -> None:
+    """Given a finished result, when its event is built, then it carries the result's status,
+    timings, units, attempt and trajectory, with the worker's name and counter."""
+    res = ActionResult(
+        action_id="a",
+        trajectory_id="t",
+        status=ActionStatus.FAILED,
+        exec_s=1.5,
+        queue_s=0.5,
+        act_s=2.0,
+        units=2,
+        attempts=3,
+        cpu_s=1.0,
+    )
+    ev = Completion.of(res, "w", 7)
+    assert (ev.status, ev.worker, ev.seq, ev.trajectory_id) == (EventStatus.FAILED, "w", 7, "t")
+    assert (ev.exec_s, ev.queue_s, ev.act_s, ev.units, ev.attempt, ev.cpu_s) == (1.5, 0.5, 2.0, 2, 3, 1.0)
+    assert ev.resident is None
+    assert {s.value for s in ActionStatus} <= {s.value for s in EventStatus}  # every result's status
+
+
+def test_results_are_versioned_and_read_without_a_version() -> None:
+    """A result carries its version; one stored before results had a version reads as 1."""
+    res = ActionResult(action_id="a", status=ActionStatus.OK)
+    assert json.loads(res.model_dump_json())["v"] == 1
+    old = ActionResult.model_validate_json('{"action_id": "a", "status": "ok", "attempts": 2}')
+    assert old.v == 1 and old.ok and old.attempts == 2
+    with pytest.raises(ValidationError):
+        res.stdout = "x"  # type: ignore[misc]  # built once, with its timings
