@@ -10,9 +10,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionStatus, ApiAction, stored_action
 from tangram_celery.common.config import ApiConfig
-from tangram_celery.common.wire import TaskOrder
+from tangram_celery.common.wire import ActionResult, TaskOrder
 
 _pool = cf.ThreadPoolExecutor(max_workers=64, thread_name_prefix="api-call")
 
@@ -51,10 +51,12 @@ class ApiHandler:
             return json.loads(resp.read().decode() or "null")
 
     def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
-        request = payload.get("request", {})
+        action = stored_action(payload)  # checked at submit: typed, not validated again
+        if not isinstance(action, ApiAction):
+            raise ValueError(f"action {action_id}: a {action.type} action sent to an API worker")
         call = self._http if self.fn is None else self.fn
-        timeout_s = min(float(payload.get("timeout_s", self.cfg.timeout_s)), self.cfg.timeout_s)
-        fut = _pool.submit(call, request)
+        timeout_s = min(action.timeout_s, self.cfg.timeout_s)
+        fut = _pool.submit(call, action.request)
         try:
             out = fut.result(timeout=timeout_s)
         except cf.TimeoutError:

@@ -1,14 +1,14 @@
 """What every worker does around its resource-specific handler.
 
-claim (dispatched -> running, exactly once) -> load the payload -> run the handler -> store
-the result, wake the client and emit the release event (one Lua script). A handler returns an
-`ActionResult`-shaped dict of the user's outcome; infrastructure exceptions become status
-`error` after the handler's own retries.
+claim (dispatched -> running, exactly once; a `Claim` carries the action's metadata and
+payload) -> run the handler -> build the result with its timings (`run_result`) and its event
+(`Completion.of`) -> store the result, wake the client and emit the release event (one Lua
+script). A handler returns the `ActionResult` of the user's outcome; infrastructure exceptions
+become status `error` after the handler's own retries.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -20,17 +20,39 @@ from typing import Any
 
 from celery import Celery
 
-from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.metrics import WorkerMetrics
-from tangram_celery.common.wire import ActionMeta, Completion, EventStatus, TaskOrder, residency
+from tangram_celery.common.wire import ActionMeta, ActionResult, Completion, EventStatus, TaskOrder, residency
 from tangram_celery.store import Store
+from tangram_celery.store.worker_side import Claim, Refused
 from tangram_celery.workers.turns import CoreTurns, turn_key
 
 log = logging.getLogger("tangram.worker")
 
 Handler = Callable[[str, dict[str, Any], TaskOrder], ActionResult]
-"""handler(action_id, payload, order) -> ActionResult (timings are filled in by execute). A GPU
-handler also has `residency()`: what its node holds, sent with each completion."""
+"""handler(action_id, payload, order) -> ActionResult of the user's outcome (`run_result` adds
+what the worker knows: timings, placement, attempt). The payload is the action as its client
+stored it (`actions.stored_action` types it without checking it again). A GPU handler also has
+`residency()`: what its node holds, sent with each completion."""
+
+
+def run_result(
+    result: ActionResult, meta: ActionMeta, order: TaskOrder, started_s: float, finished_s: float
+) -> ActionResult:
+    """The result a client reads: a handler's `result` with its trajectory, its timings (epoch
+    seconds: submitted, started and finished), its placement and the attempt it ran as."""
+    return result.model_copy(
+        update={
+            "trajectory_id": meta.trajectory_id,
+            "queue_s": max(0.0, started_s - meta.submitted_s),
+            "exec_s": result.exec_s or finished_s - started_s,  # the handler's, when it timed it
+            "act_s": max(0.0, finished_s - meta.submitted_s),
+            "units": order.units,
+            "node": order.pool,
+            "attempts": order.attempt,
+            "batch_size": result.batch_size or order.batch,
+        }
+    )
 
 
 class WorkerRuntime:
@@ -132,17 +154,17 @@ class WorkerRuntime:
         t.join(timeout_s)
         return bool(box and box[0])
 
-    def execute(self, action_id: str, record: dict[str, Any], handler: Handler) -> str:
+    def execute(self, action_id: str, order_msg: dict[str, Any], handler: Handler) -> str:
         """Run one dispatched action exactly once; returns its final status (or why it was skipped).
 
-        `record` is the Celery message's order (`wire.TaskOrder`); one that does not parse is
+        `order_msg` is the Celery message's order (`wire.TaskOrder`); one that does not parse is
         not run (the scheduler sends the action again when nobody claims it)."""
-        order = self._order(action_id, record)
+        order = self._order(action_id, order_msg)
         if order is None:
             return "skipped:malformed"
         claimed = self.store.claim(action_id, order.attempt, self.name, time.time())
-        if isinstance(claimed, str):
-            return self._run(action_id, order, claimed, handler)
+        if not isinstance(claimed, Claim):
+            return self._refused(action_id, order, claimed)
         with self.turns.turn(turn_key(order), self.batch_hand_back_s) as mine:
             if not mine:  # the batch before it on its cores still runs: placed again
                 return self._hand_back(action_id, order, claimed, "its cores stayed busy")
@@ -204,13 +226,13 @@ class WorkerRuntime:
         self,
         action_id: str,
         order: TaskOrder,
-        claimed: tuple[str, str, float] | str,
+        claimed: Claim | Refused,
         what: str = "an action ahead of it in its batch ran",
     ) -> str:
         """Give a claimed, not started rider back to the scheduler, to be placed again."""
-        if isinstance(claimed, str):
+        if not isinstance(claimed, Claim):
             return f"skipped:{claimed}"
-        tid = ActionMeta.model_validate_json(claimed[0]).trajectory_id
+        tid = claimed.meta.trajectory_id
         why = f"{what} past {self.batch_hand_back_s:.1f} s"
         back = Completion(status=EventStatus.RETRY, error=why, trajectory_id=tid, unstarted=True)
         if self.store.give_back(action_id, self.name, order.attempt, back):
@@ -219,10 +241,10 @@ class WorkerRuntime:
             return "handed_back"
         return "skipped:not_ours"
 
-    def _order(self, action_id: str, record: Any) -> TaskOrder | None:
+    def _order(self, action_id: str, order_msg: Any) -> TaskOrder | None:
         """The task order, once the sandbox closes it carries are done (None: unreadable)."""
         try:
-            order = TaskOrder.model_validate(record)
+            order = TaskOrder.model_validate(order_msg)
         except ValueError as e:
             log.error("action %s: unreadable task order, not run: %s", action_id, e)
             return None
@@ -231,12 +253,10 @@ class WorkerRuntime:
                 self.closer(tid, gen)
         return order
 
-    def _run(
-        self, action_id: str, order: TaskOrder, claimed: tuple[str, str, float] | str, handler: Handler
-    ) -> str:
-        """Run a claimed action (or report why it was not claimed) and complete it."""
-        started = time.time()
-        if claimed == "expired":
+    def _refused(self, action_id: str, order: TaskOrder, refused: Refused) -> str:
+        """Report why a delivery was not run: an expired payload completes the action (rejected);
+        any other refusal is a duplicate or superseded delivery, skipped."""
+        if refused is Refused.EXPIRED:
             log.warning("action %s: payload expired before it ran (limits.queued_ttl_s)", action_id)
             res = ActionResult(
                 action_id=action_id,
@@ -246,63 +266,48 @@ class WorkerRuntime:
             )
             self.store.complete(action_id, res.model_dump_json(), Completion(status=EventStatus.REJECTED))
             return str(res.status)
-        if isinstance(claimed, str):
-            log.info("skip %s: %s (duplicate or superseded delivery)", action_id, claimed)
-            self.metrics.duplicates.labels(pool=self.pool_key).inc()
-            return f"skipped:{claimed}"
-        meta_raw, payload_raw, _ = claimed
-        meta = ActionMeta.model_validate_json(meta_raw)
-        payload = json.loads(payload_raw)
+        log.info("skip %s: %s (duplicate or superseded delivery)", action_id, refused)
+        self.metrics.duplicates.labels(pool=self.pool_key).inc()
+        return f"skipped:{refused}"
+
+    def _run(self, action_id: str, order: TaskOrder, claimed: Claim | Refused, handler: Handler) -> str:
+        """Run a claimed action (or report why it was not claimed) and complete it."""
+        if not isinstance(claimed, Claim):
+            return self._refused(action_id, order, claimed)
+        started = time.time()
         try:
-            result = handler(action_id, payload, order)
+            result = handler(action_id, claimed.payload, order)
         except Exception as e:  # an infrastructure failure: the user's code never raises here
-            back = Completion(
-                status=EventStatus.RETRY, error=f"{type(e).__name__}: {e}", trajectory_id=meta.trajectory_id
-            )
-            if getattr(e, "retryable", False) and self.store.give_back(
-                action_id, self.name, order.attempt, back
-            ):
-                log.warning(
-                    "action %s: %s: %s; handed back to be placed again", action_id, type(e).__name__, e
-                )
-                self.metrics.outcomes.labels(pool=self.pool_key, status="retry").inc()
+            if self._retry(action_id, order, claimed.meta, e):
                 return "retry"
             log.exception("action %s failed in the worker", action_id)
             result = ActionResult(
                 action_id=action_id, status=ActionStatus.ERROR, error=f"{type(e).__name__}: {e}"
             )
-        finished = time.time()
-        result.trajectory_id = meta.trajectory_id
-        result.queue_s = max(0.0, started - meta.submitted_s)
-        if not result.exec_s:
-            result.exec_s = finished - started
-        result.act_s = max(0.0, finished - meta.submitted_s)
-        result.units = order.units
-        result.node = order.pool
-        result.attempts = order.attempt
-        if not result.batch_size:
-            result.batch_size = order.batch
+        result = run_result(result, claimed.meta, order, started, time.time())
         with self._seq_lock:
             self.seq += 1
             seq = self.seq
         held = getattr(handler, "residency", None)
-        event = Completion(
-            status=EventStatus(result.status.value),
-            worker=self.name,
-            seq=seq,
-            exec_s=result.exec_s,
-            cpu_s=result.cpu_s,
-            queue_s=result.queue_s,
-            act_s=result.act_s,
-            units=result.units,
-            attempt=result.attempts,
-            trajectory_id=result.trajectory_id,
-            resident=residency(held()) if held is not None else None,
-        )
+        event = Completion.of(result, self.name, seq, residency(held()) if held is not None else None)
         self.metrics.outcomes.labels(pool=self.pool_key, status=str(result.status)).inc()
         self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
         self.store.complete(action_id, result.model_dump_json(), event)
         return str(result.status)
+
+    def _retry(self, action_id: str, order: TaskOrder, meta: ActionMeta, e: Exception) -> bool:
+        """Hand an action whose handler raised a retryable error back to be placed again;
+        False when it is not retryable (or no longer this attempt's)."""
+        back = Completion(
+            status=EventStatus.RETRY, error=f"{type(e).__name__}: {e}", trajectory_id=meta.trajectory_id
+        )
+        if not getattr(e, "retryable", False) or not self.store.give_back(
+            action_id, self.name, order.attempt, back
+        ):
+            return False
+        log.warning("action %s: %s: %s; handed back to be placed again", action_id, type(e).__name__, e)
+        self.metrics.outcomes.labels(pool=self.pool_key, status="retry").inc()
+        return True
 
 
 class OverrunClock:

@@ -8,9 +8,9 @@ import logging
 import threading
 from typing import Any
 
-from tangram_celery.common.actions import ActionResult, ActionStatus, CodeAction, RewardAction
+from tangram_celery.common.actions import ActionStatus, CodeAction, RewardAction, stored_action
 from tangram_celery.common.config import SandboxConfig
-from tangram_celery.common.wire import CoreLoan, SandboxOrder, TaskOrder
+from tangram_celery.common.wire import ActionResult, CoreLoan, SandboxOrder, TaskOrder, wire_trajectory
 from tangram_celery.sandbox import ExecRequest, Sandbox
 from tangram_celery.workers.loans import CoreLoans
 
@@ -57,13 +57,15 @@ class CpuHandler:
     def _run(
         self, action_id: str, payload: dict[str, Any], order: TaskOrder, cores: tuple[int, ...]
     ) -> ActionResult:
-        if payload.get("type") == "reward":
-            return self._verify(action_id, RewardAction.model_validate(payload))
-        action = CodeAction.model_validate(payload)
+        action = stored_action(payload)  # checked at submit: typed, not validated again
+        if isinstance(action, RewardAction):
+            return self._verify(action_id, action)
+        if not isinstance(action, CodeAction):
+            raise ValueError(f"action {action_id}: a {action.type} action sent to a CPU worker")
         if action.language not in self.languages:  # a client that did not know (no report yet)
             return ActionResult(
                 action_id=action_id,
-                trajectory_id=action.trajectory_id or "",
+                trajectory_id=wire_trajectory(action.trajectory_id),
                 status=ActionStatus.REJECTED,
                 error=language_refusal(action.language, self.languages),
             )

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Literal
 
+from celery import Celery
+
 from tangram_celery.common.config import CpuNodeConfig, SandboxConfig, TangramConfig
 from tangram_celery.common.errors import ConfigError
 from tangram_celery.common.metrics import serve
@@ -82,86 +84,105 @@ def run_worker(
     app.conf.worker_send_task_events = task_events  # what `-E` would set: one switch, not two
     runtime = WorkerRuntime(url, kind, name)
     closing: list[Callable[[], None]] = []
-    if kind == "cpu":
-        # The worker's threads (a batch per core set, sandbox closes, the Celery consumer) take
-        # turns on the GIL, and a thread whose runner has answered waits for it while its core
-        # idles. CPython hands the GIL over after 5 ms by default, as long as a whole short
-        # action; with CPU_SWITCH_S the stateless HumanEval run took less wall and CPU time.
-        sys.setswitchinterval(CPU_SWITCH_S)
-        node = next((n for n in cfg.nodes.cpu if n.name == name), None)
-        if node is None:
-            raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
-        from tangram_celery.sandbox import SandboxScope, open_sandbox
-        from tangram_celery.workers.cpu import CpuHandler
-
-        rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
-        # the scope (state dir + node) lets this worker remove what a previous one of the same
-        # node left before it serves; nobody else's sandboxes are touched
-        sandbox = open_sandbox(ready_for_batches(cfg, node), SandboxScope.of_node(cfg.state_dir, name))
-        closing.append(sandbox.close)
-        handler = CpuHandler(sandbox, cfg.sandbox, rules)
-        # what this node's sandboxes run: clients refuse actions in anything else at submit
-        runtime.store.set_languages(name, handler.languages)
-        tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend)
-        runtime.held = handler.held  # reported next to the heartbeats
-        runtime.closer = handler.close_trajectory  # evictions carried by the task orders
-        runtime.batch_hand_back_s = cfg.scheduler.cpu_batch.hand_back_after_ms / 1000
-        # One thread per core for the actions (the scheduler never sends more than the node's
-        # cores can run: a batch of riders is one message), one more per core for the next
-        # batch sent for those cores while the last actions of one run there (it waits for its
-        # turn: `cpu_batch.join_below`), as many more as time sharers may run beside them
-        # (`per_core` per core), and two more so that sandbox closes (evictions) are taken
-        # while every core is busy: their sandboxes are scrubbed and ready for the next new
-        # trajectories instead of waiting behind the running batches.
-        batch = cfg.scheduler.cpu_batch.spec()
-        queued = 1 if batch is not None and batch.joins else 0
-        slots = concurrency or node.cores * (1 + queued + sharers_per_core(cfg)) + 2
-    elif kind == "api":
-        api = cfg.api(name)
-        if api is None:
-            raise ConfigError(f"no API named {name!r} in apis ({[a.name for a in cfg.apis]})")
-        from tangram_celery.workers.api import ApiHandler
-
-        tasks.register(app, runtime, api=ApiHandler(api))
-        slots = concurrency or min(64, api.max_concurrency or 16)
-    else:
-        gnode = next((n for n in cfg.nodes.gpu if n.name == name), None)
-        if gnode is None:
-            raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
-        from tangram_celery.workers.gpu import GpuHandler
-
-        handler_gpu = GpuHandler(cfg, gnode, runtime.metrics, runtime.store, warm=gnode.warm_up)
-        # tritonserver and its Python stubs (one process per loaded replica) go with a clean
-        # shutdown; left to PDEATHSIG, the stubs outlived the server by seconds
-        closing.append(handler_gpu.close)
-        tasks.register(app, runtime, gpu=handler_gpu, warm=handler_gpu.warm)
-        # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
-        most = max(
-            (m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1
-        )  # rules run on CPU
-        slots = concurrency or min(256, gnode.num_gpus * most)
+    serve_pool = {"cpu": _serve_cpu, "api": _serve_api, "gpu": _serve_gpu}[kind]
+    needed = serve_pool(cfg, name, app, runtime, closing)  # registers its tasks first
+    slots = concurrency or needed
     runtime.start(app)
     quiet_task_lines()
     serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     try:
-        app.worker_main(
-            [
-                "worker",
-                "-Q",
-                queue_name(kind, name),
-                "-n",
-                runtime.name,
-                "-P",
-                "threads",
-                "-c",
-                str(slots),
-                "--prefetch-multiplier=1",
-                "--without-mingle",
-                "--without-gossip",
-                f"--loglevel={loglevel}",
-            ]
-        )
+        app.worker_main(celery_argv(queue_name(kind, name), runtime.name, slots, loglevel))
     finally:
         for close in closing:  # sandboxes and their cgroups go with a clean shutdown
             close()
+
+
+def celery_argv(queue: str, worker: str, slots: int, loglevel: str) -> list[str]:
+    """The Celery worker's command line: one queue, `slots` threads, one message at a time each."""
+    return [
+        "worker",
+        "-Q",
+        queue,
+        "-n",
+        worker,
+        "-P",
+        "threads",
+        "-c",
+        str(slots),
+        "--prefetch-multiplier=1",
+        "--without-mingle",
+        "--without-gossip",
+        f"--loglevel={loglevel}",
+    ]
+
+
+def _serve_cpu(
+    cfg: TangramConfig, name: str, app: Celery, runtime: WorkerRuntime, closing: list[Callable[[], None]]
+) -> int:
+    """Register CPU node `name`'s tasks on its sandboxes; returns the slots it needs."""
+    # The worker's threads (a batch per core set, sandbox closes, the Celery consumer) take
+    # turns on the GIL, and a thread whose runner has answered waits for it while its core
+    # idles. CPython hands the GIL over after 5 ms by default, as long as a whole short
+    # action; with CPU_SWITCH_S the stateless HumanEval run took less wall and CPU time.
+    sys.setswitchinterval(CPU_SWITCH_S)
+    node = next((n for n in cfg.nodes.cpu if n.name == name), None)
+    if node is None:
+        raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
+    from tangram_celery.sandbox import SandboxScope, open_sandbox
+    from tangram_celery.workers.cpu import CpuHandler
+
+    rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
+    # the scope (state dir + node) lets this worker remove what a previous one of the same
+    # node left before it serves; nobody else's sandboxes are touched
+    sandbox = open_sandbox(ready_for_batches(cfg, node), SandboxScope.of_node(cfg.state_dir, name))
+    closing.append(sandbox.close)
+    handler = CpuHandler(sandbox, cfg.sandbox, rules)
+    # what this node's sandboxes run: clients refuse actions in anything else at submit
+    runtime.store.set_languages(name, handler.languages)
+    tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend)
+    runtime.held = handler.held  # reported next to the heartbeats
+    runtime.closer = handler.close_trajectory  # evictions carried by the task orders
+    runtime.batch_hand_back_s = cfg.scheduler.cpu_batch.hand_back_after_ms / 1000
+    # One thread per core for the actions (the scheduler never sends more than the node's
+    # cores can run: a batch of riders is one message), one more per core for the next
+    # batch sent for those cores while the last actions of one run there (it waits for its
+    # turn: `cpu_batch.join_below`), as many more as time sharers may run beside them
+    # (`per_core` per core), and two more so that sandbox closes (evictions) are taken
+    # while every core is busy: their sandboxes are scrubbed and ready for the next new
+    # trajectories instead of waiting behind the running batches.
+    batch = cfg.scheduler.cpu_batch.spec()
+    queued = 1 if batch is not None and batch.joins else 0
+    return node.cores * (1 + queued + sharers_per_core(cfg)) + 2
+
+
+def _serve_api(
+    cfg: TangramConfig, name: str, app: Celery, runtime: WorkerRuntime, closing: list[Callable[[], None]]
+) -> int:
+    """Register API `name`'s task; returns the slots it needs."""
+    api = cfg.api(name)
+    if api is None:
+        raise ConfigError(f"no API named {name!r} in apis ({[a.name for a in cfg.apis]})")
+    from tangram_celery.workers.api import ApiHandler
+
+    tasks.register(app, runtime, api=ApiHandler(api))
+    return min(64, api.max_concurrency or 16)
+
+
+def _serve_gpu(
+    cfg: TangramConfig, name: str, app: Celery, runtime: WorkerRuntime, closing: list[Callable[[], None]]
+) -> int:
+    """Register GPU node `name`'s tasks on its reward service; returns the slots it needs."""
+    gnode = next((n for n in cfg.nodes.gpu if n.name == name), None)
+    if gnode is None:
+        raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
+    from tangram_celery.workers.gpu import GpuHandler
+
+    handler = GpuHandler(cfg, gnode, runtime.metrics, runtime.store, warm=gnode.warm_up)
+    # tritonserver and its Python stubs (one process per loaded replica) go with a clean
+    # shutdown; left to PDEATHSIG, the stubs outlived the server by seconds
+    closing.append(handler.close)
+    tasks.register(app, runtime, gpu=handler, warm=handler.warm)
+    # Each chunk runs one batch at a time, of up to max_batch actions (one thread each).
+    most = max((m.max_batch for m in cfg.reward_models if m.backend != "rule"), default=1)  # rules: CPU
+    return min(256, gnode.num_gpus * most)

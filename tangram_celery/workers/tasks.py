@@ -44,8 +44,8 @@ def register(
         if handler is None:
             continue
 
-        def run(action_id: str, alloc: dict[str, Any], _h: Handler = handler) -> str:
-            return runtime.execute(action_id, alloc, _h)
+        def run(action_id: str, order_msg: dict[str, Any], _h: Handler = handler) -> str:
+            return runtime.execute(action_id, order_msg, _h)
 
         app.task(name=name, ignore_result=True, acks_late=True)(run)
 
