@@ -27,11 +27,11 @@ from tangram_celery.sandbox.limits import (
     SANDBOX_PYTHON,
     SANDBOX_UID,
     Limits,
-    runner_payload,
     runner_timeout_s,
     to_result,
 )
 from tangram_celery.sandbox.link import call_runner
+from tangram_celery.sandbox.runner_request import runner_payload
 from tangram_celery.sandbox.stage import RUNNER_SRC_DIR
 from tangram_runner import boot
 

@@ -19,7 +19,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from tangram_runner.spawn import SpawnFailed, Zygote, memfd
+from tangram_runner.forkserver import SpawnFailed, memfd
+from tangram_runner.spawn import Zygote
 from tangram_runner.verifiers import Verifier
 
 __all__ = [

@@ -26,9 +26,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-# Only what the zygote imports too, up to `main`'s fork of it (`spawn.fork_zygote`);
+# Only what the zygote imports too, up to `main`'s fork of it (`forkserver.fork_zygote`);
 # the runner's own modules come after, in `serve`.
-from tangram_runner.spawn import fork_zygote
+from tangram_runner.forkserver import fork_zygote
 
 _PR_SET_DUMPABLE = 4
 

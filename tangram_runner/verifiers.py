@@ -26,7 +26,7 @@ import signal
 import socket
 from typing import Any
 
-from tangram_runner.spawn import ForkServer, SpawnFailed, Zygote, exited
+from tangram_runner.forkserver import ForkServer, SpawnFailed, exited
 
 MAX_SEEDS = 2  # seeds for different verifier limits (the rlimit fallback's change per action)
 
@@ -36,7 +36,7 @@ class VerifierSeed(ForkServer):
 
     name = "verifier seed"
 
-    def __init__(self, zygote: Zygote, spec: dict[str, Any], key: str, warm: bool) -> None:
+    def __init__(self, zygote: ForkServer, spec: dict[str, Any], key: str, warm: bool) -> None:
         super().__init__()
         self.zygote, self.spec, self.key, self.warm = zygote, spec, key, warm
         self.pidfd = -1
@@ -106,7 +106,7 @@ class Verifier:
 class VerifierPool:
     """Idle verifiers, reused while their limits (uid, cores, rlimits) match the action's."""
 
-    def __init__(self, zygote: Zygote) -> None:
+    def __init__(self, zygote: ForkServer) -> None:
         self.zygote = zygote
         self.seeds: dict[str, VerifierSeed] = {}  # by limits, the latest last
         self.idle: list[Verifier] = []

@@ -28,6 +28,7 @@ from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
+from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
@@ -39,7 +40,7 @@ from tangram_celery.sandbox.limits import (
     WORKDIR,
     Limits,
 )
-from tangram_celery.sandbox.pool import Handle, WarmPool
+from tangram_celery.sandbox.pool import WarmPool
 from tangram_celery.sandbox.reaper import Reaper
 from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
 

@@ -15,7 +15,6 @@ from tangram_celery.common.actions import (
     ActionStatus,
     PhaseOutcome,
     TestOutcome,
-    compile_memory_mb,
 )
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
@@ -50,43 +49,6 @@ class Limits:
         return cls(
             cfg.pids_limit, cfg.max_output_bytes, cfg.disk_quota_mb, cfg.network, nofile=cfg.nofile_limit
         )
-
-
-def runner_payload(
-    req: ExecRequest, limits: Limits, pythonpath: list[str], compile_floor_mb: int = 0
-) -> dict[str, Any]:
-    """The JSON request the resident runner executes (`compile_memory_mb`: what its compile
-    phase runs under, `compile_memory_mb` of the sandbox config as `compile_floor_mb`)."""
-    from tangram_celery.sandbox.languages import tools_for
-
-    payload: dict[str, Any] = {
-        "language": req.language,
-        "tools": tools_for(req.language),
-        "memory_mb": req.memory_mb,
-        "compile_memory_mb": compile_memory_mb(
-            req.language, req.memory_mb, compile_floor_mb, req.code is not None
-        ),
-        "code": req.code,
-        "files": req.files,
-        "binary_files": req.binary_files,
-        "fetch_files": list(req.fetch_files),
-        "max_fetch_bytes": FETCH_MAX_BYTES,
-        "test_command": req.test_command,
-        "test_cases": [t.model_dump() for t in req.test_cases],
-        "stdin": req.stdin,
-        "timeout_s": req.timeout_s,
-        "compile_timeout_s": req.compile_timeout_s,
-        "cores": list(req.cores),
-        "nofile": limits.nofile,
-        "max_output_bytes": req.max_output_bytes or limits.max_output_bytes,
-        "env": dict(req.env),
-        "pythonpath": pythonpath,
-        "key": req.action_id,  # what the host's resize names (_tangram_control)
-        "verifier_group": req.verifier_group,
-    }
-    if limits.use_rlimits:
-        payload["rlimits"] = {"AS": req.memory_mb * 1024 * 1024, "NPROC": limits.pids_limit}
-    return payload
 
 
 def runner_timeout_s(req: ExecRequest) -> float:

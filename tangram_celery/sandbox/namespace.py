@@ -34,12 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tangram_celery.sandbox.cgroups as cgroups
 from tangram_celery.common import lifeline
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.common.pretend import pretend_missing
-from tangram_celery.sandbox import cgroups
 from tangram_celery.sandbox.cgroups import CgroupSet
+from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.launcher import PROC_COVER
 from tangram_celery.sandbox.limits import (
@@ -53,7 +54,7 @@ from tangram_celery.sandbox.limits import (
     WORKDIR,
     Limits,
 )
-from tangram_celery.sandbox.pool import Handle, WarmPool
+from tangram_celery.sandbox.pool import WarmPool
 from tangram_celery.sandbox.reaper import Reaper
 from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
 

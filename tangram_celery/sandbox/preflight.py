@@ -10,7 +10,8 @@ from __future__ import annotations
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
-from tangram_celery.sandbox import ExecRequest, open_sandbox
+from tangram_celery.sandbox.backends import open_sandbox
+from tangram_celery.sandbox.base import ExecRequest
 
 
 def check_sandbox(cfg: SandboxConfig) -> str | None:

@@ -4,7 +4,7 @@ A test suite given as test cases is malleable: the scheduler lends it spare core
 and takes them back when an allocation needs them (`scheduler.policies.malleable`). The CPU
 worker keeps which cores each running action has (`tangram_celery.workers.loans`) and calls
 `resize`; here the action's sandbox is re-bound (cpuset and CFS quota, at once) and its runner is
-told the new DoP over its own socket (`inside/_tangram_control.py`), so it starts more case
+told the new DoP over its own socket (`tangram_runner/control.py`), so it starts more case
 workers, or starts none until fewer run than the new count. A case running on a core taken away
 finishes on the cores left.
 
@@ -24,12 +24,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tangram_celery.sandbox.base import ExecRequest
-
-if TYPE_CHECKING:
-    from tangram_celery.sandbox.pool import Handle
+from tangram_celery.sandbox.handle import Handle
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tangram_runner
 from tangram_celery.common.errors import SandboxError
-from tangram_celery.sandbox import tools
+from tangram_celery.sandbox.tools import copy_tools
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Stage:
 
     def stage_tools(self) -> Path | None:
         """The test tools (pytest ...) for sandboxes, copied in once; None when unavailable."""
-        if not self.site.exists() and not tools.copy_tools(self.site):
+        if not self.site.exists() and not copy_tools(self.site):
             return None
         return self.site
 

@@ -10,7 +10,8 @@ from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.cgroups import CgroupSet, _field
-from tangram_celery.sandbox.limits import Limits, classify, counter_delta, runner_payload, to_result
+from tangram_celery.sandbox.limits import Limits, classify, counter_delta, to_result
+from tangram_celery.sandbox.runner_request import runner_payload
 from tangram_runner.suite import rewrite
 
 COUNTERS = {"oom_kill": 0, "pids_max": 0}
@@ -208,7 +209,7 @@ def test_field_parses_key_value_lines() -> None:
 
 def test_open_sandbox_auto_falls_back_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Given no reachable engine, when 'auto' is asked for, then the namespace backend is built."""
-    import tangram_celery.sandbox as sb
+    import tangram_celery.sandbox.backends as sb
     import tangram_celery.sandbox.namespace as ns
 
     built: list[str] = []
