@@ -11,6 +11,9 @@ pool (about 20 waiters at a time); here waiting costs one future per action.
 
 A pop whose reply dies with Redis (a restart mid-reply) consumes its ids; every `poll_s` the
 listener therefore also reads the state of every action still awaited, so no result is lost.
+
+Like the blocking client, it checks actions with `ClientCore` and takes every Redis command
+from `tangram_celery.store.client_ops`; `AsyncStore` only sends them.
 """
 
 from __future__ import annotations
@@ -19,53 +22,25 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
-import redis.asyncio as aredis
 
+import tangram_celery.store.client_ops as ops
+from tangram_celery.client.core import ClientCore
 from tangram_celery.common.actions import ActionResult, new_id
-from tangram_celery.common.admission import (
-    LANGUAGES_TTL_S,
-    AnyAction,
-    admit,
-    cancelled_result,
-    coerce_action,
-    limits_from_view,
-)
+from tangram_celery.common.admission import AnyAction, cancelled_result
 from tangram_celery.common.config import TangramConfig, load_config
-from tangram_celery.common.errors import (
-    ActionRejected,
-    AdmissionError,
-    BrokerError,
-    ResultTimeout,
-    TangramError,
-)
+from tangram_celery.common.errors import ResultTimeout, TangramError
 from tangram_celery.common.wire import PoolView
-from tangram_celery.store import (
-    CANCEL,
-    CONFIG,
-    INTAKE,
-    LANGS,
-    READ_TTL_S,
-    SUBMIT,
-    SubmitBatch,
-    akey,
-    cancel_args,
-    cancel_keys,
-    check_submitted,
-    languages_of,
-    memory_refusal,
-    notify_key,
-    redact,
-)
+from tangram_celery.store.calls import Backoff
+from tangram_celery.store.client_aio import AsyncStore
+from tangram_celery.store.keys import notify_key
 from tangram_celery.transport.broker import resolve_url
 
 log = logging.getLogger("tangram.aclient")
-T = TypeVar("T")
-_FINAL = ("done", "cancelled")
 
 
 class UnknownAction(TangramError):
@@ -126,33 +101,12 @@ class AsyncTangramClient:
         self.retry_budget_s = retry_budget_s
         self.client_id = new_id()[:16]
         self.notify = notify_key(self.client_id)
-        # Commands share a small pool (a full pool makes callers wait their turn, it does not
-        # fail them); the listener holds its own connection in BLPOP.
-        pool = aredis.BlockingConnectionPool.from_url(
-            broker_url,
-            decode_responses=True,
-            max_connections=max_connections,
-            timeout=None,
-            socket_timeout=30.0,
-            health_check_interval=30,
-        )
-        self.r = aredis.Redis(connection_pool=pool)
-        self._listen = aredis.Redis.from_url(
-            broker_url, decode_responses=True, single_connection_client=True, socket_timeout=None
-        )
-        self._submit = self.r.register_script(SUBMIT)
-        self._cancel = self.r.register_script(CANCEL)
-        self._view: PoolView | None = PoolView.of(config) if config else None
-        self._view_read = config is not None
-        self._langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
-        self._langs_read_s = float("-inf")
-        self._checked: tuple[PoolView, dict[str, list[str]], PoolView] | None = None
+        self.store = AsyncStore(broker_url, max_connections=max_connections, retry_budget_s=retry_budget_s)
+        self.core = ClientCore(config)
         self._waiters: dict[str, _Waiter] = {}
         self._read: list[str] = []  # results handed to their callers, not yet given READ_TTL_S
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
-        self._mem: tuple[int, int] = (0, 0)  # (used, max) bytes of Redis memory, last read
-        self._mem_checked_s = float("-inf")
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> AsyncTangramClient:
@@ -160,46 +114,21 @@ class AsyncTangramClient:
         return cls(resolve_url(cfg), config=cfg, **kwargs)
 
     # ---- plumbing ----------------------------------------------------------------------------
-    async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """`fn()`, retried with backoff while Redis is unreachable (idempotent operations only)."""
-        deadline = time.monotonic() + self.retry_budget_s
-        delay_s = 0.05
-        while True:
-            try:
-                return await fn()
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                if time.monotonic() + delay_s > deadline:
-                    raise BrokerError(f"{what}: Redis at {redact(self.url)} unreachable: {e}") from e
-                log.warning("%s: Redis unreachable (%s); retrying in %.2fs", what, e, delay_s)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 1.0)
-
-    async def _pool_view(self) -> PoolView | None:
-        if not self._view_read:
-            raw = await self._retrying("read config", lambda: self.r.get(CONFIG))
-            if raw is None:
-                return None  # no scheduler yet; it checks on intake, and we ask again next time
-            self._view, self._view_read = PoolView.model_validate_json(raw), True
-        return self._view
-
     async def languages(self) -> dict[str, list[str]]:
         """CPU node -> the languages its sandboxes run, as reported (cached LANGUAGES_TTL_S)."""
         now = time.monotonic()
-        if now - self._langs_read_s > LANGUAGES_TTL_S:
-            raw = await self._retrying("read languages", lambda: self.r.hgetall(LANGS))
-            self._langs, self._langs_read_s = languages_of(raw), now
-        return self._langs
+        if self.core.wants_languages(now):
+            self.core.saw_languages(await self.store.run(ops.languages()), now)
+        return self.core.langs
 
     async def _checked_view(self) -> PoolView | None:
-        """The pool view with the reported languages (rebuilt only when either changes)."""
-        view = await self._pool_view()
-        if view is None:
-            return None
-        langs = await self.languages()
-        cached = self._checked
-        if cached is None or cached[0] is not view or cached[1] is not langs:
-            cached = self._checked = (view, langs, view.with_languages(langs))
-        return cached[2]
+        """The pool view with the reported languages (`ClientCore.checked_view`)."""
+        if self.core.wants_view():
+            self.core.saw_view(await self.store.run(ops.pool_view()))
+        if self.core.view is None:
+            return None  # no scheduler yet; it checks on intake, and we ask again next time
+        await self.languages()
+        return self.core.checked_view()
 
     def _ensure_listener(self) -> None:
         if self._closed:
@@ -217,29 +146,15 @@ class AsyncTangramClient:
     async def submit_many(self, actions: Iterable[AnyAction | dict[str, Any]]) -> list[AsyncActionHandle]:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
-        view = await self._checked_view()
-        limits = self.config.limits if self.config else limits_from_view(view)
-        items: list[tuple[str, str, str]] = []
-        handles: list[AsyncActionHandle] = []
-        seen: set[str] = set()
-        for raw in actions:
-            action = coerce_action(raw)
-            if action.id in seen:
-                raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
-            seen.add(action.id)
-            items.append(admit(action, view, limits, now))
-            handles.append(AsyncActionHandle(self, action.id, action.trajectory_id or ""))
-        if not items:
+        await self._checked_view()
+        batch = self.core.batch(actions, now)
+        if not batch.items:
             return []
         self._ensure_listener()
-        max_queued = view.max_queued if view else 0
-        fraction = view.admit_memory_fraction if view else 0.8
-        await self._admit_memory(fraction, len(items))
-        ttl = str(int(limits.queued_ttl_s)) if limits.queued_ttl_s > 0 else "0"
-
-        async def send() -> list[Any]:
-            return await self._run_submits(items, max_queued, ttl)
-
+        handles = [
+            AsyncActionHandle(self, action_id, tid)
+            for (action_id, _, _), tid in zip(batch.items, batch.trajectories, strict=True)
+        ]
         # Waiters exist before the actions do: a result pushed before anyone awaits it is kept,
         # and `result()` needs no read of its own for an action submitted here.
         loop = asyncio.get_running_loop()
@@ -247,7 +162,13 @@ class AsyncTangramClient:
         for action_id in fresh:
             self._waiters[action_id] = _Waiter(loop.create_future())
         try:
-            again = check_submitted(items, await self._retrying("submit", send), max_queued)
+            again = await self.store.submit(
+                batch.items,
+                batch.max_queued,
+                ttl_s=batch.queued_ttl_s,
+                admit_memory_fraction=batch.admit_memory_fraction,
+                notify=self.notify,
+            )
         except BaseException:
             # the ones enqueued before the refusal are found by result() with a read of its own
             for action_id in fresh:
@@ -256,39 +177,6 @@ class AsyncTangramClient:
         if again:  # submitted before (a retry): done already, or now waking this client
             await self._fetch(again)
         return handles
-
-    async def _run_submits(self, items: list[tuple[str, str, str]], max_queued: int, ttl: str) -> list[Any]:
-        """The submit script's reply per item, errors as values, in one round trip (`SubmitBatch`);
-        a single item without a pipeline."""
-        batch = SubmitBatch(self._submit.sha, items, max_queued, ttl, self.notify)
-        while True:
-            calls = batch.pending()
-            if len(calls) == 1:
-                try:
-                    got: list[Any] = [await self.r.evalsha(*calls[0])]
-                except redis.ResponseError as e:  # refusals are values, as in a pipeline
-                    got = [e]
-            else:
-                pipe = self.r.pipeline(transaction=False)
-                for call in calls:
-                    pipe.evalsha(*call)
-                got = list(await pipe.execute(raise_on_error=False))
-            if batch.take(got):
-                return batch.replies
-            await self.r.script_load(SUBMIT)
-
-    async def _admit_memory(self, fraction: float, n: int) -> None:
-        """AdmissionError while Redis is above `fraction` of its maxmemory (read at most every
-        0.25 s), as `Store.submit` does."""
-        now = time.monotonic()
-        if now - self._mem_checked_s > 0.25:
-            info = await self._retrying("memory check", lambda: self.r.info("memory"))
-            self._mem = (int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
-            self._mem_checked_s = now
-        why = memory_refusal(*self._mem, fraction, n)
-        if why is not None:
-            self._mem_checked_s = float("-inf")
-            raise AdmissionError(why)
 
     async def run(self, action: AnyAction | dict[str, Any], timeout: float | None = 600.0) -> ActionResult:
         """Submit and wait for the result."""
@@ -329,16 +217,12 @@ class AsyncTangramClient:
 
     async def state(self, action_id: str) -> str | None:
         """queued | dispatched | running | done | cancelled, or None if unknown."""
-        s = await self._retrying("read state", lambda: self.r.hget(akey(action_id), "state"))
-        return None if s is None else str(s)
+        return await self.store.run(ops.state(action_id))
 
     async def peek(self, action_id: str) -> tuple[str | None, ActionResult | None]:
         """(state, result if final) without waiting."""
-        state, raw = await self._retrying(
-            "read result", lambda: self.r.hmget(akey(action_id), ["state", "result"])
-        )
-        result = ActionResult.model_validate_json(raw) if raw is not None and state in _FINAL else None
-        return (None if state is None else str(state)), result
+        state, raw = await self.store.run(ops.outcome(action_id))
+        return state, (None if raw is None else ActionResult.model_validate_json(raw))
 
     def _resolve(self, action_id: str, raw: str | ActionResult) -> None:
         w = self._waiters.pop(action_id, None)
@@ -356,14 +240,7 @@ class AsyncTangramClient:
         `tangram_celery.store.keys`): one pipeline for all, from the listener, off the callers'
         path (`retry` False: one try, as at close)."""
         ids, self._read = self._read, []
-
-        async def expire() -> list[Any]:
-            pipe = self.r.pipeline(transaction=False)
-            for i in ids:
-                pipe.expire(akey(i), READ_TTL_S)
-            return list(await pipe.execute())
-
-        await (self._retrying("expire read results", expire) if retry else expire())
+        await self.store.run_all("expire read results", [ops.read_done(i) for i in ids], retry=retry)
 
     def _deliver(self, raws: list[str]) -> None:
         """Resolve the waiters of the results popped from the notification list."""
@@ -382,14 +259,9 @@ class AsyncTangramClient:
         if not wanted:
             return
 
-        async def read() -> list[Any]:
-            pipe = self.r.pipeline(transaction=False)
-            for i in wanted:
-                pipe.hmget(akey(i), ["state", "result"])
-            return list(await pipe.execute())
-
-        for action_id, (state, raw) in zip(wanted, await self._retrying("read results", read), strict=True):
-            if raw is not None and state in _FINAL:
+        outcomes = await self.store.run_all("read results", [ops.outcome(i) for i in wanted])
+        for action_id, (state, raw) in zip(wanted, outcomes, strict=True):
+            if raw is not None:
                 self._resolve(action_id, raw)
             elif state is None:
                 w = self._waiters.pop(action_id, None)
@@ -402,31 +274,27 @@ class AsyncTangramClient:
 
     async def _listen_loop(self) -> None:
         next_sweep = time.monotonic() + self.poll_s
-        delay_s = 0.05
+        backoff = Backoff("result listener", self.url, float("inf"), log)
         while not self._closed:
             try:
-                got = await self._listen.blpop([self.notify], timeout=self.poll_s)
+                got = await self.store.once(ops.pop_notified(self.notify, self.poll_s), listener=True)
                 if got is not None:
-                    self._deliver([str(got[1])])  # first, before the drain's round trip
+                    self._deliver([got])  # first, before the drain's round trip
                     # the callers just woken answer before this task talks to Redis again
                     await asyncio.sleep(0)
                     if self._waiters:  # else the next BLPOP takes whatever is left
-                        more = await self._listen.lpop(self.notify, 4096)
-                        if more:
-                            self._deliver([str(x) for x in more])
+                        self._deliver(await self.store.once(ops.drain_notified(self.notify), listener=True))
                 if time.monotonic() >= next_sweep:
                     # Results whose wake-up was lost (see the module docstring).
                     await self._fetch(list(self._waiters))
                     next_sweep = time.monotonic() + self.poll_s
                 if self._read:
                     await self._expire_read()
-                delay_s = 0.05
+                backoff = Backoff("result listener", self.url, float("inf"), log)  # from 0.05 s again
             except asyncio.CancelledError:
                 raise
             except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-                log.warning("result listener: Redis unreachable (%s); retrying in %.2fs", e, delay_s)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 1.0)
+                await asyncio.sleep(backoff.after(e))
                 next_sweep = 0.0  # read everything once it is back
             except Exception:  # never let the one listener die silently
                 log.exception("result listener failed; continuing")
@@ -436,21 +304,13 @@ class AsyncTangramClient:
     async def cancel(self, action_id: str, reason: str = "cancelled by its caller") -> bool:
         """Withdraw an action that no scheduler has dispatched yet. True: it will never run and
         its result has status `cancelled`. False: already dispatched, finished, or unknown."""
-        rep = await self._retrying(
-            "cancel",
-            lambda: self._cancel(
-                keys=cancel_keys(action_id), args=cancel_args(action_id, cancelled_result(action_id, reason))
-            ),
-        )
-        return str(rep) == "cancelled"
+        result_json = cancelled_result(action_id, reason)
+        return await self.store.run(ops.cancel(action_id, result_json)) == "cancelled"
 
     async def close_trajectory(self, trajectory_id: str) -> None:
         """The trajectory is finished: its sandbox and reserved memory are released once its
         queued and running actions are done."""
-        await self._retrying(
-            "close trajectory",
-            lambda: self.r.xadd(INTAKE, {"control": "close", "trajectory_id": trajectory_id}),
-        )
+        await self.store.run(ops.close_trajectory(trajectory_id))
 
     @property
     def outstanding(self) -> int:
@@ -469,14 +329,12 @@ class AsyncTangramClient:
             w.settle(error=TangramError("client closed"))
         self._waiters.clear()
         try:
-            await self.r.delete(self.notify)
+            await self.store.once(ops.forget_notified(self.notify))
             if self._read:
                 await self._expire_read(retry=False)
         except redis.RedisError:
             pass
-        await self._listen.aclose()
-        await self.r.aclose()
-        await self.r.connection_pool.disconnect()  # a pool passed in is not closed by aclose
+        await self.store.close()
 
     async def __aenter__(self) -> AsyncTangramClient:
         return self

@@ -15,18 +15,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import tangram_celery.store.client_ops as ops
+from tangram_celery.client.core import ClientCore
 from tangram_celery.common.actions import ActionResult
-from tangram_celery.common.admission import (
-    LANGUAGES_TTL_S,
-    AnyAction,
-    admit,
-    cancelled_result,
-    coerce_action,
-    limits_from_view,
-)
-from tangram_celery.common.config import LimitsConfig, TangramConfig, load_config
-from tangram_celery.common.errors import ActionRejected, ResultTimeout
-from tangram_celery.common.wire import PoolView
+from tangram_celery.common.admission import AnyAction, cancelled_result
+from tangram_celery.common.config import TangramConfig, load_config
+from tangram_celery.common.errors import ResultTimeout
 from tangram_celery.store import Store
 from tangram_celery.transport.broker import resolve_url
 
@@ -71,34 +65,20 @@ class TangramClient:
     ) -> None:
         self.store = store or Store(broker_url, socket_timeout_s=None)
         self.config = config
-        self._view: PoolView | None = PoolView.of(config) if config else None
-        self._langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
-        self._langs_read_s = float("-inf")
+        self.core = ClientCore(config)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str]) -> TangramClient:
         cfg = load_config(path)
         return cls(resolve_url(cfg), config=cfg)
 
-    # ---- validation ------------------------------------------------------------------------
-    def _pool_view(self) -> PoolView | None:
-        """The deployment's pools: from the config, else as the scheduler published them (None
-        until one has; the scheduler checks at intake, and the view is asked for again)."""
-        if self._view is None:
-            self._view = self.store.pool_view()
-        return self._view
-
-    def _with_languages(self, view: PoolView | None) -> PoolView | None:
-        """`view` with the languages the CPU workers reported (re-read every LANGUAGES_TTL_S)."""
-        if view is None:
-            return None
+    def _read_pools(self) -> None:
+        """The deployment's pools and languages, where `core` wants them read."""
+        if self.core.wants_view():
+            self.core.saw_view(self.store.pool_view())
         now = time.monotonic()
-        if now - self._langs_read_s > LANGUAGES_TTL_S:
-            self._langs, self._langs_read_s = self.store.languages(), now
-        return view.with_languages(self._langs)
-
-    def _limits(self) -> LimitsConfig:
-        return self.config.limits if self.config else limits_from_view(self._view)
+        if self.core.view is not None and self.core.wants_languages(now):
+            self.core.saw_languages(self.store.languages(), now)
 
     # ---- submit ----------------------------------------------------------------------------
     def submit(self, action: AnyAction | dict[str, Any]) -> ActionHandle:
@@ -108,26 +88,19 @@ class TangramClient:
     def submit_many(self, actions: Iterable[AnyAction | dict[str, Any]]) -> list[ActionHandle]:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
-        view = self._with_languages(self._pool_view())
-        limits = self._limits()
-        items: list[tuple[str, str, str]] = []
-        trajectories: list[str] = []
-        seen: set[str] = set()
-        for raw in actions:
-            action = coerce_action(raw)
-            if action.id in seen:
-                raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
-            seen.add(action.id)
-            items.append(admit(action, view, limits, now))
-            trajectories.append(action.trajectory_id or "")
-        max_queued = view.max_queued if view else 0
-        fraction = view.admit_memory_fraction if view else 0.8
+        self._read_pools()
+        batch = self.core.batch(actions, now)
         again = set(
-            self.store.submit(items, max_queued, ttl_s=limits.queued_ttl_s, admit_memory_fraction=fraction)
+            self.store.submit(
+                batch.items,
+                batch.max_queued,
+                ttl_s=batch.queued_ttl_s,
+                admit_memory_fraction=batch.admit_memory_fraction,
+            )
         )
         return [
             ActionHandle(self, action_id, tid, look_first=action_id in again)
-            for (action_id, _, _), tid in zip(items, trajectories, strict=True)
+            for (action_id, _, _), tid in zip(batch.items, batch.trajectories, strict=True)
         ]
 
     def handle(self, action_id: str, trajectory_id: str = "") -> ActionHandle:
@@ -142,16 +115,13 @@ class TangramClient:
     def close_trajectory(self, trajectory_id: str) -> None:
         """The trajectory is finished: its sandbox and reserved memory are released once its
         queued and running actions are done."""
-        self.store.control({"control": "close", "trajectory_id": trajectory_id})
+        self.store.run(ops.close_trajectory(trajectory_id))
 
     def cancel(self, action_id: str, reason: str = "cancelled by its caller") -> bool:
         """Withdraw an action that no scheduler has dispatched yet. True: it will never run and
         its result has status `cancelled`. False: it was already dispatched (it runs to the
         end), finished, or is unknown."""
-        state = self.store.retrying(
-            "cancel", lambda: self.store.cancel(action_id, cancelled_result(action_id, reason))
-        )
-        return state == "cancelled"
+        return self.store.run(ops.cancel(action_id, cancelled_result(action_id, reason))) == "cancelled"
 
     def close(self) -> None:
         self.store.close()

@@ -26,13 +26,14 @@ that was never dispatched; see `cancel`). Transitions happen only in the Lua scr
 (`scripts.py`), so a duplicate Celery message can never run an action twice and a cancelled
 action never runs. The operations of the client, the scheduler and the workers are each in
 their own module (`client_side.py`, `scheduler_side.py`, `worker_side.py`); what they write is
-typed by `tangram_celery.common.wire`.
+typed by `tangram_celery.common.wire`. The client side is built without I/O in `client_ops.py`
+(commands as values, `calls.py`) and carried out by two executors: the blocking `Store` and the
+asyncio `AsyncStore` (`client_aio.py`).
 """
 
 from __future__ import annotations
 
-from tangram_celery.store.client_side import (
-    ClientSide,
+from tangram_celery.store.client_ops import (
     SubmitBatch,
     cancel_args,
     cancel_keys,
@@ -40,6 +41,7 @@ from tangram_celery.store.client_side import (
     languages_of,
     memory_refusal,
 )
+from tangram_celery.store.client_side import ClientSide
 from tangram_celery.store.keys import (
     CONFIG,
     CONSUMER,

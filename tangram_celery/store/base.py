@@ -1,20 +1,22 @@
-"""The connection every side of the store shares, and retrying while Redis is away."""
+"""The connection every side of the store shares, retrying while Redis is away, and sending
+the calls that `client_ops` builds (the blocking executor; `client_aio` is the asyncio one)."""
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
+from redis.exceptions import NoScriptError
 
+import tangram_celery.store.client_ops as ops
+import tangram_celery.store.scripts as scripts
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.wire import Completion
-from tangram_celery.store import scripts
+from tangram_celery.store.calls import RETRYABLE, Backoff, Call
 from tangram_celery.store.keys import EVENTS, RESULT_TTL_S, akey, nkey, redact
 
-log = logging.getLogger("tangram.store")
 T = TypeVar("T")
 
 
@@ -37,33 +39,52 @@ class StoreBase:
         self.r: redis.Redis = client or redis.Redis.from_url(
             url, decode_responses=True, socket_timeout=socket_timeout_s, health_check_interval=30
         )
-        self._submit = self.r.register_script(scripts.SUBMIT)
         self._claim = self.r.register_script(scripts.CLAIM)
         self._complete = self.r.register_script(scripts.COMPLETE)
         self._requeue = self.r.register_script(scripts.REQUEUE)
         self._give_back = self.r.register_script(scripts.GIVE_BACK)
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
-        self._cancel = self.r.register_script(scripts.CANCEL)
         self._dispatch = self.r.register_script(scripts.DISPATCH)
-        self._mem: tuple[int, int] = (0, 0)  # (used, max) bytes of Redis memory, last read
-        self._mem_checked_s = float("-inf")
+        self._memory = ops.MemoryCheck()
 
     def retrying(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         """Run `fn`, retrying with backoff while Redis is unreachable (restarts, failovers).
 
         Only idempotent operations go through here. Raises BrokerError when the budget is spent.
         """
-        deadline = time.monotonic() + (self.retry_budget_s if budget_s is None else budget_s)
-        delay_s = 0.05
+        backoff = Backoff(what, self.url, self.retry_budget_s if budget_s is None else budget_s)
         while True:
             try:
                 return fn()
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                if time.monotonic() + delay_s > deadline:
-                    raise BrokerError(f"{what}: Redis at {redact(self.url)} unreachable: {e}") from e
-                log.warning("%s: Redis unreachable (%s); retrying in %.2fs", what, e, delay_s)
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 1.0)
+            except RETRYABLE as e:
+                time.sleep(backoff.after(e))
+
+    def run(self, call: Call[T]) -> T:
+        """Send `call` (retried while Redis is unreachable) and read its reply."""
+        return call.parse(self.retrying(call.what, lambda: self._send(call)))
+
+    def _send(self, call: Call[Any]) -> Any:
+        send = getattr(self.r, call.method)
+        try:
+            return send(*call.args, **call.kwargs)
+        except NoScriptError:
+            if call.script is None:
+                raise
+            self.r.script_load(call.script)  # a restarted Redis: load it, send once more
+            return send(*call.args, **call.kwargs)
+
+    def send_all(self, calls: Sequence[Call[Any]], raise_on_error: bool = True) -> list[Any]:
+        """The raw replies to `calls`, in one round trip (errors as values unless
+        `raise_on_error`); not retried, and a script Redis lacks is not loaded here."""
+        pipe = self.r.pipeline(transaction=False)
+        for call in calls:
+            getattr(pipe, call.method)(*call.args, **call.kwargs)
+        return list(pipe.execute(raise_on_error=raise_on_error))
+
+    def run_all(self, what: str, calls: Sequence[Call[T]]) -> list[T]:
+        """`calls` in one round trip (retried while Redis is unreachable), each reply read."""
+        replies = self.retrying(what, lambda: self.send_all(calls))
+        return [call.parse(rep) for call, rep in zip(calls, replies, strict=True)]
 
     def ping(self) -> None:
         try:
@@ -76,8 +97,7 @@ class StoreBase:
 
     def memory_use(self) -> tuple[int, int]:
         """(used, maxmemory) bytes of Redis memory (maxmemory 0: no ceiling)."""
-        info = self.retrying("memory check", lambda: self.r.info("memory"))
-        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        return self.run(ops.memory_use())
 
     def _finish(self, action_id: str, result_json: str, event: Completion) -> bool:
         """running -> done (any state but done and cancelled): store the result, wake its

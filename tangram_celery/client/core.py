@@ -1,0 +1,87 @@
+"""What both clients do before they talk to Redis: check a batch of actions against the
+deployment's pools and turn it into the store's submit items. No I/O: `TangramClient` and
+`AsyncTangramClient` read the pools and languages (`wants_view`, `wants_languages`) and send
+the batch, each on its own connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tangram_celery.common.admission import LANGUAGES_TTL_S, AnyAction, admit, coerce_action, limits_from_view
+from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.errors import ActionRejected
+from tangram_celery.common.wire import PoolView
+from tangram_celery.store.client_ops import Item
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A checked batch, ready for `Store.submit` / `AsyncStore.submit`."""
+
+    items: list[Item]
+    trajectories: list[str]  # of each item ("" for none)
+    max_queued: int  # the intake bound (0: none published yet)
+    admit_memory_fraction: float
+    queued_ttl_s: float
+
+
+class ClientCore:
+    """The pools a client checks actions against: from its config, else as the scheduler
+    published them (asked for again until one has; the scheduler checks at intake), with the
+    languages the CPU workers reported (re-read every LANGUAGES_TTL_S)."""
+
+    def __init__(self, config: TangramConfig | None) -> None:
+        self.config = config
+        self.view: PoolView | None = PoolView.of(config) if config else None
+        self.langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
+        self._langs_read_s = float("-inf")
+        self._checked: tuple[PoolView, dict[str, list[str]], PoolView] | None = None
+
+    def wants_view(self) -> bool:
+        """Whether to read the published pools (`client_ops.pool_view`) and `saw_view` them."""
+        return self.view is None
+
+    def saw_view(self, view: PoolView | None) -> None:
+        self.view = view
+
+    def wants_languages(self, now_s: float) -> bool:
+        """Whether to read the languages (`client_ops.languages`) at monotonic `now_s`."""
+        return now_s - self._langs_read_s > LANGUAGES_TTL_S
+
+    def saw_languages(self, langs: dict[str, list[str]], now_s: float) -> None:
+        self.langs, self._langs_read_s = langs, now_s
+
+    def checked_view(self) -> PoolView | None:
+        """The pool view with the reported languages (rebuilt only when either changes)."""
+        if self.view is None:
+            return None
+        cached = self._checked
+        if cached is None or cached[0] is not self.view or cached[1] is not self.langs:
+            cached = self._checked = (self.view, self.langs, self.view.with_languages(self.langs))
+        return cached[2]
+
+    def batch(self, actions: Iterable[AnyAction | dict[str, Any]], now_s: float) -> Batch:
+        """Validate every action (wall-clock `now_s`: their submit time); ActionRejected for
+        the first invalid one or an id given twice, before anything is enqueued."""
+        view = self.checked_view()
+        limits = self.config.limits if self.config else limits_from_view(view)
+        items: list[Item] = []
+        trajectories: list[str] = []
+        seen: set[str] = set()
+        for raw in actions:
+            action = coerce_action(raw)
+            if action.id in seen:
+                raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
+            seen.add(action.id)
+            items.append(admit(action, view, limits, now_s))
+            trajectories.append(action.trajectory_id or "")
+        return Batch(
+            items,
+            trajectories,
+            max_queued=view.max_queued if view else 0,
+            admit_memory_fraction=view.admit_memory_fraction if view else 0.8,
+            queued_ttl_s=limits.queued_ttl_s,
+        )
