@@ -30,11 +30,11 @@ import redis
 
 import tangram_celery.store.client_ops as ops
 from tangram_celery.client.core import ClientCore
-from tangram_celery.common.actions import ActionResult, new_id
+from tangram_celery.common.actions import new_id
 from tangram_celery.common.admission import AnyAction, cancelled_result
 from tangram_celery.common.config import TangramConfig, load_config
 from tangram_celery.common.errors import ResultTimeout, TangramError
-from tangram_celery.common.wire import PoolView
+from tangram_celery.common.wire import ActionResult, PoolView
 from tangram_celery.store.calls import Backoff
 from tangram_celery.store.client_aio import AsyncStore
 from tangram_celery.store.keys import notify_key

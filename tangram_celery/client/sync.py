@@ -17,10 +17,10 @@ from typing import Any
 
 import tangram_celery.store.client_ops as ops
 from tangram_celery.client.core import ClientCore
-from tangram_celery.common.actions import ActionResult
 from tangram_celery.common.admission import AnyAction, cancelled_result
 from tangram_celery.common.config import TangramConfig, load_config
 from tangram_celery.common.errors import ResultTimeout
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.store import Store
 from tangram_celery.transport.broker import resolve_url
 
