@@ -11,7 +11,7 @@ each executor looked up by name.
 The live service executes Tangram's own model (`ExecutionModel()`): exclusive core ids per
 action, GPU services cached on their chunks and evicted least recently used, API limits
 enforced by the scheduler, and `tangram-fast`'s core loans and warm GPU placements
-(`scheduler.service.elastic` sends them, the CPU and GPU workers carry them out). `live_gaps`
+(`scheduler.service.sender` sends them, the CPU and GPU workers carry them out). `live_gaps`
 says why another model cannot run live, and the config refuses such a policy with that reason
 (`tangram_celery.common.config`).
 """
@@ -109,7 +109,7 @@ class ExecutionModel:
     lend_cores: spare cores are lent to running malleable actions each round and taken back
         when an allocation needs them (`scheduler.policies.malleable`; `RoundPlan.lends`). Both
         executors carry them out: the simulator by the duration curve, the live service by
-        resizing the running suite's cpuset and its runner's DoP (`scheduler.service.elastic`).
+        resizing the running suite's cpuset and its runner's DoP (`scheduler.service.sender`).
     warm_gpu: services are restored onto free GPU memory ahead of their calls while no GPU call
         waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`, `Round.retire`). Both executors
         carry them out (live: the GPU worker loads the replica on the chunk).

@@ -3,9 +3,11 @@ queues.
 
 This is the only part of `scheduler/` that does I/O; it wraps the round (`scheduler.round`, the
 simulator's round too) in a control loop (snapshot -> round -> executor). Modules, bottom up:
-`books` (bookkeeping), `context` (what the parts share, the Celery sender), `liveness` and
-`recovery` (pure plans), `trajectories`, `intake`, `events`, `faults`, `dispatch` (functions of
-a context), `loop` (the service, which applies them in order).
+`cluster` (the state and costs from the config), `liveness` and `recovery` (pure plans),
+`books` (the action book), `sender` (every Celery message), `sandboxes` and `trajectories` (the
+trajectory book), `warmer` (the GPU warmer), `faults`, `intake`, `events`, `dispatch` (handlers
+that act on the books), `loop` (the service, which owns them and applies them in order).
+Modules here import their siblings, never this package.
 """
 
 from scheduler.service.loop import SchedulerService

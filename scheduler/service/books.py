@@ -1,72 +1,114 @@
-"""The scheduler's bookkeeping beside `ClusterState`: what it knows of each action and trajectory
-between intake and completion. Plain dicts, kept in one place so that every handler forgets an
-action the same way (`forget`)."""
+"""The actions the scheduler holds, from intake to their end: the FCFS waiting queue and one
+entry per action, queued or dispatched (`Tracked`). The metadata is parsed once, at intake; the
+queue entry the policies see (`QueuedAction`) is derived from it and kept beside it, so that
+every handler forgets an action the same way (`forget`)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from scheduler.gpu_cache import Chunk
 from scheduler.model import QueuedAction
-from scheduler.service.sandboxes import SandboxBook
-from tangram_celery.common.wire import ActionMeta, GpuWarm, SandboxOrder
+from scheduler.queue import WaitingQueue
+from tangram_celery.common.wire import ActionMeta, SandboxOrder
+
+
+@dataclass(slots=True)
+class Tracked:
+    """One action the scheduler holds: its metadata as the client sent it (persisted in its
+    dispatch record), its queue entry, its intake stream id until it is dispatched (acknowledged
+    with its dispatch record), its attempt number, and for a dispatched code action the
+    sandbox its worker was told to use."""
+
+    meta: ActionMeta
+    qa: QueuedAction
+    entry: str | None = None
+    attempt: int = 0
+    sandbox: SandboxOrder | None = None
+    dispatched: bool = False
 
 
 @dataclass
-class Warming:
-    """A warm GPU order (`wire.GpuWarm`) sent at `sent_s` and not answered yet."""
+class ActionBook:
+    """The waiting queue and every queued or dispatched action (all rebuilt by recovery)."""
 
-    order: GpuWarm
-    sent_s: float
+    waiting: WaitingQueue = field(default_factory=WaitingQueue)  # FCFS, indexed (scheduler/queue.py)
+    _of: dict[str, Tracked] = field(default_factory=dict)
 
+    def __contains__(self, action_id: object) -> bool:
+        """Is the action queued or dispatched?"""
+        return action_id in self._of
 
-@dataclass
-class Books:
-    """What the scheduler knows beyond the resource state (all rebuilt by recovery)."""
+    def get(self, action_id: str) -> Tracked | None:
+        return self._of.get(action_id)
 
-    # queued action -> its intake stream id (acknowledged when it is dispatched)
-    entry_of: dict[str, str] = field(default_factory=dict)
-    # queued or dispatched action -> its metadata as the client sent it
-    meta: dict[str, ActionMeta] = field(default_factory=dict)
-    # dispatched action -> its queue entry (trajectory key, kind, cost)
-    running: dict[str, QueuedAction] = field(default_factory=dict)
-    # dispatched (or re-routed) action -> its attempt number
-    attempt: dict[str, int] = field(default_factory=dict)
-    # dispatched code action -> the sandbox its worker was told to use
-    sandbox_of: dict[str, SandboxOrder] = field(default_factory=dict)
-    # trajectory -> its queued + running actions
-    active: Counter[str] = field(default_factory=Counter)
-    # trajectory -> stream id of its close request (closed once nothing of it is active)
-    closing: dict[str, str] = field(default_factory=dict)
-    # pinned trajectory -> when one of its actions was last dispatched or completed (s)
-    last_active: dict[str, float] = field(default_factory=dict)
-    # sandbox generations, owners and pending resets of the pinned trajectories
-    sandboxes: SandboxBook = field(default_factory=SandboxBook)
-    # warm GPU orders sent and not answered yet (service/elastic.py)
-    warming: dict[tuple[str, Chunk, str], Warming] = field(default_factory=dict)
-    # warm orders (restores, retirements) that failed, when: not sent again for a while
-    warm_failed: dict[tuple[str, Chunk, str], float] = field(default_factory=dict)
+    def admit(self, meta: ActionMeta, qa: QueuedAction, entry: str | None = None, attempt: int = 0) -> None:
+        """Queue `qa` (at the tail), made from `meta`; `entry`: its intake stream id."""
+        self.waiting.append(qa)
+        self._of[qa.action_id] = Tracked(meta, qa, entry, attempt)
 
-    def dispatched(self, qa: QueuedAction, sandbox: SandboxOrder | None) -> int:
-        """`qa` is sent (again): its next attempt number."""
-        aid = qa.action_id
-        attempt = self.attempt.get(aid, 0) + 1
-        self.attempt[aid] = attempt
-        self.running[aid] = qa
+    def restore_running(
+        self, meta: ActionMeta, qa: QueuedAction, attempt: int, sandbox: SandboxOrder | None
+    ) -> None:
+        """A dispatched action of the previous run (recovery)."""
+        self._of[qa.action_id] = Tracked(meta, qa, None, attempt, sandbox, dispatched=True)
+
+    def running(self, action_id: str) -> QueuedAction | None:
+        """The queue entry of a dispatched action (None if it is not dispatched)."""
+        t = self._of.get(action_id)
+        return t.qa if t is not None and t.dispatched else None
+
+    def running_ids(self) -> Iterator[str]:
+        return (aid for aid, t in self._of.items() if t.dispatched)
+
+    def attempt(self, action_id: str) -> int:
+        """The action's attempt number (0: never dispatched, or not held)."""
+        t = self._of.get(action_id)
+        return t.attempt if t is not None else 0
+
+    def set_attempt(self, action_id: str, attempt: int) -> None:
+        self._of[action_id].attempt = attempt
+
+    def dispatched(self, qa: QueuedAction, sandbox: SandboxOrder | None) -> Tracked:
+        """`qa` is sent (again): its next attempt. Its intake entry is left to `take_entry`."""
+        t = self._of[qa.action_id]
+        t.attempt += 1
+        t.dispatched = True
         if sandbox is not None:
-            self.sandbox_of[aid] = sandbox
-        return attempt
+            t.sandbox = sandbox
+        return t
 
-    def requeued(self, action_id: str) -> QueuedAction | None:
-        """A dispatched action goes back to the waiting queue (its attempt count stays)."""
-        self.sandbox_of.pop(action_id, None)
-        return self.running.pop(action_id, None)
+    def take_entry(self, action_id: str) -> str | None:
+        """The intake stream id of a dispatched action, once (acknowledged with its record)."""
+        t = self._of.get(action_id)
+        if t is None:
+            return None
+        entry, t.entry = t.entry, None
+        return entry
+
+    def requeue(self, action_id: str, solo: bool = False) -> QueuedAction | None:
+        """A dispatched action goes back to the waiting queue, in FCFS order (its attempt count
+        stays); with `solo`, it never rides again. Returns it if it was dispatched."""
+        t = self._of.get(action_id)
+        if t is None or not t.dispatched:
+            return None
+        t.dispatched, t.sandbox = False, None
+        t.qa.solo = t.qa.solo or solo
+        self.waiting.append(t.qa)
+        self.waiting.sort_by_submission()
+        return t.qa
+
+    def cancel(self, action_id: str) -> QueuedAction | None:
+        """A queued action was withdrawn: it leaves the queue and the book. None if not queued."""
+        qa = self.waiting.get(action_id)
+        if qa is None:
+            return None
+        self.waiting.pop(action_id)
+        self._of.pop(action_id, None)
+        return qa
 
     def forget(self, action_id: str) -> QueuedAction | None:
         """A dispatched action is over (completed, given up, vanished, cancelled before it was
         sent): everything about it goes. Returns its queue entry if it was dispatched."""
-        self.attempt.pop(action_id, None)
-        self.sandbox_of.pop(action_id, None)
-        self.meta.pop(action_id, None)
-        return self.running.pop(action_id, None)
+        t = self._of.pop(action_id, None)
+        return t.qa if t is not None and t.dispatched else None

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
 
-from scheduler.model import ResourceKind
-from scheduler.service import elastic, faults, trajectories
-from scheduler.service.context import Context
+from scheduler.estimator import DurationEstimator
+from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.resources import ClusterState
+from scheduler.service.books import ActionBook
+from scheduler.service.faults import Faults
+from scheduler.service.record import RunRecorder
+from scheduler.service.trajectories import TrajectoryBook
+from scheduler.service.warmer import GpuWarmer
+from tangram_celery.common.records import PinRecord
 from tangram_celery.common.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
-from tangram_celery.store import IntakeEntry
+from tangram_celery.store import IntakeEntry, Store
 
 log = logging.getLogger("tangram.scheduler")
 
@@ -26,53 +32,85 @@ def read_event(entry: IntakeEntry) -> Completion | ResidencyReport | None:
         return Completion(status=EventStatus.ERROR) if entry.fields.get("id") else None
 
 
-def on_events(ctx: Context, events: list[IntakeEntry]) -> None:
-    if not events:
-        return
-    state, books = ctx.state, ctx.books
-    done: list[str] = []
-    owners: dict[str, dict[str, Any]] = {}  # pin records whose sandbox owner changed
-    for e in events:
-        action_id = e.fields.get("id", "")
-        ev = read_event(e)
-        if isinstance(ev, ResidencyReport):
-            elastic.learn_residency(ctx, ev.pool, resident_map(ev.resident), ev.warm, ev.error)
-            continue
-        if ev is None:
-            continue
-        if ev.status is EventStatus.RETRY:
-            faults.retry_elsewhere(ctx, action_id, ev.error, unstarted=ev.unstarted)
-            continue
-        if ev.status is EventStatus.CANCELLED:
-            faults.drop_cancelled(ctx, action_id)
-            continue
-        alloc = state.release(action_id, ctx.clock())  # a use of its trajectory (eviction order)
+class Events:
+    """Carries out a page of the events stream on the books that own what each event changes."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        books: ActionBook,
+        trajectories: TrajectoryBook,
+        warmer: GpuWarmer,
+        faults: Faults,
+        store: Store,
+        recorder: RunRecorder,
+        estimator: DurationEstimator,
+        clock: Callable[[], float],
+    ) -> None:
+        self.state, self.books, self.trajectories = state, books, trajectories
+        self.warmer, self.faults, self.store = warmer, faults, store
+        self.recorder, self.estimator, self.clock = recorder, estimator, clock
+        self.progress_s = time.monotonic()  # when a page of events was last carried out
+
+    def on_events(self, events: list[IntakeEntry]) -> None:
+        if not events:
+            return
+        done: list[str] = []
+        owners: dict[str, PinRecord] = {}  # pin records whose sandbox owner changed
+        for e in events:
+            action_id = e.fields.get("id", "")
+            ev = read_event(e)
+            if isinstance(ev, ResidencyReport):
+                self.warmer.learn_residency(ev.pool, resident_map(ev.resident), ev.warm, ev.error)
+            elif ev is None:
+                continue
+            elif ev.status is EventStatus.RETRY:
+                self.faults.retry_elsewhere(action_id, ev.error, unstarted=ev.unstarted)
+            elif ev.status is EventStatus.CANCELLED:
+                self.faults.drop_cancelled(action_id)
+            elif self._completed(action_id, ev, owners):
+                done.append(action_id)
+        state = self.state
+        self.store.events_done(
+            done,
+            {t: r for t, r in owners.items() if t in state.trajectory_node},
+            [e.stream_id for e in events],
+        )
+        self.progress_s = time.monotonic()
+        self.trajectories.close_ready()
+
+    def _completed(self, action_id: str, ev: Completion, owners: dict[str, PinRecord]) -> bool:
+        """An action's turn is over: release it, learn from it, note its trajectory's sandbox
+        owner (in `owners`, when it changed). False if it is not running here (refused or
+        replayed)."""
+        alloc = self.state.release(action_id, self.clock())  # a use of its trajectory (eviction order)
         if alloc is None:
-            continue  # not running here: refused or replayed
+            return False
         if alloc.kind is ResourceKind.GPU and ev.resident is not None:
-            elastic.learn_residency(ctx, alloc.pool, resident_map(ev.resident))
-        done.append(action_id)
-        qa = books.forget(action_id)
-        ctx.recorder.completed(qa, alloc, ev)
-        if qa is not None and ev.status.ran and ev.exec_s:
-            exec_s: float | None = ev.exec_s
-            if alloc.shares:  # slowed by sharing: what it takes alone is the CPU time it used
-                exec_s = ev.cpu_s / alloc.units if ev.cpu_s else None
-            if exec_s:
-                ctx.estimator.observe(qa.kind, alloc.units, exec_s)
+            self.warmer.learn_residency(alloc.pool, resident_map(ev.resident))
+        qa = self.books.forget(action_id)
+        self.recorder.completed(qa, alloc, ev)
+        if qa is not None:
+            self._learn(qa, alloc, ev)
         # the scheduler's own key (a one-shot action's is not in the event)
         tid = qa.trajectory_id if qa is not None else ev.trajectory_id
         if not tid:
-            continue
+            return True
         if (
             alloc.kind is ResourceKind.CPU
-            and state.trajectory_node.get(tid) == alloc.pool
-            and books.sandboxes.completed(tid, ev.worker, ev.seq)
+            and self.state.trajectory_node.get(tid) == alloc.pool
+            and self.trajectories.sandboxes.completed(tid, ev.worker, ev.seq)
         ):
-            owners[tid] = trajectories.pin_record(ctx, tid)
-        trajectories.done(ctx, tid)
-    ctx.store.events_done(
-        done, {t: r for t, r in owners.items() if t in state.trajectory_node}, [e.stream_id for e in events]
-    )
-    ctx.progress_s = time.monotonic()
-    trajectories.close_ready(ctx)
+            owners[tid] = self.trajectories.pin_record(tid)
+        self.trajectories.done(tid)
+        return True
+
+    def _learn(self, qa: QueuedAction, alloc: Allocation, ev: Completion) -> None:
+        """A sample of the action's duration for the estimator, if it ran to a result."""
+        if not (ev.status.ran and ev.exec_s):
+            return
+        exec_s: float | None = ev.exec_s
+        if alloc.shares:  # slowed by sharing: what it takes alone is the CPU time it used
+            exec_s = ev.cpu_s / alloc.units if ev.cpu_s else None
+        if exec_s:
+            self.estimator.observe(qa.kind, alloc.units, exec_s)

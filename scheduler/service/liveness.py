@@ -2,7 +2,7 @@
 
 Workers heart-beat into Redis (server time). Every `check_every_s` the scheduler compares each
 running action's owner with the live workers, and `assess` turns what it read into a
-`LivenessPlan` (pure: no I/O, no clock of its own) that the loop carries out (`faults.apply`):
+`LivenessPlan` (pure: no I/O, no clock of its own) that the loop carries out (`Faults.apply`):
 - the owner stopped beating while the action ran -> the action is retried on the same pool
   (a new attempt; the old attempt's message can no longer claim it), at most `max_attempts`
   times, then it finishes with status `error`;

@@ -4,12 +4,18 @@ Each step: read intake + completion events (one blocking XREADGROUP over both st
 release finished units (`events`) -> admit new actions into the FCFS waiting queue (`intake`)
 -> one round (`scheduler.round.Round`, the simulator's round too) -> persist the dispatch
 records, acknowledge the intake entries and send the Celery messages (`dispatch`). Every
-`check_every_s`: a liveness pass (`liveness.assess`, carried out by `faults.apply`), idle
+`check_every_s`: a liveness pass (`liveness.assess`, carried out by `Faults.apply`), idle
 sandboxes expired, metrics refreshed.
 
-The parts are functions of a shared `Context` (state, books, store, sender); this class owns
-one, and wires the parts in the order above. Managers decide, the loop applies: liveness and
-recovery return plans, the round returns a plan, and only the loop calls what carries them out.
+State has owners, as in Ray Serve's controller: the action book (`books.ActionBook`: the
+waiting queue and every action held), the trajectory book (`trajectories.TrajectoryBook`: pins'
+sandboxes, close requests, idle times), the GPU warmer (`warmer.GpuWarmer`: warm orders under
+way) and the sender (`sender.Sender`: every Celery message); the resource state
+(`ClusterState`) is the round's. The handlers (`intake.Intake`, `events.Events`,
+`dispatch.Dispatcher`, `faults.Faults`) act on the books that own what they change. Managers
+decide, the loop applies: liveness and recovery return plans, the round returns a plan, and
+only the loop calls what carries them out; the periodic pass updates each manager in its own
+`try`, so that one failing does not stop the others.
 """
 
 from __future__ import annotations
@@ -30,13 +36,19 @@ from scheduler.estimator import DurationEstimator
 from scheduler.model import ResourceKind
 from scheduler.policies import Policy
 from scheduler.queue import WaitingQueue
-from scheduler.resources import ClusterState
 from scheduler.round import FairShareSpec, Round
-from scheduler.service import dispatch, events, faults, intake, liveness, recovery, trajectories
-from scheduler.service.books import Books
+from scheduler.service.books import ActionBook
 from scheduler.service.cluster import build_cluster
-from scheduler.service.context import Context, Sender
+from scheduler.service.dispatch import Dispatcher
+from scheduler.service.events import Events
+from scheduler.service.faults import Faults
+from scheduler.service.intake import Intake
+from scheduler.service.liveness import LivenessPolicy, assess
 from scheduler.service.record import RunRecorder
+from scheduler.service.recovery import RecoveryPlan, recovery_plan
+from scheduler.service.sender import Sender
+from scheduler.service.trajectories import EvictionTally, TrajectoryBook
+from scheduler.service.warmer import GpuWarmer
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.metrics import SchedulerMetrics
@@ -70,7 +82,7 @@ class SchedulerService:
     """The central scheduler process. `run()` loops until `stop()`; `step()` does one round.
 
     `store` and `app` default to ones connected to `broker_url`; tests pass their in-memory
-    twins (`tangram_celery.testing`)."""
+    twins (`tangram_celery.testing`), and may pass the duration `estimator`."""
 
     def __init__(
         self,
@@ -82,81 +94,85 @@ class SchedulerService:
         record: bool = True,
         store: Store | None = None,
         app: Celery | None = None,
+        estimator: DurationEstimator | None = None,
     ) -> None:
         self.cfg = cfg
         self.view = PoolView.of(cfg)
         self.policy = policy or cfg.scheduler.make_policy()
-        fair = cfg.scheduler.fair_share
-        batch = {m.name: m.max_batch for m in cfg.reward_models}
-        priors = {k: {"t1_s": v.t1_s, "p": v.parallel_fraction} for k, v in cfg.scheduler.priors.items()}
-        estimator = DurationEstimator.from_config(priors)
+        priors = {k: v.model_dump() for k, v in cfg.scheduler.priors.items()}
+        self.estimator = estimator or DurationEstimator.from_config(priors)
+        self.clock = clock
+        self.liveness = LivenessPolicy()
+        self.store = store or Store(broker_url)
+        self.recorder = RunRecorder(
+            Path(cfg.state_dir) / "actions.jsonl" if record else None,
+            max_bytes=cfg.scheduler.run_log_max_mb << 20,
+            keep=cfg.scheduler.run_log_keep,
+        )
+        self.sender = Sender(app or make_app(broker_url), self.recorder.metrics)
+        self.tally = EvictionTally()
+        self.dispatched_total = 0
+        self._build()
+        self._stall_logged_s = 0.0
+        self._stop = threading.Event()
+
+    def _build(self) -> None:
+        """The resource state, the books and the handlers, all fresh (`start()` recovers them)."""
+        cfg, store, sender, clock, metrics = self.cfg, self.store, self.sender, self.clock, self.metrics
+        self.state = state = build_cluster(cfg)
+        self.books = books = ActionBook()
+        self.trajectories = trajectories = TrajectoryBook(
+            state, store, sender, clock, metrics, cfg.sandbox.idle_ttl_s, self.tally
+        )
+        self.warmer = warmer = GpuWarmer(state, sender, {g.name for g in cfg.nodes.gpu if g.warm_up}, clock)
+        self.faults = faults = Faults(
+            state, books, trajectories, store, sender, self.liveness, clock, metrics
+        )
+        self.intake = Intake(cfg, self.view, books, trajectories, self.estimator, store, metrics)
+        self.events = Events(
+            state, books, trajectories, warmer, faults, store, self.recorder, self.estimator, clock
+        )
+        self.dispatcher = Dispatcher(
+            state,
+            books,
+            trajectories,
+            warmer,
+            sender,
+            store,
+            self.recorder,
+            clock,
+            check_invariants=cfg.scheduler.check_invariants,
+        )
+        fair, batch = cfg.scheduler.fair_share, {m.name: m.max_batch for m in cfg.reward_models}
         self.round = Round(
             self.policy,
             fair=FairShareSpec(fair.weights, fair.aging_s) if fair.enabled else None,
             max_batch=lambda service: batch.get(service, 1),
             gpu_services=gpu_services(cfg),
             cpu_batch=cfg.scheduler.cpu_batch.spec(),
-            observed=lambda qa, units: self.ctx.estimator.observed_s(qa.kind, units),
+            observed=lambda qa, units: self.estimator.observed_s(qa.kind, units),
         )
-        self.ctx = Context(
-            cfg=cfg,
-            store=store or Store(broker_url),
-            sender=Sender(app or make_app(broker_url)),
-            recorder=RunRecorder(
-                Path(cfg.state_dir) / "actions.jsonl" if record else None,
-                max_bytes=cfg.scheduler.run_log_max_mb << 20,
-                keep=cfg.scheduler.run_log_keep,
-            ),
-            estimator=estimator,
-            clock=clock,
-            liveness=liveness.LivenessPolicy(),
-            state=build_cluster(cfg),
-        )
-        self._stall_logged_s = 0.0
-        self._evictions_logged_s = float("-inf")  # the first evictions are told at once
-        self._stop = threading.Event()
 
     # ---- what tests and tools read -------------------------------------------------------------
     @property
-    def store(self) -> Store:
-        return self.ctx.store
-
-    @property
-    def state(self) -> ClusterState:
-        return self.ctx.state
-
-    @property
     def waiting(self) -> WaitingQueue:
-        return self.ctx.waiting
-
-    @property
-    def books(self) -> Books:
-        return self.ctx.books
-
-    @property
-    def dispatched_total(self) -> int:
-        return self.ctx.dispatched_total
+        return self.books.waiting
 
     @property
     def metrics(self) -> SchedulerMetrics:
-        return self.ctx.metrics
+        return self.recorder.metrics
+
+    @property
+    def progress_s(self) -> float:
+        """When actions were last dispatched or completed (`time.monotonic`)."""
+        return max(self.dispatcher.progress_s, self.events.progress_s)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _reset(self) -> None:
         """Forget everything in memory; `start()` rebuilds it from Redis."""
-        ctx = self.ctx
-        ctx.state = build_cluster(self.cfg)
-        ctx.waiting = WaitingQueue()
-        ctx.books = Books()
-        old = self.round
-        self.round = Round(
-            self.policy,
-            fair=old.fair,
-            max_batch=old.max_batch,
-            gpu_services=gpu_services(self.cfg),
-            cpu_batch=old.cpu_batch,
-            observed=old.observed,
-        )
+        progress = self.dispatcher.progress_s, self.events.progress_s
+        self._build()
+        self.dispatcher.progress_s, self.events.progress_s = progress
 
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""
@@ -167,44 +183,45 @@ class SchedulerService:
 
     def recover(self) -> None:
         """Rebuild state from Redis after a restart: running allocations, pins, pending entries."""
-        ctx, store = self.ctx, self.store
+        store = self.store
         records = store.load_running()
         states = store.states(list(records))
-        plan = recovery.plan(
-            records, states, store.load_pins(), self.cfg, ctx.estimator, ctx.clock(), ctx.state.cpu
+        plan = recovery_plan(
+            records, states, store.load_pins(), self.cfg, self.estimator, self.clock(), self.state.cpu
         )
-        ctx.state.restore(plan.snapshot)
-        books = ctx.books
-        for got in plan.queued + plan.running:
-            aid = got.qa.action_id
-            books.meta[aid] = got.meta
-            books.attempt[aid] = got.attempt
-            books.active[got.qa.trajectory_id] += 1
-        for got in plan.queued:
-            ctx.waiting.append(got.qa)
-        ctx.waiting.sort_by_submission()
-        for got in plan.running:
-            books.running[got.qa.action_id] = got.qa
-            if got.sandbox is not None:
-                books.sandbox_of[got.qa.action_id] = got.sandbox
-            self.round.track(got.qa)
-            alloc = ctx.state.running.get(got.qa.action_id)
-            if alloc is not None:  # a running malleable action is lent cores again
-                self.round.track_malleable(got.qa, alloc)
-        for tid, pin in plan.pins.items():
-            books.sandboxes.restore_pin(tid, pin)
+        self._restore(plan)
         # Sandboxes of restored pins may be gone (their workers restarted too): the liveness
-        # check releases those (`trajectories.reconcile`) once the workers' reports say so.
-        books.sandboxes.restore_resets(store.load_resets())
+        # check releases those (`TrajectoryBook.reconcile`) once the workers' reports say so.
+        self.trajectories.sandboxes.restore_resets(store.load_resets())
         if plan.resend:
             log.info("re-sending %d dispatched action(s) after restart", len(plan.resend))
             share = self.round.execution.time_share
-            ctx.sender.send(plan.resend, books, share_weight=share.weight if share is not None else None)
+            self.sender.send(
+                plan.resend, self.books, share_weight=share.weight if share is not None else None
+            )
         # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
         for page in store.read_pending(EVENTS):
             self.on_events(page)
         for page in store.read_pending(INTAKE):
             self.on_intake(page)
+
+    def _restore(self, plan: RecoveryPlan) -> None:
+        """Carry out a recovery plan on the fresh state and books."""
+        self.state.restore(plan.snapshot)
+        books, active = self.books, self.trajectories.active
+        for got in plan.queued:
+            books.admit(got.meta, got.qa, attempt=got.attempt)
+            active[got.qa.trajectory_id] += 1
+        books.waiting.sort_by_submission()
+        for got in plan.running:
+            books.restore_running(got.meta, got.qa, got.attempt, got.sandbox)
+            active[got.qa.trajectory_id] += 1
+            self.round.track(got.qa)
+            alloc = self.state.running.get(got.qa.action_id)
+            if alloc is not None:  # a running malleable action is lent cores again
+                self.round.track_malleable(got.qa, alloc)
+        for tid, pin in plan.pins.items():
+            self.trajectories.sandboxes.restore_pin(tid, pin)
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,7 +260,7 @@ class SchedulerService:
                 self.step(block_ms=20 if wait_api else idle_block_ms)
                 if time.monotonic() >= next_check:
                     self.check()
-                    next_check = time.monotonic() + self.ctx.liveness.check_every_s
+                    next_check = time.monotonic() + self.liveness.check_every_s
             except _TRANSIENT as e:
                 if isinstance(e, redis.ResponseError) and not _is_oom(e):
                     raise
@@ -253,7 +270,7 @@ class SchedulerService:
                 self._rejoin()
         with contextlib.suppress(*_TRANSIENT):  # else they are done again after a restart
             self.store.settle()
-        self.ctx.recorder.close()
+        self.recorder.close()
         self.store.close()
 
     # ---- one step ----------------------------------------------------------------------------
@@ -265,64 +282,71 @@ class SchedulerService:
         return self.schedule()
 
     def on_events(self, entries: list[IntakeEntry]) -> None:
-        events.on_events(self.ctx, entries)
+        self.events.on_events(entries)
 
     def on_intake(self, entries: list[IntakeEntry]) -> None:
-        intake.on_intake(self.ctx, self.view, entries)
+        self.intake.on_intake(entries)
 
     def schedule(self) -> int:
-        return dispatch.schedule(self.ctx, self.round)
+        n = self.dispatcher.schedule(self.round)
+        self.dispatched_total += n
+        return n
 
     def check(self) -> None:
-        """The periodic pass: liveness, idle sandboxes, a stall warning, metrics."""
-        ctx, store = self.ctx, self.store
-        server_now, workers = store.workers()
-        ids = list(ctx.state.running)
-        owners = store.owners(ids) if ids else []
-        running = {aid: ctx.state.running[aid] for aid in ids}
-        plan = liveness.assess(ctx.liveness, server_now, workers, running, owners, ctx.clock())
-        faults.apply(ctx, plan, store.sandbox_reports())
-        trajectories.expire_idle(ctx, ctx.clock())
-        self.log_evictions()
-        self.warn_if_stalled()
-        ctx.recorder.snapshot(ctx.waiting, ctx.state, ctx.state.offline)
-        ctx.recorder.flush()
+        """The periodic pass, each manager in its own `try`: liveness (carried out by `Faults`),
+        the trajectories' idle sandboxes, a stall warning, metrics. A lost Redis still ends the
+        pass (everything is rebuilt from Redis); any other failure is logged and the next part
+        runs."""
+        self._update("liveness", self._liveness)
+        self._update("trajectories", lambda: self.trajectories.update(self.clock()))
+        self._update("stall warning", self.warn_if_stalled)
+        self._update("metrics", self._snapshot)
 
-    def log_evictions(self, every_s: float = 30.0) -> None:
-        """One line per `every_s` for the idle trajectories evicted meanwhile (one line per
-        eviction, at DEBUG: a stateless caller evicts one per action)."""
-        now = time.monotonic()
-        if self.ctx.evicted_since_log and now - self._evictions_logged_s >= every_s:
-            log.info(
-                "evicted %d idle trajector%s to make room (memory is a cache; at most one such line per %.0f s)",
-                self.ctx.evicted_since_log,
-                "y" if self.ctx.evicted_since_log == 1 else "ies",
-                every_s,
-            )
-            self.ctx.evicted_since_log = 0
-            self._evictions_logged_s = now
+    @staticmethod
+    def _update(what: str, update: Callable[[], object]) -> None:
+        try:
+            update()
+        except _TRANSIENT:
+            raise
+        except Exception:
+            log.exception("scheduler: updating the %s failed; the loop goes on", what)
+
+    def _liveness(self) -> None:
+        """One liveness pass: assess the workers' heartbeats and the owners of the running
+        actions (`liveness.assess`, pure), then carry out the plan (`Faults.apply`)."""
+        store, state = self.store, self.state
+        server_now, workers = store.workers()
+        ids = list(state.running)
+        owners = store.owners(ids) if ids else []
+        running = {aid: state.running[aid] for aid in ids}
+        plan = assess(self.liveness, server_now, workers, running, owners, self.clock())
+        self.faults.apply(plan, store.sandbox_reports())
+
+    def _snapshot(self) -> None:
+        self.recorder.snapshot(self.waiting, self.state, self.state.offline)
+        self.recorder.flush()
 
     def warn_if_stalled(self, after_s: float = 30.0) -> None:
         """Say why nothing moves when actions wait and nothing ran or ended for `after_s`."""
         now = time.monotonic()
-        ctx = self.ctx
-        if not ctx.waiting or now - ctx.progress_s < after_s or now - self._stall_logged_s < after_s:
+        waiting, state, progress_s = self.waiting, self.state, self.progress_s
+        if not waiting or now - progress_s < after_s or now - self._stall_logged_s < after_s:
             return
         self._stall_logged_s = now
-        head = ctx.waiting[0]
-        pin = ctx.state.trajectory_node.get(head.trajectory_id, "-")
-        cpu = {n: (len(c.free), c.memory_free_mb) for n, c in ctx.state.cpu.items()}
+        head = waiting[0]
+        pin = state.trajectory_node.get(head.trajectory_id, "-")
+        cpu = {n: (len(c.free), c.memory_free_mb) for n, c in state.cpu.items()}
         log.warning(
             "no progress for %.0f s with %d waiting: head %s (trajectory %s pinned to %s, %s %s units); "
             "cpu free (cores, MiB)=%s; offline=%s; running=%d",
-            now - ctx.progress_s,
-            len(ctx.waiting),
+            now - progress_s,
+            len(waiting),
             head.action_id,
             head.trajectory_id,
             pin,
             head.cost.key,
             head.cost.units.min,
             cpu,
-            sorted(ctx.state.offline),
-            len(ctx.state.running),
+            sorted(state.offline),
+            len(state.running),
         )

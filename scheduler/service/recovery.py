@@ -1,8 +1,8 @@
 """Rebuild the scheduler's in-memory state from Redis after a restart (or a Redis restart).
 
-`plan` turns what Redis holds (dispatch records and their actions' states, pins, resets) into a
-`RecoveryPlan`: a `ClusterState.restore` snapshot, the actions to queue again and the running
-ones, and the messages to send again. It reads nothing itself; the loop reads, calls it and
+`recovery_plan` turns what Redis holds (dispatch records and their actions' states, pins,
+resets) into a `RecoveryPlan`: a `ClusterState.restore` snapshot, the actions to queue again and
+the running ones, and the messages to send again. It reads nothing itself; the loop reads, calls it and
 carries the plan out (then replays the unacknowledged events and intake entries)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.service.cluster import alloc_from_wire, to_queued
 from tangram_celery.common.config import TangramConfig
+from tangram_celery.common.records import PinRecord
 from tangram_celery.common.wire import ActionMeta, DispatchRecord, SandboxOrder
 from tangram_celery.store import ActionState
 
@@ -42,14 +43,14 @@ class RecoveryPlan:
     snapshot: dict[str, Any] = field(default_factory=dict)
     queued: list[Recovered] = field(default_factory=list)
     running: list[Recovered] = field(default_factory=list)
-    pins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pins: dict[str, PinRecord] = field(default_factory=dict)
     resend: list[Allocation] = field(default_factory=list)
 
 
-def plan(
+def recovery_plan(
     records: Mapping[str, DispatchRecord],
     states: Sequence[str | None],
-    pins: Mapping[str, dict[str, Any]],
+    pins: Mapping[str, PinRecord],
     cfg: TangramConfig,
     estimator: DurationEstimator,
     now_s: float,
@@ -85,14 +86,14 @@ def plan(
             # allocated but maybe never sent (the previous run died between persist and send)
             out.resend.append(alloc)
     for tid, pin in pins.items():
-        node = str(pin.get("node", ""))
+        node = pin.node
         if node not in cpu_nodes:
             continue
         old = node_of.get(tid)
         if old is not None and old != node:
             memory.get(old, {}).pop(tid, None)
         node_of[tid] = node
-        memory.setdefault(node, {})[tid] = int(pin.get("memory_mb", 0))
+        memory.setdefault(node, {})[tid] = pin.memory_mb
         out.pins[tid] = pin
     out.snapshot = {
         "trajectory_node": node_of,

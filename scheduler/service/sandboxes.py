@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from tangram_celery.common.records import PinRecord, SandboxReport
 from tangram_celery.common.wire import SandboxOrder
 
 ONE_SHOT = "~"  # prefix of the scheduler's key for a one-shot action (not a valid trajectory id)
@@ -50,19 +50,6 @@ def is_one_shot(trajectory_id: str) -> bool:
 def caller_trajectory(trajectory_id: str) -> str:
     """The trajectory id a caller knows (empty for a one-shot action)."""
     return "" if is_one_shot(trajectory_id) else trajectory_id
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """A worker incarnation's report of the sandboxes it holds: `seq` is its completion counter
-    when the list was taken (trajectory id -> generation)."""
-
-    seq: int
-    held: Mapping[str, str]
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Report:
-        return cls(int(d.get("seq", 0)), {str(t): str(g) for t, g in d.get("held", [])})
 
 
 @dataclass
@@ -132,7 +119,7 @@ class SandboxBook:
         return old
 
     def gone(
-        self, idle: Iterable[str], alive: set[str], reports: Mapping[str, Report]
+        self, idle: Iterable[str], alive: set[str], reports: Mapping[str, SandboxReport]
     ) -> tuple[list[str], list[str]]:
         """Of the idle pinned trajectories `idle`, those whose sandbox no longer exists:
         (lost ones, which had a sandbox, and never-started ones, whose pinning action never
@@ -144,6 +131,7 @@ class SandboxBook:
         """
         lost: list[str] = []
         never: list[str] = []
+        held: dict[str, dict[str, str]] = {}  # worker -> its report's trajectory -> generation
         for tid in idle:
             owner = self.owner.get(tid)
             if owner is None:
@@ -154,21 +142,21 @@ class SandboxBook:
                 lost.append(tid)
                 continue
             rep = reports.get(worker)
-            if rep is not None and rep.seq >= seq and rep.held.get(tid) != self.gen.get(tid):
+            if rep is None or rep.seq < seq:
+                continue
+            if worker not in held:
+                held[worker] = rep.generations()
+            if held[worker].get(tid) != self.gen.get(tid):
                 lost.append(tid)
         return lost, never
 
     # ---- persistence (the pin records of `tangram:traj`, and `tangram:reset`) --------------------
-    def pin_fields(self, tid: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"gen": self.gen.get(tid, "")}
-        owner = self.owner.get(tid)
-        if owner is not None:
-            out["owner"] = [owner[0], owner[1]]
-        return out
+    def pin_record(self, tid: str, node: str, memory_mb: int) -> PinRecord:
+        """`tid`'s pin record: its node and reservation, with its sandbox's generation and owner."""
+        return PinRecord(node=node, memory_mb=memory_mb, gen=self.gen.get(tid, ""), owner=self.owner.get(tid))
 
-    def restore_pin(self, tid: str, pin: Mapping[str, Any]) -> None:
-        if pin.get("gen"):
-            self.gen[tid] = str(pin["gen"])
-        owner = pin.get("owner")
-        if isinstance(owner, list) and len(owner) == 2:
-            self.owner[tid] = (str(owner[0]), int(owner[1]))
+    def restore_pin(self, tid: str, pin: PinRecord) -> None:
+        if pin.gen:
+            self.gen[tid] = pin.gen
+        if pin.owner is not None:
+            self.owner[tid] = pin.owner

@@ -3,14 +3,14 @@ workers' heartbeats and sandbox reports, and taking actions back from lost worke
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from pydantic import ValidationError
 
+from tangram_celery.common.records import PinRecord, SandboxReport
 from tangram_celery.common.wire import Completion, DispatchRecord, EventStatus, PoolView
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import (
@@ -32,6 +32,20 @@ from tangram_celery.store.keys import (
 )
 
 log = logging.getLogger("tangram.store")
+
+R = TypeVar("R", PinRecord, SandboxReport)
+
+
+def _parsed(model: type[R], raw: dict[Any, Any], what: str) -> dict[str, R]:
+    """The records of a hash, by field; one that does not parse (written by hand, or by an
+    incompatible version) is logged and left out."""
+    out: dict[str, R] = {}
+    for k, v in raw.items():
+        try:
+            out[str(k)] = model.parse(v)
+        except ValidationError as e:
+            log.error("ignored the unreadable %s of %s: %s", what, k, e)
+    return out
 
 
 class SchedulerSide(StoreBase):
@@ -104,9 +118,11 @@ class SchedulerSide(StoreBase):
                 log.error("ignored the unreadable dispatch record of %s: %s", k, e)
         return out
 
-    def load_pins(self) -> dict[str, dict[str, Any]]:
+    def load_pins(self) -> dict[str, PinRecord]:
+        """Every pinned trajectory's record; an unreadable one is logged and left out (its
+        trajectory starts over in a fresh sandbox)."""
         self.settle()
-        return {str(k): json.loads(v) for k, v in self.r.hgetall(TRAJ).items()}
+        return _parsed(PinRecord, self.r.hgetall(TRAJ), "pin record")
 
     def states(self, action_ids: Sequence[str]) -> list[str | None]:
         pipe = self.r.pipeline(transaction=False)
@@ -117,7 +133,7 @@ class SchedulerSide(StoreBase):
     def mark_dispatched(
         self,
         records: Sequence[DispatchRecord],
-        pins: dict[str, dict[str, Any]],
+        pins: dict[str, PinRecord],
         intake_ids: Sequence[str],
         now_s: float,
         *,
@@ -141,7 +157,7 @@ class SchedulerSide(StoreBase):
             args += [rec.alloc.action_id, rec.model_dump_json(exclude_none=True), rec.attempt]
         args.append(len(pins))
         for tid, pin in pins.items():
-            args += [tid, json.dumps(pin)]
+            args += [tid, pin.dump()]
         args.append(len(forget_pins))
         args += list(forget_pins)
         resets = resets or {}
@@ -162,7 +178,7 @@ class SchedulerSide(StoreBase):
         self.r.xadd(DEAD, entry, maxlen=DEAD_MAXLEN, approximate=True)
 
     def events_done(
-        self, finished: Sequence[str], pins: dict[str, dict[str, Any]], event_ids: Sequence[str]
+        self, finished: Sequence[str], pins: dict[str, PinRecord], event_ids: Sequence[str]
     ) -> None:
         """After a page of events: forget the finished actions' dispatch records, write the pin
         records whose owner changed, and take the events off the stream. Owed, not written at
@@ -174,7 +190,7 @@ class SchedulerSide(StoreBase):
         if finished:
             self._owed.append(("hdel", (RUNNING, *finished)))
         for tid, pin in pins.items():
-            self._owed.append(("hset", (TRAJ, tid, json.dumps(pin))))
+            self._owed.append(("hset", (TRAJ, tid, pin.dump())))
         if event_ids:
             self._owed.append(("xack", (EVENTS, GROUP, *event_ids)))
             self._owed.append(("xdel", (EVENTS, *event_ids)))
@@ -202,7 +218,7 @@ class SchedulerSide(StoreBase):
 
     def update_pins(
         self,
-        pins: dict[str, dict[str, Any]],
+        pins: dict[str, PinRecord],
         forget: Sequence[str] = (),
         resets: dict[str, float] | None = None,
         resets_done: Sequence[str] = (),
@@ -213,7 +229,7 @@ class SchedulerSide(StoreBase):
             return
         pipe = self._owed_first(self.r.pipeline(transaction=True))
         for tid, pin in pins.items():
-            pipe.hset(TRAJ, tid, json.dumps(pin))
+            pipe.hset(TRAJ, tid, pin.dump())
         if forget:
             pipe.hdel(TRAJ, *forget)
         if resets:
@@ -226,8 +242,9 @@ class SchedulerSide(StoreBase):
     def load_resets(self) -> dict[str, float]:
         return {str(k): float(v) for k, v in self.r.hgetall(RESETS).items()}
 
-    def sandbox_reports(self) -> dict[str, dict[str, Any]]:
-        return {str(k): json.loads(v) for k, v in self.r.hgetall(SANDBOXES).items()}
+    def sandbox_reports(self) -> dict[str, SandboxReport]:
+        """Each CPU worker's report of the sandboxes it holds (an unreadable one left out)."""
+        return _parsed(SandboxReport, self.r.hgetall(SANDBOXES), "sandbox report")
 
     def workers(self) -> tuple[float, dict[str, tuple[float, str]]]:
         """(Redis server time, {worker: (last heartbeat, pool key)})."""

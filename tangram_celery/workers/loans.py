@@ -2,7 +2,7 @@
 
 The scheduler lends spare cores to running malleable actions (test suites given as test cases)
 and sends each change as a `wire.CoreLoan`: every core lent to one borrower now, numbered by
-`seq` (`scheduler.service.elastic`). The worker keeps, per running action, its own cores (its
+`seq` (`scheduler.service.sender`). The worker keeps, per running action, its own cores (its
 allocation) and the cores on loan to it, and resizes the action's sandbox to their union
 (`Sandbox.resize`). The worker also keeps the node's cores exclusive on its own, whatever order
 the messages arrive in:

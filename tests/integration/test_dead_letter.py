@@ -46,7 +46,7 @@ def test_malformed_intake_entries_are_dead_lettered_and_never_crash_the_schedule
     deadline = time.monotonic() + 10
     while svc.dispatched_total == 0 and time.monotonic() < deadline:
         svc.step(block_ms=100)
-    assert svc.dispatched_total == 1 and good.id in svc.books.running
+    assert svc.dispatched_total == 1 and svc.books.running(good.id) is not None
     for aid in ("bad-json", "bad-type", "bad-cpus"):
         res = ActionResult.model_validate_json(store.wait_result(aid, timeout_s=5) or "{}")
         assert res.status == "rejected" and "malformed intake entry" in res.error

@@ -13,8 +13,8 @@ from tangram_celery.store import EVENTS, INTAKE, Store, akey, nkey
 
 
 def _submit(store: Store, action_id: str) -> None:
-    meta = json.dumps({"id": action_id, "trajectory_id": "t", "submitted_s": time.time()})
-    store.submit([(action_id, meta, '{"p": 1}')], max_queued=0)
+    meta = ActionMeta(id=action_id, type="api", api="calc", trajectory_id="t", submitted_s=time.time())
+    store.submit([(action_id, meta.dumps(), '{"p": 1}')], max_queued=0)
 
 
 def _record(action_id: str) -> DispatchRecord:
@@ -121,10 +121,10 @@ def test_the_scheduler_drops_an_action_cancelled_while_it_waits(redis_url: str, 
     hog = client.submit(CodeAction(trajectory_id="t1", code="x", cpus=2))
     waiting = client.submit(CodeAction(trajectory_id="t2", code="y"))
     svc.step(block_ms=100)
-    assert hog.id in svc.books.running and waiting.id in svc.waiting  # both cores held by the hog
+    assert svc.books.running(hog.id) is not None and waiting.id in svc.waiting  # both cores held by the hog
     assert client.cancel(waiting.id, "test") is True
     svc.step(block_ms=100)
-    assert waiting.id not in svc.waiting and svc.books.active.get("t2", 0) == 0
+    assert waiting.id not in svc.waiting and svc.trajectories.active.get("t2", 0) == 0
     assert svc.metrics.registry.get_sample_value("tangram_cancelled_total") == 1
     assert _celery_messages(store) == 1  # the hog's only
     client.close()
@@ -147,12 +147,12 @@ def test_a_cancel_between_decision_and_dispatch_sends_nothing(redis_url: str, tm
     svc.on_intake(intake)  # in the waiting queue; the policy has not run yet
     assert client.cancel(first.id, "deadline") is True  # the event is not read yet
     assert svc.schedule() == 0
-    assert first.id not in svc.books.running and first.id not in svc.state.running
+    assert svc.books.running(first.id) is None and first.id not in svc.state.running
     assert len(svc.state.cpu["n0"].free) == 2 and _celery_messages(store) == 0
     assert store.action_state(first.id) == "cancelled"
     second = client.submit(CodeAction(trajectory_id="t2", code="y", cpus=2))
     svc.step(block_ms=100)  # reads the cancel event (ignored: already dropped) and the new one
-    assert second.id in svc.books.running and _celery_messages(store) == 1
-    assert svc.books.active.get("t1", 0) == 0
+    assert svc.books.running(second.id) is not None and _celery_messages(store) == 1
+    assert svc.trajectories.active.get("t1", 0) == 0
     client.close()
     store.close()

@@ -82,9 +82,9 @@ def test_an_idle_gpu_node_gets_a_warm_restore_and_the_next_call_finds_it(
         assert handler.service.controller.is_ready(replica_name("rm", len(order.chunk), order.chunk))  # type: ignore[union-attr]
         assert handler.service.manager.stats["warm_loads"] == 1  # type: ignore[union-attr]
         deadline = time.monotonic() + 10
-        while svc.books.warming and time.monotonic() < deadline:
+        while svc.warmer.warming and time.monotonic() < deadline:
             svc.step(block_ms=100)
-        assert not svc.books.warming and svc.state.gpu["g0"].resident == {order.chunk: ["rm"]}
+        assert not svc.warmer.warming and svc.state.gpu["g0"].resident == {order.chunk: ["rm"]}
 
         with TangramClient(redis_url, config=cfg) as client:
             h = client.submit(RewardAction(trajectory_id="t", model="rm", inputs={"response": "fine"}))

@@ -1,5 +1,5 @@
 """The live scheduler carries out the round's core loans and warm GPU placements
-(`scheduler.service.elastic`), on the in-memory twin of the store; the test plays the workers."""
+(`scheduler.service.warmer`, `Sender.lend`), on the in-memory twin of the store; the test plays the workers."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def one_node(tmp_path: Any) -> Iterator[Harness]:
         scheduler={"policy": "tangram-fast", "priors": PRIORS, "check_invariants": True},
     )
     h = Harness(str(tmp_path), cfg=cfg)
+    sent_messages(h.app, "tangram.cpu.n0")  # memory:// is one broker per process: earlier tests' messages go
     h.svc.start()
     yield h
     sent_messages(h.app, "tangram.cpu.n0")
@@ -127,7 +128,7 @@ def test_idle_gpus_get_warm_restores_which_hold_their_chunk_until_the_node_answe
     h.store.publish_residency("g0", {rm.chunk: ["rm"]}, warm=sim, error="not loaded")
     h.svc.step(block_ms=None)
     assert h.svc.state.gpu["g0"].resident == {rm.chunk: ["rm"]}
-    assert not h.svc.books.warming
+    assert not h.svc.warmer.warming
     assert not [o for o in _all(h, "tangram.gpu.g0") if GpuWarm.model_validate(o[1][0]).chunk == sim.chunk]
 
 

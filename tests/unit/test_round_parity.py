@@ -28,9 +28,9 @@ from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
 from scheduler.sim.engine import Simulator
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
-from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.config import parse_config
-from tangram_celery.common.wire import ActionMeta, Completion, EventStatus, TaskOrder
+from tangram_celery.common.wire import ActionMeta, ActionResult, Completion, EventStatus, TaskOrder
 from tangram_celery.testing import memory_app, memory_store, sent_messages
 
 NODES, CORES, NUMA, MEMORY_MB = 2, 4, 2, 2048
@@ -144,9 +144,10 @@ def run_live(
     )
     store, app, clock = memory_store(), memory_app(), Clock()
     rec = Recorder(policy, **params)
-    svc = SchedulerService(cfg, "memory://", policy=rec, store=store, app=app, clock=clock, record=False)
-    if estimator is not None:  # it learns nothing here: the test's worker reports no exec time
-        svc.ctx.estimator = estimator
+    # the estimator learns nothing here: the test's worker reports no exec time
+    svc = SchedulerService(
+        cfg, "memory://", policy=rec, store=store, app=app, clock=clock, record=False, estimator=estimator
+    )
     svc.start()
     events: list[tuple[float, int, int, Any]] = []
     seq = 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scheduler.service import sandboxes
-from scheduler.service.sandboxes import Report, SandboxBook, caller_trajectory, is_one_shot, one_shot_key
+from scheduler.service.sandboxes import SandboxBook, caller_trajectory, is_one_shot, one_shot_key
+from tangram_celery.common.records import PinRecord, SandboxReport
 from tangram_celery.common.wire import SandboxOrder
 
 
@@ -49,7 +50,7 @@ def test_gone_sandboxes() -> None:
     book.pinned("stale-gen", "g2")
     book.completed("stale-gen", "w1", 2)
     book.pinned("never", "g-never")
-    reports = {"w1": Report(8, {"kept": "g-kept", "stale-gen": "g1"})}
+    reports = {"w1": SandboxReport(seq=8, held=(("kept", "g-kept"), ("stale-gen", "g1")))}
     lost, never = book.gone(
         ["dead", "kept", "dropped", "newer", "stale-gen", "never"], alive={"w1"}, reports=reports
     )
@@ -58,15 +59,20 @@ def test_gone_sandboxes() -> None:
 
 
 def test_pins_round_trip() -> None:
-    """Given a pinned trajectory with an owner, when its pin fields are restored into a new
-    book, then generation and owner are the same."""
+    """Given a pinned trajectory with an owner, when its pin record goes through Redis's JSON
+    and is restored into a new book, then generation and owner are the same; a record written
+    before records had a version reads the same, and so does a worker's sandbox report."""
     book = SandboxBook()
     book.pinned("t", "a1")
     book.completed("t", "w1", 7)
     other = SandboxBook()
-    other.restore_pin("t", {"node": "n", "memory_mb": 1, **book.pin_fields("t")})
+    pin = PinRecord.parse(book.pin_record("t", "n", 1).dump())
+    other.restore_pin("t", pin)
     assert (other.gen, other.owner) == (book.gen, book.owner)
-    assert Report.from_dict({"seq": 3, "held": [["t", "a1"]]}) == Report(3, {"t": "a1"})
+    old = PinRecord.parse('{"node": "n", "memory_mb": 1, "gen": "a1", "owner": ["w1", 7]}')
+    assert old == pin and old.v == 1
+    report = SandboxReport.parse('{"seq": 3, "held": [["t", "a1"]]}')
+    assert (report.seq, report.generations()) == (3, {"t": "a1"})
 
 
 def test_resets_are_forgotten_after_a_day_or_beyond_a_bound_oldest_first(

@@ -19,6 +19,7 @@ from tangram_celery.client.sync import TangramClient
 from tangram_celery.common.actions import ActionStatus, ApiAction, CodeAction, RewardAction
 from tangram_celery.common.admission import cancelled_result
 from tangram_celery.common.config import TangramConfig, parse_config
+from tangram_celery.common.records import PinRecord
 from tangram_celery.common.wire import ActionResult, ChunkServices, Completion, EventStatus, TaskOrder
 from tangram_celery.store import EVENTS, INTAKE, RUNNING, WORKER_POOLS, WORKERS, Store, akey
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
@@ -335,7 +336,7 @@ def test_a_completion_is_written_with_the_next_read_or_replayed_after_a_restart(
     assert h.store.r.xlen(EVENTS) == 1
     h.svc.step(block_ms=None)
     assert not h.store.r.hexists(RUNNING, "o1") and h.store.r.xlen(EVENTS) == 0
-    assert h.store.load_pins()["t"]["node"] == order.pool
+    assert h.store.load_pins()["t"].node == order.pool
 
     h.client.submit(CodeAction(id="o2", trajectory_id="t", code="x"))
     h.svc.step(block_ms=None)
@@ -346,17 +347,17 @@ def test_a_completion_is_written_with_the_next_read_or_replayed_after_a_restart(
     assert not again.svc.state.running and again.svc.state.trajectory_node["t"] == order.pool
     again.svc.step(block_ms=None)
     assert not again.store.r.hexists(RUNNING, "o2") and again.store.r.xlen(EVENTS) == 0
-    assert again.store.load_pins()["t"]["node"] == order.pool
+    assert again.store.load_pins()["t"].node == order.pool
 
 
 def test_an_owed_pin_is_written_before_a_later_change_of_it() -> None:
     """Writes `events_done` owes go to Redis before any other command of the scheduler's, in
     order: a pin owed and then deleted stays deleted."""
     store = memory_store()
-    store.events_done(["x1"], {"t": {"node": "n0"}}, [])
+    store.events_done(["x1"], {"t": PinRecord(node="n0")}, [])
     store.forget_pin("t")
     assert store.load_pins() == {}
-    store.events_done([], {"u": {"node": "n0"}}, [])
+    store.events_done([], {"u": PinRecord(node="n0")}, [])
     store.update_pins({}, forget=["u"])
     assert store.load_pins() == {}
 

@@ -1,42 +1,57 @@
-"""What the scheduler service's parts share: the state, the books, and the two outputs (the store
-and the Celery messages). The handlers in `intake`, `events`, `dispatch`, `faults` and
-`trajectories` are functions of a `Context`; the loop owns one and calls them."""
+"""The scheduler's Celery side: every message it sends to workers (actions, sandbox closes, core
+loans, warm GPU orders) goes through one `Sender`. It decides nothing; the managers tell it what
+to send."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery import Celery
 
-from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, ResourceKind
-from scheduler.queue import WaitingQueue
-from scheduler.resources import ClusterState
-from scheduler.service.books import Books
-from scheduler.service.liveness import LivenessPolicy
-from scheduler.service.record import RunRecorder
-from tangram_celery.common.config import TangramConfig
+from scheduler.service.books import ActionBook
+from scheduler.service.cluster import alloc_to_wire
 from tangram_celery.common.metrics import SchedulerMetrics
-from tangram_celery.common.wire import TaskOrder
-from tangram_celery.store import Store
-from tangram_celery.transport.app import TASK_API, TASK_CLOSE, TASK_CPU, TASK_CPU_BATCH, TASK_GPU, queue_name
+from tangram_celery.common.wire import CoreLoan, GpuWarm, TaskOrder
+from tangram_celery.transport.app import (
+    TASK_API,
+    TASK_CLOSE,
+    TASK_CPU,
+    TASK_CPU_BATCH,
+    TASK_GPU,
+    TASK_LEND,
+    TASK_WARM,
+    queue_name,
+)
 
 _TASKS = {ResourceKind.CPU: TASK_CPU, ResourceKind.GPU: TASK_GPU, ResourceKind.API: TASK_API}
 
 
-class Sender:
-    """The Celery side: one message per dispatched action, and sandbox close requests."""
+_last_seq = 0
 
-    def __init__(self, app: Celery) -> None:
+
+def next_seq() -> int:
+    """The next order number (core loans, warm orders): microseconds since the epoch (and more
+    than the last), so a restarted scheduler's orders are newer than its predecessor's."""
+    global _last_seq
+    _last_seq = max(_last_seq + 1, time.time_ns() // 1000)
+    return _last_seq
+
+
+class Sender:
+    """The Celery side: one message per dispatched action, sandbox close requests, core loans
+    and warm GPU orders."""
+
+    def __init__(self, app: Celery, metrics: SchedulerMetrics) -> None:
         self.app = app
+        self.metrics = metrics
 
     def send(
         self,
         allocs: Iterable[Allocation],
-        books: Books,
+        books: ActionBook,
         closes: Iterable[tuple[str, str, str]] = (),
         share_weight: float | None = None,
     ) -> None:
@@ -77,29 +92,25 @@ class Sender:
         self.close_many((node, tid, gen) for node, left in pending.items() for tid, gen in left)
 
     @staticmethod
-    def _order(alloc: Allocation, books: Books, batch: int, share_weight: float | None) -> TaskOrder:
-        aid = alloc.action_id
+    def _order(alloc: Allocation, books: ActionBook, batch: int, share_weight: float | None) -> TaskOrder:
+        """The worker's order: the allocation as on the wire, and what this sending adds."""
+        t = books.get(alloc.action_id)
+        assert t is not None
         return TaskOrder(
-            action_id=aid,
-            kind=alloc.kind.value,
-            pool=alloc.pool,
-            units=alloc.units,
-            unit_ids=alloc.unit_ids,
-            evict=alloc.evict,
-            shares=alloc.shares,
-            attempt=books.attempt[aid],
+            **dict(alloc_to_wire(alloc)),
+            attempt=t.attempt,
             batch=batch,
-            sandbox=books.sandbox_of.get(aid),
+            sandbox=t.sandbox,
             cpu_weight=share_weight if alloc.shares else None,
         )
 
     def _publish(
-        self, task: str, args: list[Any], allocs: list[Allocation], books: Books, producer: Any
+        self, task: str, args: list[Any], allocs: list[Allocation], books: ActionBook, producer: Any
     ) -> None:
         lead = allocs[0]
         described = []
         for a in allocs:
-            qa = books.running.get(a.action_id)
+            qa = books.running(a.action_id)
             what = f"kind={qa.kind}, trajectory={qa.trajectory_id}, " if qa is not None else ""
             described.append(f"{a.action_id!r}, {what}units={a.units}")
         self.app.send_task(
@@ -133,6 +144,36 @@ class Sender:
                     ignore_result=True,
                 )
 
+    def lend(self, lends: Mapping[str, tuple[str, Iterable[int]]]) -> None:
+        """Send each changed core loan (borrower -> (node, every core lent to it now)) to the
+        borrower's CPU worker (`next_seq` numbers them), pipelined into one round trip."""
+        if not lends:
+            return
+        app = self.app
+        with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
+            for aid, (node, ids) in lends.items():
+                loan = CoreLoan(action_id=aid, pool=node, cores=tuple(sorted(ids)), seq=next_seq())
+                app.send_task(
+                    TASK_LEND,
+                    args=[loan.model_dump(mode="json")],
+                    queue=queue_name("cpu", node),
+                    producer=producer,
+                    ignore_result=True,
+                    argsrepr=f"[{aid!r}, cores={list(loan.cores)}]",
+                )
+                self.metrics.loans.labels(pool=f"cpu:{node}").inc()
+
+    def warm(self, order: GpuWarm) -> None:
+        """Send a warm restore or retirement to its GPU node's worker."""
+        self.app.send_task(
+            TASK_WARM,
+            args=[order.model_dump(mode="json")],
+            queue=queue_name("gpu", order.pool),
+            ignore_result=True,
+            argsrepr=f"[{order.op} {order.service} on {list(order.chunk)}]",
+        )
+        self.metrics.warm_orders.labels(op=order.op).inc()
+
 
 def _batch_key(alloc: Allocation) -> tuple[str, str, tuple[int, ...]]:
     """Actions with one key were sent as one batch: same pool, and the same GPU chunk or the
@@ -145,26 +186,3 @@ def _batch_key(alloc: Allocation) -> tuple[str, str, tuple[int, ...]]:
 
 def _dump(order: TaskOrder) -> dict[str, Any]:
     return order.model_dump(mode="json", exclude_none=True)
-
-
-@dataclass
-class Context:
-    """The scheduler's live state and its outputs."""
-
-    cfg: TangramConfig
-    store: Store
-    sender: Sender
-    recorder: RunRecorder
-    estimator: DurationEstimator
-    clock: Callable[[], float]
-    liveness: LivenessPolicy
-    state: ClusterState
-    waiting: WaitingQueue = field(default_factory=WaitingQueue)  # FCFS, indexed (scheduler/queue.py)
-    books: Books = field(default_factory=Books)
-    progress_s: float = field(default_factory=time.monotonic)  # last dispatch or completion
-    dispatched_total: int = 0
-    evicted_since_log: int = 0  # idle trajectories evicted since the last summary in the log
-
-    @property
-    def metrics(self) -> SchedulerMetrics:
-        return self.recorder.metrics
