@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tangram_celery.common.records import SandboxReport, WarmStatus
 from tangram_celery.common.wire import Chunk, Completion, GpuWarm, ResidencyReport, residency
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import EVENTS, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
@@ -70,25 +71,26 @@ class WorkerSide(StoreBase):
         event = report.model_dump_json(exclude_none=True)
         self.retrying("residency", lambda: self.r.xadd(EVENTS, {"id": "", "event": event}))
 
-    def set_warm_status(self, node: str, status: dict[str, Any] | None) -> None:
+    def set_warm_status(self, node: str, status: WarmStatus | None) -> None:
         """Record GPU `node`'s warm-up status; None forgets it (a new deployment starts)."""
         if status is None:
             self.retrying("warm status", lambda: self.r.hdel(WARM, node))
         else:
-            self.retrying("warm status", lambda: self.r.hset(WARM, node, json.dumps(status)))
+            self.retrying("warm status", lambda: self.r.hset(WARM, node, status.dump()))
 
     def set_languages(self, node: str, languages: Sequence[str]) -> None:
         """Record the languages CPU `node`'s sandboxes run (its toolchains), for clients to
         refuse actions in any other language at submit."""
         self.retrying("languages", lambda: self.r.hset(LANGS, node, json.dumps(list(languages))))
 
-    def warm_status(self) -> dict[str, dict[str, Any]]:
-        """GPU node -> its warm-up status ({'state': 'warming' | 'done', ...})."""
-        return {str(k): json.loads(v) for k, v in self.r.hgetall(WARM).items()}
+    def warm_status(self) -> dict[str, WarmStatus]:
+        """GPU node -> its warm-up status (`state`: warming or done)."""
+        return {str(k): WarmStatus.parse(v) for k, v in self.r.hgetall(WARM).items()}
 
     def heartbeat(self, worker: str, pool_key: str) -> None:
         self._heartbeat(keys=[WORKERS, WORKER_POOLS], args=[worker, pool_key])
 
     def report_sandboxes(self, worker: str, seq: int, held: Sequence[tuple[str, str]]) -> None:
         """A CPU worker's report of the sandboxes it holds, at its completion counter `seq`."""
-        self.r.hset(SANDBOXES, worker, json.dumps({"seq": seq, "held": [list(h) for h in held]}))
+        report = SandboxReport(seq=seq, held=tuple((t, g) for t, g in held))
+        self.r.hset(SANDBOXES, worker, report.dump())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tangram_celery.common.actions import ActionResult, ActionStatus, RewardAction
 from tangram_celery.common.config import GpuNodeConfig, TangramConfig
+from tangram_celery.common.records import WarmStatus
 from tangram_celery.common.wire import GpuWarm, TaskOrder
 from tangram_celery.workers.batcher import Batcher
 
@@ -68,7 +69,7 @@ class GpuHandler:
         """Load the configured services ahead of requests; report residency and progress."""
         services = [f"{m}__dop{d}" for m, d in self.service.warm_services()]
         started_s = time.time()
-        self._warm_status({"state": "warming", "services": services, "started_s": started_s})
+        self._warm_status(WarmStatus(state="warming", services=tuple(services), started_s=started_s))
         try:
             out = self.service.warm_up(on_loaded=lambda _replica: self._publish_residency())
         except Exception as e:  # warming is an optimisation: requests still load on demand
@@ -80,7 +81,7 @@ class GpuHandler:
             }
         self._count_replica_changes()
         self._publish_residency()
-        self._warm_status({"state": "done", "services": services, "started_s": started_s, **out})
+        self._warm_status(WarmStatus(state="done", services=tuple(services), started_s=started_s, **out))
         log.info("warm-up of %s done: %d replica(s) in %.1f s", self.node, len(out["loaded"]), out["seconds"])
 
     def _publish_residency(self) -> None:
@@ -91,7 +92,7 @@ class GpuHandler:
         except Exception:  # a hint for placement; the next completion carries it too
             log.warning("could not publish the residency of %s", self.node, exc_info=True)
 
-    def _warm_status(self, status: dict[str, Any]) -> None:
+    def _warm_status(self, status: WarmStatus) -> None:
         if self.store is None:
             return
         try:

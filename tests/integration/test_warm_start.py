@@ -80,7 +80,7 @@ def test_first_reward_action_after_up_finds_its_model_warm(fresh_gpu_deployment:
     assert "warming 2 reward service(s) (a, b) on GPU node(s) g0 in the background" in out
     assert (Path(dep.cfg.reward_models[0].path) / "config.json").exists()
     status = dep.wait_warm(timeout_s=600)["g0"]
-    assert sorted(status["loaded"]) == ["a__dop1__g0", "b__dop1__g1"] and not status["failed"]
+    assert sorted(status.loaded) == ["a__dop1__g0", "b__dop1__g1"] and not status.failed
 
     from tangram_celery import RewardAction, TangramClient
 
