@@ -37,46 +37,19 @@ from scheduler.policies.time_share import oversubscribed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
 from scheduler.round import FairShareSpec, Round
+from scheduler.sim.cpu_exec import CpuExecution
 from scheduler.sim.cpu_share import SharedNode
+from scheduler.sim.gpu_exec import GpuExecution
 from scheduler.sim.gpu_share import BatchedGroup
 from scheduler.sim.pods import PodStarts
 from scheduler.sim.results import ActionRecord, SimResult
+from scheduler.sim.running import FINISH, JOIN, SHARED, SUBMIT, Pending, Running
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
-from scheduler.sim.workload import SimAction
-
-_FINISH, _SHARED, _SUBMIT, _WAKE, _JOIN = 0, 1, 2, 3, 4
-DEFAULT_MODEL_MB = 16_000
-
-
-@dataclass(slots=True)
-class _Pending:
-    traj: int
-    step: int
-    first_submit_s: float
-    retries: int = 0
-
-
-@dataclass(slots=True)
-class _Running:
-    qa: QueuedAction
-    alloc: Allocation
-    started_s: float
-    setup_s: float
-    rejected: bool = False
-    # exclusive CPU work (lent cores and time sharing change its speed): its finish time, the
-    # share of its work left at `seg_s`, and the cores' worth it runs on since then (its own +
-    # lent, less what sharers take; a sharer's share of the cores it shares)
-    end_s: float | None = None
-    left: float = 1.0
-    seg_s: float = 0.0
-    units_now: float = 0.0
-    lent: int = 0  # cores on loan to it now
-    lent_max: int = 0  # most cores it ever had on loan
 
 
 @dataclass
-class Simulator:
+class Simulator(CpuExecution, GpuExecution):
     """Run `scenario` under `policy`. `learn` feeds completions back into the estimator; `fair`
     orders the jobs' actions as the live service does (its default; None: FCFS as queued);
     `cpu_batch` lets short CPU actions ride in batches as the live service does (None: off)."""
@@ -121,8 +94,8 @@ class Simulator:
         # GPU groups serving several calls at once (dedicated-gpu with max_concurrent > 1)
         self.groups: dict[tuple[str, tuple[int, ...]], BatchedGroup] = {}
         self.queue = WaitingQueue()
-        self.pending: dict[str, _Pending] = {}
-        self.running: dict[str, _Running] = {}
+        self.pending: dict[str, Pending] = {}
+        self.running: dict[str, Running] = {}
         self.sandboxes: set[str] = set()  # trajectories with a live sandbox
         self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
@@ -151,7 +124,7 @@ class Simulator:
         wall0 = time.perf_counter()
         for i, traj in enumerate(self.scenario.trajectories):
             if traj.steps:
-                self._push(traj.start_s + traj.steps[0].think_s, _SUBMIT, (i, 0, None))
+                self._push(traj.start_s + traj.steps[0].think_s, SUBMIT, (i, 0, None))
         if self._warming:
             self._wake(0.0)  # place the services before the first call comes
         dirty = False
@@ -171,23 +144,19 @@ class Simulator:
         return self.result
 
     # ---- events ------------------------------------------------------------------------------
-    def _push(self, t_s: float, kind: int, data: object) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (t_s, kind, self._seq, data))
-
     def _handle(self, now: float, kind: int, data: object) -> bool:
-        if kind == _SUBMIT:
+        if kind == SUBMIT:
             assert isinstance(data, tuple)
             self._submit(now, *data)
             return True
-        if kind == _FINISH:
+        if kind == FINISH:
             assert isinstance(data, str)
             run = self.running.get(data)
             if run is None or (run.end_s is not None and now != run.end_s):
                 return False  # superseded: a loan changed its speed
             self._finish(now, data)
             return True
-        if kind == _SHARED:
+        if kind == SHARED:
             assert isinstance(data, tuple)
             key, version = data
             sn = self.shared[key] if isinstance(key, str) else self.groups[key]
@@ -201,10 +170,10 @@ class Simulator:
                     if run.alloc.kind is ResourceKind.CPU and self.pods
                     else run.setup_s
                 )
-                self._push(now + tail, _FINISH, aid)
+                self._push(now + tail, FINISH, aid)
             self._reschedule_shared(key)
             return False
-        if kind == _JOIN:
+        if kind == JOIN:
             assert isinstance(data, str)
             self._join_shared(now, data)
             return False
@@ -220,7 +189,7 @@ class Simulator:
         self.estimator.annotate(qa)
         self.queue.append(qa)
         if retry_of is None:
-            self.pending[aid] = _Pending(traj_i, step_i, now)
+            self.pending[aid] = Pending(traj_i, step_i, now)
 
     def _maybe_round(self, now: float) -> bool:
         gap = self.params.round_gap_s
@@ -290,23 +259,14 @@ class Simulator:
             bad = oversubscribed(self.state, self.model.time_share)
             assert not bad, f"time sharing at t={now:.3f}: {bad}"
 
-    def _wake(self, t_s: float) -> None:
-        if t_s not in self._wakes:
-            self._wakes.add(t_s)
-            self._push(t_s, _WAKE, None)
-
     # ---- execution ---------------------------------------------------------------------------
-    def _sim_action(self, aid: str) -> SimAction:
-        p = self.pending[aid]
-        return self.scenario.trajectories[p.traj].steps[p.step].action
-
     def _start(self, now: float, qa: QueuedAction, alloc: Allocation, load: GpuLoad | None = None) -> None:
         sa = self._sim_action(qa.action_id)
         if self.gpu_sharing and alloc.kind is ResourceKind.GPU:
             self.state.hold(alloc, qa, now)  # the group may already be serving calls
         else:
             self.state.apply(alloc, qa, now)
-        run = _Running(qa, alloc, now, 0.0)
+        run = Running(qa, alloc, now, 0.0)
         self.running[qa.action_id] = run
         if alloc.kind is ResourceKind.CPU:
             self._evicted(alloc)
@@ -326,7 +286,7 @@ class Simulator:
                 group.add(now, qa.action_id, sa.true_duration_s(alloc.units))  # preloaded: no setup
                 self._reschedule_shared(key)
                 return
-            self._push(now + run.setup_s + sa.true_duration_s(alloc.units), _FINISH, qa.action_id)
+            self._push(now + run.setup_s + sa.true_duration_s(alloc.units), FINISH, qa.action_id)
             return
         provider = self.provider[alloc.pool]
         if provider.fits(qa.cost.api_quota, now):
@@ -334,202 +294,13 @@ class Simulator:
             provider.in_flight += 1
             if provider.quota_per_window is not None:
                 provider.tokens -= qa.cost.api_quota
-            self._push(now + sa.true_duration_s(1), _FINISH, qa.action_id)
+            self._push(now + sa.true_duration_s(1), FINISH, qa.action_id)
             return
         run.rejected = True
         self.result.rejected_calls += 1
         if self.model.api_control:
             self.result.limit_violations += 1
-        self._push(now + self.params.api_reject_s, _FINISH, qa.action_id)
-
-    def _evicted(self, alloc: Allocation) -> None:
-        """Memory is a cache: the sandboxes of the trajectories `alloc` evicted are gone."""
-        for victim in alloc.evict:
-            self.sandboxes.discard(victim)
-            self.evicted.add(victim)
-            self.result.evictions += 1
-
-    def _begin_cpu(self, now: float, run: _Running, sa: SimAction) -> None:
-        """A CPU action starts on its cores now: its sandbox (or pod) first when its
-        trajectory has none, then its work."""
-        qa, alloc = run.qa, run.alloc
-        pod_delay_s = 0.0
-        if qa.cost.sandbox and qa.trajectory_id not in self.sandboxes:
-            self.sandboxes.add(qa.trajectory_id)
-            if self.pods is not None:  # a pod is created and bound, then starts
-                pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id)
-                run.setup_s += pod_delay_s
-            else:
-                run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
-            if qa.trajectory_id in self.evicted:
-                self.evicted.discard(qa.trajectory_id)
-                self.result.sandbox_resets += 1
-        run.setup_s += self.params.exec_overhead_s
-        if self.cpu_sharing:
-            if pod_delay_s > 0:
-                self._push(now + pod_delay_s, _JOIN, qa.action_id)
-            else:
-                self._join_shared(now, qa.action_id)
-            return
-        run.end_s = now + run.setup_s + sa.true_duration_s(alloc.units)
-        run.seg_s, run.units_now = now + run.setup_s, alloc.units
-        self._push(run.end_s, _FINISH, qa.action_id)
-
-    def _cpu_chain_head(self, rider: Allocation) -> str:
-        """The running action a rider of an earlier round's batch queues behind: the one on its
-        cores (it holds the rest of the batch's chain, `_next_rider`)."""
-        for aid, run in self.running.items():
-            a = run.alloc
-            if (
-                a.kind is ResourceKind.CPU
-                and a.pool == rider.pool
-                and a.unit_ids == rider.unit_ids
-                and not a.shares
-            ):
-                return aid
-        raise AssertionError(f"rider {rider.action_id} joins no running batch on {rider.unit_ids}")
-
-    def _next_rider(self, now: float, aid: str) -> None:
-        """CPU action `aid` ended: the next rider queued behind it starts on its cores."""
-        chain = self._next_cpu.pop(aid, None)
-        if not chain:
-            return
-        (qa, alloc), rest = chain[0], chain[1:]
-        run = _Running(qa, alloc, now, 0.0)
-        self.running[qa.action_id] = run
-        self._begin_cpu(now, run, self._sim_action(qa.action_id))
-        if rest:
-            self._next_cpu[qa.action_id] = rest
-
-    def _warm(self, now: float, load: GpuLoad) -> None:
-        """A warm restore: the weights are copied onto the chunk in the background (the GPUs
-        stay free for other services' calls); a call of the service that lands there before the
-        copy is done waits for the rest of it."""
-        model_mb = self.scenario.model_mb.get(load.service, DEFAULT_MODEL_MB)
-        self._ready_at[(load.pool, load.chunk, load.service)] = now + self.params.restore_s(
-            model_mb, len(load.chunk)
-        )
-        self.caches[load.pool].apply(load, now)
-        self.result.restores += 1
-        self.result.warm_restores += 1
-
-    def _resize(self, now: float, aid: str, lent: int) -> None:
-        """A running CPU action now has `lent` cores on loan besides its own: the work it has
-        left runs from now at the new count (by its true duration curve)."""
-        run = self.running.get(aid)
-        if run is None or run.end_s is None:
-            return
-        run.lent = lent
-        run.lent_max = max(run.lent_max, lent)
-        self._rerate(now, aid)
-        if self.time_shared is not None:  # its weight per core changed: so did its sharers' speed
-            for other in self.time_shared.reweigh(aid, run.alloc.units + lent):
-                self._rerate(now, other)
-
-    def _rerate(self, now: float, aid: str) -> None:
-        """The cores' worth running CPU action `aid` gets may have changed (a loan, a sharer
-        came or went): the work it has left runs from now at the new worth."""
-        run = self.running.get(aid)
-        if run is None or run.end_s is None:
-            return
-        own = float(run.alloc.units + run.lent)
-        units = self.time_shared.worth(aid, own) if self.time_shared is not None else own
-        if units == run.units_now:
-            return
-        sa = self._sim_action(aid)
-        if now > run.seg_s:  # still in its setup: no work done yet
-            run.left = max(0.0, run.left - (now - run.seg_s) / sa.true_duration_s(run.units_now))
-            run.seg_s = now
-        run.units_now = units
-        run.end_s = run.seg_s + run.left * sa.true_duration_s(units)
-        self._push(run.end_s, _FINISH, aid)
-
-    def _start_sharer(self, now: float, qa: QueuedAction, alloc: Allocation) -> None:
-        """A time sharer starts on cores held by a running action, beside it (see the module
-        doc): its holder and the cores' other tenants slow down from now."""
-        assert self.time_shared is not None
-        holders = [
-            a
-            for aid, a in self.state.running_in(
-                ResourceKind.CPU, alloc.pool, self.state.pool_key(alloc)[2]
-            ).items()
-            if not a.shares and aid not in self.state.shared and alloc.unit_ids[0] in a.unit_ids
-        ]
-        self.state.share_cores(alloc, qa, now)
-        self._evicted(alloc)
-        run = _Running(qa, alloc, now, 0.0)
-        self.running[qa.action_id] = run
-        self._begin_cpu(now, run, self._sim_action(qa.action_id))
-        holder = holders[0].action_id if holders else None
-        held = self.running[holder].alloc.units + self.running[holder].lent if holder else 1
-        touched = self.time_shared.join(qa.action_id, alloc.pool, alloc.unit_ids, holder, held)
-        self.result.time_shared += 1
-        for aid in (qa.action_id, *touched):
-            self._rerate(now, aid)
-
-    def _join_shared(self, now: float, aid: str) -> None:
-        """A pod's action starts using its node's time-shared cores."""
-        run = self.running[aid]
-        sa = self._sim_action(aid)
-        self.shared[run.alloc.pool].add(now, aid, sa, run.alloc.units, self.model.cap_cores)
-        self._reschedule_shared(run.alloc.pool)
-
-    def _start_batch(self, now: float, lead: _Running, riders: list[Allocation]) -> None:
-        """A GPU allocation and its riders run as one batch on its chunk once the service is
-        loaded, at the batching gain of a continuously batching server (`BatchedGroup`)."""
-        group = BatchedGroup(self.params.batch_amortised_share)
-        group.add(
-            0.0, lead.qa.action_id, self._sim_action(lead.qa.action_id).true_duration_s(lead.alloc.units)
-        )
-        for alloc in riders:
-            qa = self.queue.pop(alloc.action_id)
-            self.state.share(alloc, qa, now)
-            self.running[qa.action_id] = _Running(qa, alloc, now, lead.setup_s)
-            group.add(0.0, qa.action_id, self._sim_action(qa.action_id).true_duration_s(alloc.units))
-        while group.calls:
-            t_s = group.next_finish_s()
-            assert t_s is not None
-            for aid in group.pop_done(t_s):
-                self._push(now + lead.setup_s + t_s, _FINISH, aid)
-
-    def _gpu_setup_s(self, now: float, alloc: Allocation, service: str, load: GpuLoad | None) -> float:
-        model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
-        load_s = (
-            self.params.restore_s if self.model.load_from == "memory" else self.params.cold_load_s
-        )  # the cold-start baseline's checkpoint tier
-        if self.residency is GpuResidency.NONE:
-            self.result.cold_loads += 1
-            return load_s(model_mb, alloc.units)
-        cache = self.caches[alloc.pool]
-        if load is None:  # not planned by the round (a policy run outside it)
-            load = cache.plan(alloc.pool, alloc.unit_ids, service)
-        cache.apply(load, now)
-        hit = load.hit
-        if self.residency is GpuResidency.KEEPALIVE:
-            cache.touch(alloc.unit_ids, service, float("inf"))  # in use: never expires
-            self.result.unloads += len(load.victims)
-            if hit:
-                return 0.0
-            self.result.cold_loads += 1
-            return load_s(model_mb, alloc.units)
-        if hit:  # a warm restore may still be copying
-            ready_s = (
-                self._ready_at.pop((alloc.pool, alloc.unit_ids, service), now) if self._ready_at else now
-            )
-            return max(0.0, ready_s - now)
-        self._ready_at.pop((alloc.pool, alloc.unit_ids, service), None)
-        self.result.restores += 1
-        return self.params.restore_s(model_mb, alloc.units)
-
-    def _footprint_mb(self, service: str, units: int) -> int:
-        model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
-        return self.params.footprint_mb(model_mb, units)
-
-    def _reschedule_shared(self, key: str | tuple[str, tuple[int, ...]]) -> None:
-        sn = self.shared[key] if isinstance(key, str) else self.groups[key]
-        t = sn.next_finish_s()
-        if t is not None:
-            self._push(t, _SHARED, (key, sn.version))
+        self._push(now + self.params.api_reject_s, FINISH, qa.action_id)
 
     def _finish(self, now: float, aid: str) -> None:
         run = self.running.pop(aid)
@@ -551,7 +322,7 @@ class Simulator:
             retries = self.model.retries
             if pend.retries <= retries.max_retries and elapsed < retries.timeout_s:
                 backoff = retries.backoff_s * 2 ** (pend.retries - 1)
-                self._push(now + backoff, _SUBMIT, (pend.traj, pend.step, aid))
+                self._push(now + backoff, SUBMIT, (pend.traj, pend.step, aid))
                 return
         exec_s = now - run.started_s - run.setup_s
         slowed_s = 0.0
@@ -586,7 +357,7 @@ class Simulator:
         traj = self.scenario.trajectories[pend.traj]
         if pend.step + 1 < len(traj.steps):
             nxt = traj.steps[pend.step + 1]
-            self._push(now + nxt.think_s, _SUBMIT, (pend.traj, pend.step + 1, None))
+            self._push(now + nxt.think_s, SUBMIT, (pend.traj, pend.step + 1, None))
         else:
             self.state.close_trajectory(traj.trajectory_id)
             self.sandboxes.discard(traj.trajectory_id)
