@@ -147,7 +147,7 @@ def _reward_stage(
         t_warm = time.monotonic()
         warm = wait_warm(broker_url, gpu, timeout_s=600)
         waited_s = time.monotonic() - t_warm
-        loaded = sum(len(st.get("loaded") or []) for st in warm.values())
+        loaded = sum(len(st.loaded) for st in warm.values())
         print(f"reward services warm ({loaded} replica(s)); waited {waited_s:.1f} s for them", flush=True)
     models = sorted({r.model for _, r in rewards})
     print(

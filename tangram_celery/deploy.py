@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -29,6 +28,7 @@ import yaml
 from tangram_celery.common import lifeline
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import TangramError
+from tangram_celery.common.records import WarmStatus
 from tangram_celery.store import Store, redact
 from tangram_celery.transport.broker import URL_FILE, EmbeddedRedis, write_url
 
@@ -144,7 +144,7 @@ class Deployment:
         self._supervisor.start()
         return self
 
-    def wait_warm(self, timeout_s: float = 300.0) -> dict[str, dict[str, Any]]:
+    def wait_warm(self, timeout_s: float = 300.0) -> dict[str, WarmStatus]:
         """Block until every GPU worker finished warming its services (see `wait_warm`)."""
         return wait_warm(self.url, warm_nodes(self.cfg), timeout_s, self._stopping)
 
@@ -155,8 +155,8 @@ class Deployment:
             log.info("warm-up not reported: %s", e)
             return
         for node, st in sorted(status.items()):
-            loaded, failed = st.get("loaded") or [], st.get("failed") or {}
-            line = f"reward services warm on {node}: {len(loaded)} replica(s) in {st.get('seconds', 0):.1f} s"
+            loaded, failed = st.loaded, st.failed
+            line = f"reward services warm on {node}: {len(loaded)} replica(s) in {st.seconds:.1f} s"
             if failed:
                 line += f"; failed: {', '.join(failed)} (they load on demand; see the worker's log)"
             say(line)
@@ -433,7 +433,7 @@ def warm_nodes(cfg: TangramConfig) -> list[str]:
 
 def wait_warm(
     url: str, nodes: list[str], timeout_s: float = 300.0, stop: threading.Event | None = None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, WarmStatus]:
     """Block until the GPU workers of `nodes` finished warming their services; node -> warm-up
     status (`loaded` replicas, `failed` ones, `seconds`). Raises TangramError on timeout."""
     store = Store(url)
@@ -441,7 +441,7 @@ def wait_warm(
     try:
         while True:
             status = store.warm_status()
-            if all(status.get(n, {}).get("state") == "done" for n in nodes):
+            if all(n in status and status[n].state == "done" for n in nodes):
                 return {n: status[n] for n in nodes}
             if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                 raise TangramError(f"reward services not warm after {timeout_s:.0f} s: {status}")
