@@ -5,27 +5,56 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from tangram_celery.common.records import SandboxReport, WarmStatus
-from tangram_celery.common.wire import Chunk, Completion, GpuWarm, ResidencyReport, residency
+from tangram_celery.common.wire import ActionMeta, Chunk, Completion, GpuWarm, ResidencyReport, residency
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import EVENTS, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
 
 
+class Claim(NamedTuple):
+    """A granted claim: the action is this worker's to run now, as the attempt it claimed."""
+
+    meta: ActionMeta
+    payload: dict[str, Any]  # the action as its client stored it (`actions.stored_action`)
+    dispatched_s: float
+
+
+class Refused(StrEnum):
+    """Why a claim was not granted: the state the action is in, or one of three reasons."""
+
+    STALE = "stale"  # dispatched again since, as a later attempt: this message is superseded
+    # granted, but its payload expired while it waited (limits.queued_ttl_s): the worker reports it
+    EXPIRED = "expired"
+    MISSING = "missing"  # no such action (its record expired)
+    QUEUED = "queued"  # handed back or taken back: waiting to be placed again
+    DISPATCHED = "dispatched"
+    RUNNING = "running"  # claimed already, by another worker or attempt
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+def _claimed(rep: Any) -> Claim | Refused:
+    """The claim script's reply, typed."""
+    if isinstance(rep, list):
+        meta = ActionMeta.model_validate_json(rep[0])
+        return Claim(meta, json.loads(rep[1]), float(rep[2] or 0.0))
+    return Refused(str(rep))
+
+
 class WorkerSide(StoreBase):
-    def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> tuple[str, str, float] | str:
-        """dispatched -> running for `attempt`. Returns (meta, payload, dispatched_s) or why not."""
+    def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> Claim | Refused:
+        """dispatched -> running for `attempt`: the action's metadata and payload, or why not."""
         rep = self.retrying(
             "claim", lambda: self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)])
         )
-        if isinstance(rep, list):
-            return str(rep[0]), str(rep[1]), float(rep[2] or 0.0)
-        return str(rep)
+        return _claimed(rep)
 
     def claim_many(
         self, claims: Sequence[tuple[str, int]], worker: str, now_s: float
-    ) -> list[tuple[str, str, float] | str]:
+    ) -> list[Claim | Refused]:
         """`claim` for each (action, attempt), in one round trip (the actions of a CPU batch,
         claimed when the batch starts so that none looks unclaimed while it waits its turn).
         Idempotent like `claim`: a retried pipeline finds its own claims."""
@@ -36,12 +65,7 @@ class WorkerSide(StoreBase):
                 self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)], client=pipe)
             return list(pipe.execute())
 
-        out: list[tuple[str, str, float] | str] = []
-        for rep in self.retrying("claim", run):
-            out.append(
-                (str(rep[0]), str(rep[1]), float(rep[2] or 0.0)) if isinstance(rep, list) else str(rep)
-            )
-        return out
+        return [_claimed(rep) for rep in self.retrying("claim", run)]
 
     def complete(self, action_id: str, result_json: str, event: Completion) -> bool:
         """Store the result, wake the client, emit the release event. False if already done."""

@@ -18,10 +18,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tangram_celery.common.actions import ActionResult, ActionStatus, RewardAction
+from tangram_celery.common.actions import ActionStatus, RewardAction, stored_action
 from tangram_celery.common.config import GpuNodeConfig, TangramConfig
 from tangram_celery.common.records import WarmStatus
-from tangram_celery.common.wire import GpuWarm, TaskOrder
+from tangram_celery.common.wire import ActionResult, GpuWarm, TaskOrder
 from tangram_celery.workers.batcher import Batcher
 
 if TYPE_CHECKING:
@@ -103,7 +103,9 @@ class GpuHandler:
     def __call__(self, action_id: str, payload: dict[str, Any], order: TaskOrder) -> ActionResult:
         from reward_servers.errors import InputRejected
 
-        action = RewardAction.model_validate(payload)
+        action = stored_action(payload)  # checked at submit: typed, not validated again
+        if not isinstance(action, RewardAction):
+            raise ValueError(f"action {action_id}: a {action.type} action sent to a GPU worker")
         chunk = order.unit_ids or None
         try:
             scored = self.batcher.submit(action.model, action.inputs, chunk, order.batch)

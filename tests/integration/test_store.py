@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from tangram_celery.common.wire import Completion, EventStatus
+from tangram_celery.common.wire import ActionMeta, Completion, EventStatus
 from tangram_celery.store import Store, akey, nkey
 
 OK = Completion(status=EventStatus.OK)
 
 
+def _meta(action_id: str) -> str:  # what a claim reads back, typed
+    return ActionMeta(
+        id=action_id, type="api", api="calc", trajectory_id="t", submitted_s=time.time()
+    ).dumps()
+
+
 def _submit(store: Store, action_id: str) -> None:
-    meta = json.dumps({"id": action_id, "trajectory_id": "t", "submitted_s": time.time()})
-    store.submit([(action_id, meta, '{"p": 1}')], max_queued=0)
+    store.submit([(action_id, _meta(action_id), '{"p": 1}')], max_queued=0)
 
 
 def test_result_survives_a_wake_up_lost_with_its_reply(redis_url: str) -> None:
@@ -103,17 +107,18 @@ def test_completion_drops_the_payload_but_resubmission_stays_idempotent(redis_ur
     """Once done the payload is deleted (broker memory), a claimed action has no TTL until its
     result, and a late retry of the original submit is still recognised as the same action."""
     store = Store(redis_url)
-    store.submit([("d1", "{}", '{"p": 1}')], max_queued=0, ttl_s=600)
+    meta = _meta("d1")
+    store.submit([("d1", meta, '{"p": 1}')], max_queued=0, ttl_s=600)
     store.r.hset(akey("d1"), mapping={"state": "dispatched", "attempt": "1"})
     assert not isinstance(store.claim("d1", 1, "w", time.time()), str)
     assert store.r.ttl(akey("d1")) == -1
     store.complete("d1", '{"status": "ok"}', OK)
     assert not store.r.hexists(akey("d1"), "payload")
-    store.submit([("d1", "{}", '{"p": 1}')], max_queued=0)  # no error: same digest
+    store.submit([("d1", meta, '{"p": 1}')], max_queued=0)  # no error: same digest
     from tangram_celery.common.errors import ActionRejected
 
     with pytest.raises(ActionRejected):
-        store.submit([("d1", "{}", '{"p": 2}')], max_queued=0)
+        store.submit([("d1", meta, '{"p": 2}')], max_queued=0)
 
 
 def test_a_read_result_is_kept_minutes_and_an_unread_one_a_day(redis_url: str) -> None:
