@@ -154,8 +154,11 @@ class DurationEstimator:
 
     @classmethod
     def from_config(cls, priors: dict[str, dict[str, float]], **kw: Any) -> DurationEstimator:
-        """Build from a config mapping `{kind: {"t1_s": ..., "p": ...}}`."""
+        """Build from the config's priors, `{kind: {"t1_s": ..., "parallel_fraction": ...}}`
+        (`scheduler.priors`; the parallel fraction is Amdahl's `p` here)."""
         return cls(
-            priors={k: Prior(float(v["t1_s"]), float(v.get("p", 0.0))) for k, v in priors.items()},
+            priors={
+                k: Prior(float(v["t1_s"]), float(v.get("parallel_fraction", 0.0))) for k, v in priors.items()
+            },
             **kw,
         )
