@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.common.actions import ActionResult, ActionStatus
+from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.config import SandboxConfig
-from tangram_celery.common.wire import CoreLoan, TaskOrder
+from tangram_celery.common.wire import ActionResult, CoreLoan, TaskOrder
 from tangram_celery.sandbox import ExecRequest
-from tangram_celery.sandbox.inside._tangram_control import Control, apply_dop
-from tangram_celery.sandbox.inside._tangram_proc import Action, Zygote
-from tangram_celery.sandbox.inside._tangram_tests import run_tests
 from tangram_celery.sandbox.resize import Resizing
 from tangram_celery.workers.cpu import CpuHandler
 from tangram_celery.workers.loans import CoreLoans
+from tangram_runner.control import Control, apply_dop
+from tangram_runner.proc import Action, Zygote
+from tangram_runner.tests import run_tests
 from tests.unit.test_sandbox_proc import zygote  # noqa: F401  (the fixture)
 
 
