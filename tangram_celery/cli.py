@@ -15,7 +15,7 @@ from tangram_celery.common.config import TangramConfig, default_config_path, loa
 from tangram_celery.common.errors import TangramError
 
 if TYPE_CHECKING:
-    from tangram_celery.deploy import Deployment
+    from tangram_celery.deploy.stack import Deployment
 
 
 def _config(args: argparse.Namespace) -> TangramConfig:
@@ -72,7 +72,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _deployment(args: argparse.Namespace, with_flower: bool = True) -> Deployment:
-    from tangram_celery.deploy import Deployment
+    from tangram_celery.deploy.stack import Deployment
 
     path = Path(args.config or default_config_path())
     return Deployment(load_config(path), path, with_flower=with_flower)
@@ -207,7 +207,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
     import os
     import secrets
 
-    from tangram_celery.deploy import flower_command, pool_queues
+    from tangram_celery.deploy.flower import flower_command, pool_queues
     from tangram_celery.transport.broker import resolve_url
 
     cfg = _config(args)
@@ -248,7 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tangram", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
+    _add_stack_commands(sub)
+    _add_process_commands(sub)
+    _add_tool_commands(sub)
+    return p
 
+
+def _add_stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """config check, up, demo and serve."""
     c = sub.add_parser("config", help="validate configs")
     csub = c.add_subparsers(dest="config_cmd", required=True)
     chk = csub.add_parser("check", help="validate FILE and print the resolved config")
@@ -277,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--address", default=None, help="override http.address")
     sv.set_defaults(fn=cmd_serve)
 
+
+def _add_process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The processes a deployment runs: scheduler and worker."""
     s = sub.add_parser("scheduler", help="run the central scheduler")
     _add_config(s)
     _add_metrics(s)
@@ -298,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(w)
     w.set_defaults(fn=cmd_worker)
 
+
+def _add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """submit, report, flower, and sim and reward (which parse their own arguments)."""
     sm = sub.add_parser("submit", help="submit one action (JSON file or - for stdin) and print its result")
     sm.add_argument("action")
     sm.add_argument("--timeout", type=float, default=120.0)
@@ -319,7 +332,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("sim", help="trace-driven simulator (see `tangram sim --help`)", add_help=False)
     sub.add_parser("reward", help="reward servers on Triton (see `tangram reward --help`)", add_help=False)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

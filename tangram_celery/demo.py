@@ -26,12 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tangram_celery.client.sync import TangramClient
-from tangram_celery.common.actions import ActionResult, ApiAction, CodeAction, RewardAction, TestCase
+from tangram_celery.common.actions import ApiAction, CodeAction, RewardAction, TestCase
 from tangram_celery.common.config import RewardModelConfig, TangramConfig
 from tangram_celery.common.errors import TangramError
+from tangram_celery.common.wire import ActionResult
 from tangram_celery.demo_problems import PROBLEMS, Problem
 from tangram_celery.demo_summary import Done, Summary
-from tangram_celery.deploy import wait_warm, warm_nodes
+from tangram_celery.deploy.readiness import wait_warm, warm_nodes
 
 Action = CodeAction | ApiAction | RewardAction
 
@@ -184,6 +185,90 @@ def _write_report(cfg: TangramConfig, ids: set[str], out_dir: Path, wait_s: floa
     return out_dir
 
 
+class _Tally:
+    """The run's summary, filled from every trajectory's thread, and a progress line every 2 s."""
+
+    def __init__(self) -> None:
+        self.summary = Summary()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+
+    def sink(self, pool: str, what: str, res: ActionResult) -> None:
+        with self._lock:
+            self.summary.done.append(Done(pool, what, res))
+
+    def count(self, n: int) -> None:
+        with self._lock:
+            self.summary.submitted += n
+
+    def start(self) -> None:
+        threading.Thread(target=self._progress, daemon=True).start()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _progress(self) -> None:
+        last = -1
+        while not self._done.wait(2.0):
+            with self._lock:
+                n, sub = len(self.summary.done), self.summary.submitted
+            if n != last or sub > n:  # quiet while nothing is in flight (the warm-up wait)
+                print(f"  ... {n} actions done, {sub - n} in flight", flush=True)
+            last = n
+
+
+def _announce(cfg: TangramConfig, apis: list[str], trajectories: int, turns: int) -> None:
+    """The demo's first line: the workload, the pools it runs on and the policy."""
+    pools = [f"{len(cfg.nodes.cpu)} CPU node(s)"]
+    if cfg.nodes.gpu and cfg.reward_models:
+        pools.append(f"{len(cfg.nodes.gpu)} GPU node(s)")
+    if apis:
+        pools.append(f"APIs {', '.join(apis)}")
+    models = (
+        f"; final answers scored by {', '.join(m.name for m in cfg.reward_models)}"
+        if cfg.reward_models
+        else ""
+    )
+    print(
+        f"demo: {trajectories} trajectories x {turns} turns on {', '.join(pools)}{models}; "
+        f"policy {cfg.scheduler.policy}"
+    )
+
+
+def _rollout(
+    client: TangramClient,
+    cfg: TangramConfig,
+    rng: random.Random,
+    tally: _Tally,
+    trajectories: int,
+    turns: int,
+    max_cpus: int,
+    apis: list[str],
+) -> list[tuple[_Trajectory, str]]:
+    """Run every trajectory concurrently; (trajectory, final answer) of those that finished."""
+    with ThreadPoolExecutor(max_workers=trajectories) as pool:
+        trajs = [
+            _Trajectory(
+                client,
+                cfg,
+                f"demo-{i}",
+                PROBLEMS[i % len(PROBLEMS)],
+                random.Random(rng.random()),
+                tally.sink,
+                tally.count,
+            )
+            for i in range(trajectories)
+        ]
+        futs = [pool.submit(t.run, turns, max_cpus, apis) for t in trajs]
+        answers: list[tuple[_Trajectory, str]] = []
+        for t, f in zip(trajs, futs, strict=True):
+            try:
+                answers.append((t, f.result()))
+            except TangramError as e:
+                print(f"  trajectory failed: {e}")
+    return answers
+
+
 def run_demo(
     broker_url: str,
     cfg: TangramConfig,
@@ -199,71 +284,17 @@ def run_demo(
     rng = random.Random(seed)
     apis = [a.name for a in cfg.apis if a.name in ("calc", "docsearch")]
     max_cpus = max(len(g) for n in cfg.nodes.cpu for g in n.numa_split())  # the largest NUMA group
-    summary = Summary()
-    lock = threading.Lock()
-    done = threading.Event()
-
-    def sink(pool: str, what: str, res: ActionResult) -> None:
-        with lock:
-            summary.done.append(Done(pool, what, res))
-
-    def count(n: int) -> None:
-        with lock:
-            summary.submitted += n
-
-    def progress() -> None:
-        last = -1
-        while not done.wait(2.0):
-            with lock:
-                n, sub = len(summary.done), summary.submitted
-            if n != last or sub > n:  # quiet while nothing is in flight (the warm-up wait)
-                print(f"  ... {n} actions done, {sub - n} in flight", flush=True)
-            last = n
-
-    pools = [f"{len(cfg.nodes.cpu)} CPU node(s)"]
-    if cfg.nodes.gpu and cfg.reward_models:
-        pools.append(f"{len(cfg.nodes.gpu)} GPU node(s)")
-    if apis:
-        pools.append(f"APIs {', '.join(apis)}")
-    models = (
-        f"; final answers scored by {', '.join(m.name for m in cfg.reward_models)}"
-        if cfg.reward_models
-        else ""
-    )
-    print(
-        f"demo: {trajectories} trajectories x {turns} turns on {', '.join(pools)}{models}; "
-        f"policy {cfg.scheduler.policy}"
-    )
-    ticker = threading.Thread(target=progress, daemon=True)
-    ticker.start()
+    tally = _Tally()
+    _announce(cfg, apis, trajectories, turns)
+    tally.start()
     t0 = time.monotonic()
-    with (
-        TangramClient(broker_url, config=cfg) as client,
-        ThreadPoolExecutor(max_workers=trajectories) as pool,
-    ):
-        trajs = [
-            _Trajectory(
-                client,
-                cfg,
-                f"demo-{i}",
-                PROBLEMS[i % len(PROBLEMS)],
-                random.Random(rng.random()),
-                sink,
-                count,
-            )
-            for i in range(trajectories)
-        ]
-        futs = [pool.submit(t.run, turns, max_cpus, apis) for t in trajs]
-        answers: list[tuple[_Trajectory, str]] = []
-        for t, f in zip(trajs, futs, strict=True):
-            try:
-                answers.append((t, f.result()))
-            except TangramError as e:
-                print(f"  trajectory failed: {e}")
+    with TangramClient(broker_url, config=cfg) as client:
+        answers = _rollout(client, cfg, rng, tally, trajectories, turns, max_cpus, apis)
         rewards = [(t, r) for t, answer in answers if answer for r in t.rewards(answer)]
         if rewards:
-            _reward_stage(client, broker_url, cfg, rewards, sink, count)
-    done.set()
+            _reward_stage(client, broker_url, cfg, rewards, tally.sink, tally.count)
+    tally.stop()
+    summary = tally.summary
     summary.wall_s = time.monotonic() - t0
     if report:
         try:
