@@ -31,9 +31,10 @@ from tangram_celery.sandbox.limits import (
     to_result,
 )
 from tangram_celery.sandbox.link import call_runner
-from tangram_celery.sandbox.runner_request import runner_payload
+from tangram_celery.sandbox.runner_request import runner_request
 from tangram_celery.sandbox.stage import RUNNER_SRC_DIR
 from tangram_runner import boot
+from tangram_runner.protocol import Facts
 
 TMPFS_MB = 64  # /tmp and the workdir, as the sandbox's default quota
 
@@ -81,10 +82,10 @@ class BareRunner:
             time.sleep(0.01)
 
     def run(self, req: ExecRequest) -> ExecResult:
-        payload = runner_payload(req, self.limits, [])
-        facts = call_runner(self.sock, payload, runner_timeout_s(req))
-        if "runner_error" in facts:
-            raise RuntimeError(facts["runner_error"])
+        payload = runner_request(req, self.limits, []).to_dict()
+        facts = Facts.from_dict(call_runner(self.sock, payload, runner_timeout_s(req)))
+        if facts.runner_error is not None:
+            raise RuntimeError(facts.runner_error)
         return to_result(facts, {}, req)
 
     def close(self) -> None:

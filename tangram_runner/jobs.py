@@ -11,6 +11,7 @@ from typing import Any
 
 from tangram_runner import build, fs, langs, suite
 from tangram_runner.proc import Action, Proc, Zygote, code_memfd
+from tangram_runner.protocol import Facts, PhaseFacts, SuiteFacts, TestFacts
 from tangram_runner.tests import run_tests
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -51,7 +52,8 @@ def trusted_path(req: dict) -> list[str]:
 
 
 def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None = None) -> dict:
-    """Run one request to completion and return its facts; `control(act)` lets the host's
+    """Run one request (`protocol.RunRequest`, with the runner's `uid` and `workdir`) to
+    completion and return its facts (`protocol.Facts`, as sent); `control(act)` lets the host's
     requests reach the action while it runs (`control`)."""
     t_wall = time.time()
     fs.reset_tops(req)
@@ -60,7 +62,7 @@ def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None =
     if control is not None:
         control(act)
     held: list[Any] = []  # descriptors and channels to close at the end
-    facts: dict[str, Any] = {}
+    facts = Facts()
     try:
         facts = _run(req, act, held)
     finally:
@@ -70,10 +72,10 @@ def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None =
         for h in held:
             h.close() if isinstance(h, suite.Channel) else os.close(h)
         if fs.disk_full(req):
-            facts["rolled_back"] = fs.roll_back(req, marks, t_wall)
+            facts = facts._replace(rolled_back=tuple(fs.roll_back(req, marks, t_wall)))
         if req.get("fetch_files"):
-            facts["files"] = fs.fetch_files(req)
-    return facts
+            facts = facts._replace(files=fs.fetch_files(req))
+    return facts.to_dict()
 
 
 WARM_UP_CODE = "def f(x):\n    return [x, str(x)]\n"
@@ -107,7 +109,7 @@ def warm_up(base: dict, zygote: Zygote) -> bool:
     return bool(tests) and bool(tests[0]["passed"])
 
 
-def _run(req: dict, act: Action, held: list[Any]) -> dict[str, Any]:
+def _run(req: dict, act: Action, held: list[Any]) -> Facts:
     """One action, or one of its two phases: `phase` "compile" writes the files and compiles
     (its build held for the run), "run" runs what that compile built; absent, both (the host
     splits them when the compile gets more memory than the program: `pool._phases`)."""
@@ -155,7 +157,7 @@ def _run_phase(
     code_fd: int | None,
     built: str | None,
     compile_out: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Facts:
     """The run phase: the program (`src`, from `built` for a compiled language), its test
     cases or the test command, under the run's own time limit."""
     lang, code = req["language"], req.get("code")
@@ -235,7 +237,7 @@ def _facts(
     compile_failed: bool = False,
     suite_verdict: dict[str, Any] | None = None,
     setup_error: str | None = None,
-) -> dict[str, Any]:
+) -> Facts:
     shown = main or first  # with test cases, the action shows the first test's run of the code
     user = [p for p in act.procs if p.user]
     all_err = _text(b"".join(p.stderr for p in user))
@@ -247,23 +249,24 @@ def _facts(
         exit_code = compile_out["exit_code"]
     if setup_error is not None:
         stderr = f"tangram: {setup_error}\n".encode()
-    facts: dict[str, Any] = {
-        "exit_code": exit_code,
-        "stdout": _text(stdout),
-        "stderr": _text(stderr),
-        "tests": list(tests or []),
-        "exec_s": time.monotonic() - t0,
-        "timed_out": act.timed_out,
-        "output_capped": act.output_capped,
-        "disk_full": fs.disk_full(req) or any(s in all_err for s in _ENOSPC),
-        "killed": any(c == -signal.SIGKILL for c in codes),
-        "memory_error": any(s in all_err for s in _MEMERR),
-        "fork_failed": act.fork_failed or any(s in all_err for s in _FORKERR),
-        "compile_failed": compile_failed,
-        "setup_error": setup_error,
-        "compile": compile_out,
-    }
+    suite = None
     if suite_verdict is not None:
-        facts["suite"] = {k: v for k, v in suite_verdict.items() if k != "tests"}
-        facts["tests"] = suite_verdict["tests"]
-    return facts
+        suite = SuiteFacts(**{k: v for k, v in suite_verdict.items() if k != "tests"})
+        tests = suite_verdict["tests"]
+    return Facts(
+        exit_code=exit_code,
+        stdout=_text(stdout),
+        stderr=_text(stderr),
+        tests=tuple(TestFacts(**t) for t in tests or ()),
+        exec_s=time.monotonic() - t0,
+        timed_out=act.timed_out,
+        output_capped=act.output_capped,
+        disk_full=fs.disk_full(req) or any(s in all_err for s in _ENOSPC),
+        killed=any(c == -signal.SIGKILL for c in codes),
+        memory_error=any(s in all_err for s in _MEMERR),
+        fork_failed=act.fork_failed or any(s in all_err for s in _FORKERR),
+        compile_failed=compile_failed,
+        setup_error=setup_error,
+        compile=None if compile_out is None else PhaseFacts(**compile_out),
+        suite=suite,
+    )

@@ -48,6 +48,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
     from tangram_runner.fs import reset_tops
     from tangram_runner.jobs import handle, warm_up
     from tangram_runner.proc import Zygote, _strays, kill_all, prime
+    from tangram_runner.protocol import check_version
     from tangram_runner.scrub import scrub
 
     for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
@@ -94,6 +95,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
             elif req.get("op") == "dop":  # for an action that is not running (any more)
                 out = {"applied": False}
             else:
+                check_version(req)  # a request of the host's own protocol (`protocol.RunRequest`)
                 out = handle({**req, "uid": uid, "workdir": workdir}, zygote, control.attach)
         except Exception as e:
             out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}

@@ -8,7 +8,6 @@ the pids limit). `classify` maps both to exactly one `ActionStatus`, the same wa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from tangram_celery.common.actions import (
     COMPILED_LANGUAGES,
@@ -19,6 +18,7 @@ from tangram_celery.common.actions import (
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_runner import boot
+from tangram_runner.protocol import Facts
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 SANDBOX_UID = 10001  # the uid user code runs as; owns nothing outside the workdir and /tmp
@@ -58,59 +58,58 @@ def runner_timeout_s(req: ExecRequest) -> float:
     return req.timeout_s + compile_s + RUNNER_GRACE_S
 
 
-def classify(facts: dict[str, Any], delta: dict[str, int], has_tests: bool) -> ActionStatus:
+def classify(facts: Facts, delta: dict[str, int], has_tests: bool) -> ActionStatus:
     """One status per action. A limit outranks the failure it caused (a fork bomb usually also
     times out; a memory bomb also exits non-zero). A test command that mentions pytest passes
     only on the harness's own verdict (`suite`), whatever its exit status."""
-    if delta.get("pids_max", 0) > 0 or (facts.get("fork_failed") and not delta):
+    if delta.get("pids_max", 0) > 0 or (facts.fork_failed and not delta):
         return ActionStatus.PIDS_LIMIT
-    if delta.get("oom_kill", 0) > 0 or (facts.get("memory_error") and not facts.get("timed_out")):
+    if delta.get("oom_kill", 0) > 0 or (facts.memory_error and not facts.timed_out):
         return ActionStatus.MEMORY_LIMIT
-    if facts.get("disk_full"):
+    if facts.disk_full:
         return ActionStatus.DISK_LIMIT
-    if facts.get("output_capped"):
+    if facts.output_capped:
         return ActionStatus.OUTPUT_LIMIT
-    if facts.get("timed_out"):
+    if facts.timed_out:
         return ActionStatus.TIMEOUT
-    if facts.get("killed") and not delta:
+    if facts.killed and not delta:
         return ActionStatus.MEMORY_LIMIT  # no counters to ask: an unexplained SIGKILL is the OOM
-    if facts.get("compile_failed") or facts.get("setup_error") or facts.get("exit_code") not in (0, None):
+    if facts.compile_failed or facts.setup_error or facts.exit_code not in (0, None):
         return ActionStatus.FAILED
-    suite = facts.get("suite")
-    if suite is not None and not suite.get("passed"):
+    suite = facts.suite
+    if suite is not None and not suite.passed:
         return ActionStatus.FAILED
-    if (has_tests or suite is not None) and not all(t["passed"] for t in facts.get("tests", [])):
+    if (has_tests or suite is not None) and not all(t.passed for t in facts.tests):
         return ActionStatus.FAILED
     return ActionStatus.OK
 
 
-def to_result(facts: dict[str, Any], delta: dict[str, int], req: ExecRequest) -> ExecResult:
+def to_result(facts: Facts, delta: dict[str, int], req: ExecRequest) -> ExecResult:
     has_tests = bool(req.test_cases)
     status = classify(facts, delta, has_tests)
-    compile_out = facts.get("compile")
-    details = [_rolled_back_detail(facts.get("rolled_back"))]
-    suite = facts.get("suite")
-    if suite is not None and not suite.get("passed"):
-        details.append(f"test suite not passed: {suite.get('detail', '')}")
-    if suite is not None and suite.get("deselected"):
-        details.append(f"{suite['deselected']} test(s) deselected")
-    if facts.get("setup_error"):
-        details.append(str(facts["setup_error"]))
+    details = [_rolled_back_detail(facts.rolled_back)]
+    suite = facts.suite
+    if suite is not None and not suite.passed:
+        details.append(f"test suite not passed: {suite.detail}")
+    if suite is not None and suite.deselected:
+        details.append(f"{suite.deselected} test(s) deselected")
+    if facts.setup_error:
+        details.append(str(facts.setup_error))
     return ExecResult(
         status=status,
-        exit_code=facts.get("exit_code"),
-        stdout=facts.get("stdout", ""),
-        stderr=facts.get("stderr", ""),
-        tests=[TestOutcome(**t) for t in facts.get("tests", [])],
-        exec_s=float(facts.get("exec_s", 0.0)),
+        exit_code=facts.exit_code,
+        stdout=facts.stdout,
+        stderr=facts.stderr,
+        tests=[TestOutcome(**t._asdict()) for t in facts.tests],
+        exec_s=float(facts.exec_s),
         detail="; ".join(d for d in details if d),
-        compile=PhaseOutcome(**compile_out) if compile_out is not None else None,
-        files=dict(facts.get("files") or {}),
+        compile=PhaseOutcome(**facts.compile._asdict()) if facts.compile is not None else None,
+        files=dict(facts.files or {}),
         cpu_s=delta["cpu_us"] / 1e6 if "cpu_us" in delta else None,
     )
 
 
-def _rolled_back_detail(paths: list[str] | None) -> str:
+def _rolled_back_detail(paths: tuple[str, ...] | None) -> str:
     if not paths:
         return ""
     shown = ", ".join(paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")

@@ -47,8 +47,9 @@ from tangram_celery.sandbox.limits import (
 from tangram_celery.sandbox.link import RunnerGone, RunnerTimeout, RunnerUnreachable, call_runner
 from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
 from tangram_celery.sandbox.resize import Resizing
-from tangram_celery.sandbox.runner_request import runner_payload
+from tangram_celery.sandbox.runner_request import runner_request
 from tangram_celery.sandbox.stage import SandboxScope, Stage
+from tangram_runner.protocol import Facts, RunRequest
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
@@ -459,17 +460,17 @@ class WarmPool(ABC):
         reached it is torn down and `RunnerUnreachable` raised (the caller runs it in another);
         otherwise that is reported as any lost runner is."""
         cores = self._resizing.enter(h, req)  # bound: the request's cores, or a loan's since
-        payload = runner_payload(req, self.limits, self.pythonpath, self.cfg.compile_memory_mb)
-        payload["cores"] = list(cores)
+        request = runner_request(req, self.limits, self.pythonpath, self.cfg.compile_memory_mb)
+        request = request._replace(cores=list(cores))
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
         with self._lock:
             self._running += 1
         try:
-            if payload["compile_memory_mb"] > req.memory_mb:
-                facts = self._phases(h, req, payload)
+            if request.compile_memory_mb > req.memory_mb:
+                facts = self._phases(h, req, request)
             else:
-                facts = h.call(payload, runner_timeout_s(req))
+                facts = Facts.from_dict(h.call(request.to_dict(), runner_timeout_s(req)))
         except (RunnerGone, RunnerTimeout) as e:
             if retry and isinstance(e, RunnerUnreachable):
                 self._teardown_in_place(h)
@@ -489,24 +490,24 @@ class WarmPool(ABC):
                 self._running -= 1
                 self._idle_since = time.monotonic()
         h.used = True
-        if "runner_error" in facts:
+        if facts.runner_error is not None:
             return ExecResult(
-                status=ActionStatus.ERROR, detail=str(facts["runner_error"]), exec_s=time.monotonic() - t0
+                status=ActionStatus.ERROR, detail=str(facts.runner_error), exec_s=time.monotonic() - t0
             )
         after = h.cgroups.counters() if h.cgroups else None
         return to_result(facts, counter_delta(before, after), req)
 
-    def _phases(self, h: Handle, req: ExecRequest, payload: dict[str, Any]) -> dict[str, Any]:
+    def _phases(self, h: Handle, req: ExecRequest, request: RunRequest) -> Facts:
         """Compile under the compile phase's memory, then run under the action's own: two
         requests, the sandbox's limit lowered in between (no user code runs then). The facts
         of a compile that did not succeed are the action's; else the run's, with the compile's."""
-        room = int(payload["compile_memory_mb"])
-        first_req = {**payload, "phase": "compile", "fetch_files": []}
-        if "rlimits" in payload:
-            first_req["rlimits"] = {**payload["rlimits"], "AS": room << 20}
+        room = request.compile_memory_mb
+        first_req = request._replace(phase="compile", fetch_files=[])
+        if request.rlimits is not None:
+            first_req = first_req._replace(rlimits={**request.rlimits, "AS": room << 20})
         self._resizing.set_memory(h, room)
         try:
-            first = h.call(first_req, req.compile_timeout_s + RUNNER_GRACE_S)
+            first = Facts.from_dict(h.call(first_req.to_dict(), req.compile_timeout_s + RUNNER_GRACE_S))
         except BaseException:
             with contextlib.suppress(Exception):  # (the sandbox is torn down for this anyway)
                 self._resizing.set_memory(h, req.memory_mb)
@@ -515,12 +516,13 @@ class WarmPool(ABC):
             self._resizing.set_memory(h, req.memory_mb)
         except Exception as e:  # the program must not run with the compiler's room
             raise RunnerGone(f"could not restore the memory limit after the compile: {e}") from e
-        if "runner_error" in first or classify(first, {}, False) is not ActionStatus.OK:
+        if first.runner_error is not None or classify(first, {}, False) is not ActionStatus.OK:
             return first
-        facts = h.call({**payload, "phase": "run"}, req.timeout_s + RUNNER_GRACE_S)
-        if "runner_error" not in facts:
-            facts["compile"] = first.get("compile")
-            facts["exec_s"] = float(first.get("exec_s", 0.0)) + float(facts.get("exec_s", 0.0))
+        facts = Facts.from_dict(
+            h.call(request._replace(phase="run").to_dict(), req.timeout_s + RUNNER_GRACE_S)
+        )
+        if facts.runner_error is None:
+            facts = facts._replace(compile=first.compile, exec_s=float(first.exec_s) + float(facts.exec_s))
         return facts
 
     def _teardown_in_place(self, h: Handle) -> None:

@@ -11,7 +11,8 @@ from tangram_celery.common.config import SandboxConfig
 from tangram_celery.sandbox import ExecRequest, open_sandbox
 from tangram_celery.sandbox.cgroups import CgroupSet, _field
 from tangram_celery.sandbox.limits import Limits, classify, counter_delta, to_result
-from tangram_celery.sandbox.runner_request import runner_payload
+from tangram_celery.sandbox.runner_request import runner_request
+from tangram_runner.protocol import Facts
 from tangram_runner.suite import rewrite
 
 COUNTERS = {"oom_kill": 0, "pids_max": 0}
@@ -38,14 +39,14 @@ COUNTERS = {"oom_kill": 0, "pids_max": 0}
 )
 def test_classify_maps_facts_to_one_status(facts: dict, delta: dict, expected: ActionStatus) -> None:
     """Given runner facts and counter deltas, when classified, then the expected status."""
-    assert classify(facts, delta, has_tests=False) is expected
+    assert classify(Facts.from_dict(facts), delta, has_tests=False) is expected
 
 
 def test_failed_test_case_makes_action_failed() -> None:
     """Given exit 0 but one failing test, when converted, then FAILED with the outcomes kept."""
     req = ExecRequest(language="python", code="", test_cases=[TestCase(name="a", assert_code="1")])
     facts = {"exit_code": None, "tests": [{"name": "a", "passed": False, "detail": "x"}], "exec_s": 0.5}
-    res = to_result(facts, COUNTERS, req)
+    res = to_result(Facts.from_dict(facts), COUNTERS, req)
     assert res.status is ActionStatus.FAILED and res.tests[0].detail == "x" and res.exec_s == 0.5
 
 
@@ -62,10 +63,10 @@ def test_payload_carries_limits_and_rlimits_only_in_fallback() -> None:
     """Given a request, when turned into a runner payload, then caps and cores are set, and
     rlimits appear only when cgroups are unavailable."""
     req = ExecRequest(language="c", code="x", cores=(2, 3), memory_mb=64, env={"A": "b"})
-    p = runner_payload(req, Limits(max_output_bytes=2048), ["/opt/tangram/site"])
+    p = runner_request(req, Limits(max_output_bytes=2048), ["/opt/tangram/site"]).to_dict()
     assert (p["cores"], p["max_output_bytes"], p["env"]) == ([2, 3], 2048, {"A": "b"})
     assert "rlimits" not in p
-    p = runner_payload(req, Limits(use_rlimits=True, pids_limit=32), [])
+    p = runner_request(req, Limits(use_rlimits=True, pids_limit=32), []).to_dict()
     assert p["rlimits"] == {"AS": 64 << 20, "NPROC": 32}
 
 
@@ -73,14 +74,14 @@ def test_payload_gives_the_compile_phase_its_floor_of_memory() -> None:
     """Given a floor of 512 MiB, then a C action of 64 MiB compiles under 512 and runs under 64;
     one of 1024 compiles under 1024; Python, and C without code, compile nothing (their own)."""
     c64 = ExecRequest(language="c", code="x", memory_mb=64)
-    p = runner_payload(c64, Limits(), [], 512)
+    p = runner_request(c64, Limits(), [], 512).to_dict()
     assert (p["compile_memory_mb"], p["memory_mb"]) == (512, 64)
     big = ExecRequest(language="c", code="x", memory_mb=1024)
-    assert runner_payload(big, Limits(), [], 512)["compile_memory_mb"] == 1024
+    assert runner_request(big, Limits(), [], 512).compile_memory_mb == 1024
     py = ExecRequest(language="python", code="x", memory_mb=64)
-    assert runner_payload(py, Limits(), [], 512)["compile_memory_mb"] == 64
+    assert runner_request(py, Limits(), [], 512).compile_memory_mb == 64
     bare = ExecRequest(language="c", code=None, memory_mb=64, test_command="true")
-    assert runner_payload(bare, Limits(), [], 512)["compile_memory_mb"] == 64
+    assert runner_request(bare, Limits(), [], 512).compile_memory_mb == 64
 
 
 BOOT = "/usr/bin/python3 -E -s /r/pytest_boot.py --tangram-fd 3 --tangram-path /opt/tangram/site"
@@ -119,7 +120,7 @@ def test_pytest_commands_run_under_the_harness_with_n_workers(
 def test_suite_verdict_and_setup_errors_decide_over_exit_status(facts: dict, expected: str) -> None:
     """Given exit status 0 but no passing verdict from the harness (or a files entry that could
     not be written), when classified, then FAILED; a passing verdict is OK."""
-    assert classify(facts, COUNTERS, has_tests=False) == expected
+    assert classify(Facts.from_dict(facts), COUNTERS, has_tests=False) == expected
 
 
 def test_compile_phase_is_reported_apart() -> None:
@@ -127,10 +128,10 @@ def test_compile_phase_is_reported_apart() -> None:
     run's output."""
     req = ExecRequest(language="c", code="int main(){}", compile_timeout_s=3.0)
     compile_out = {"exit_code": 0, "stdout": "", "stderr": "warn", "exec_s": 0.2, "timed_out": False}
-    res = to_result({"exit_code": 0, "stdout": "run", "compile": compile_out}, COUNTERS, req)
+    res = to_result(Facts.from_dict({"exit_code": 0, "stdout": "run", "compile": compile_out}), COUNTERS, req)
     assert res.status is ActionStatus.OK and res.stdout == "run"
     assert res.compile is not None and (res.compile.stderr, res.compile.exec_s) == ("warn", 0.2)
-    assert runner_payload(req, Limits(), [])["compile_timeout_s"] == 3.0
+    assert runner_request(req, Limits(), []).compile_timeout_s == 3.0
 
 
 def test_cgroup_v1_counters_and_binding(tmp_path: Path) -> None:
@@ -224,3 +225,28 @@ def test_open_sandbox_auto_falls_back_without_docker(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ns, "NamespaceSandbox", Fake)
     box = open_sandbox(SandboxConfig(backend="auto", docker_host="unix:///nonexistent.sock"))
     assert box.name == "namespace" and built == ["auto"]
+
+
+def test_runner_protocol_round_trips_and_refuses_another_version() -> None:
+    """Given a request and facts, when sent as JSON and read back, then they are equal; a request
+    of another protocol version is refused."""
+    import json
+
+    from tangram_runner.protocol import PhaseFacts, RunRequest, SuiteFacts, TestFacts
+
+    req = runner_request(ExecRequest(language="c", code="x", cores=(1,)), Limits(use_rlimits=True), [])
+    wire = json.loads(json.dumps(req.to_dict()))
+    assert RunRequest.from_dict(wire) == req and wire["v"] == 1
+    with pytest.raises(ValueError, match="version"):
+        RunRequest.from_dict({**wire, "v": 0})
+    facts = Facts(
+        exit_code=0,
+        tests=(TestFacts("t", True),),
+        compile=PhaseFacts(exit_code=0, cached=True),
+        suite=SuiteFacts(passed=True, collected=1),
+        rolled_back=("a",),
+    )
+    assert Facts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
+    assert (
+        "runner_error" not in facts.to_dict() and Facts.from_dict({"runner_error": "x"}).runner_error == "x"
+    )
