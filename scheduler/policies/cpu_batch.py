@@ -107,27 +107,7 @@ def cpu_riders(
         by_node.setdefault(b.lead.pool, []).append(b)
     if not by_node:
         return []
-    # The state as it will be once this round's allocations are applied: their pins, memory
-    # and evictions count before the riders'.
-    work = state.copy()
-    started: set[str] = set()
-    starting: set[str] = set()  # trajectories with an action starting this round
-    chained: dict[str, _Batch] = {}  # ... on the cores of this batch (its next action may follow)
-    batch_of = {b.lead.action_id: b for batches in by_node.values() for b in batches}
-    twice: set[str] = set()  # trajectories with two actions starting: none may follow either
-    for a in allocs:
-        qa = queue.action(a.action_id)
-        tid = qa.trajectory_id
-        started.add(a.action_id)
-        if tid in starting:
-            twice.add(tid)
-        starting.add(tid)
-        if a.action_id in batch_of:
-            chained[tid] = batch_of[a.action_id]
-        if a.kind is ResourceKind.CPU:
-            work.apply(a, qa, now_s)
-    for tid in twice:
-        chained.pop(tid, None)
+    work, started, starting, chained = _after_allocs(allocs, queue, state, by_node, now_s)
     evictions = Evictions(work, queue)
     cap = _fair_share(allocs, queue, state, spec)
     open_nodes = set(by_node)
@@ -156,20 +136,67 @@ def cpu_riders(
         nodes = (
             [pinned] if pinned is not None else sorted(open_nodes, key=lambda n: -work.cpu[n].memory_free_mb)
         )
-        for node in nodes:
-            for batch in sorted(by_node[node], key=lambda b: b.work_s):
-                rider = _ride(qa, [batch], work, evictions, spec, observed, cap)
-                if rider is not None:
-                    break
-            else:
-                continue
-            break
-        else:
+        seat = _seat(qa, nodes, by_node, work, evictions, spec, observed, cap)
+        if seat is None:
             open_nodes.difference_update(nodes)  # FCFS: nothing overtakes it there
             continue
+        rider, batch = seat
         _add(rider, qa, batch, work, evictions, out, now_s)
         chained[tid] = batch
     return out
+
+
+def _after_allocs(
+    allocs: list[Allocation],
+    queue: WaitingQueue,
+    state: ClusterState,
+    by_node: dict[str, list[_Batch]],
+    now_s: float,
+) -> tuple[ClusterState, set[str], set[str], dict[str, _Batch]]:
+    """The state as it will be once this round's allocations are applied (their pins, memory
+    and evictions count before the riders'), with the actions they start, their trajectories,
+    and the trajectories whose next action may follow on a batch's cores (one of theirs leads
+    it; not when two of theirs start)."""
+    work = state.copy()
+    started: set[str] = set()
+    starting: set[str] = set()  # trajectories with an action starting this round
+    chained: dict[str, _Batch] = {}  # ... on the cores of this batch (its next action may follow)
+    batch_of = {b.lead.action_id: b for batches in by_node.values() for b in batches}
+    twice: set[str] = set()  # trajectories with two actions starting: none may follow either
+    for a in allocs:
+        qa = queue.action(a.action_id)
+        tid = qa.trajectory_id
+        started.add(a.action_id)
+        if tid in starting:
+            twice.add(tid)
+        starting.add(tid)
+        if a.action_id in batch_of:
+            chained[tid] = batch_of[a.action_id]
+        if a.kind is ResourceKind.CPU:
+            work.apply(a, qa, now_s)
+    for tid in twice:
+        chained.pop(tid, None)
+    return work, started, starting, chained
+
+
+def _seat(
+    qa: QueuedAction,
+    nodes: list[str],
+    by_node: dict[str, list[_Batch]],
+    work: ClusterState,
+    evictions: Evictions,
+    spec: CpuBatchSpec,
+    observed: Observed,
+    cap: int,
+) -> tuple[Allocation, _Batch] | None:
+    """`qa`'s seat behind a batch on one of `nodes` (in order; on a node, the batch with the least
+    work first), or None."""
+    for node in nodes:
+        for batch in sorted(by_node[node], key=lambda b: b.work_s):
+            rider = _ride(qa, [batch], work, evictions, spec, observed, cap)
+            if rider is not None:
+                return rider, batch
+    return None
 
 
 def short_leads(

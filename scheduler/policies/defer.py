@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 
 from scheduler.model import QueuedAction
-from scheduler.policies.elastic import PoolProblem
+from scheduler.policies.elastic import Member, PoolProblem
 
 
 def defer_for_cores(
@@ -46,9 +46,7 @@ def defer_for_cores(
         [(e_s, n, -1) for e_s, n in problem.busy if e_s > now_s]
         + [(e[0], e[1], j) for j, e in enumerate(ends) if e is not None and e[0] > now_s]
     )
-    rest_ends: list[float] | None = None  # the queued rest's ends at minimum units, if needed
-    rest_sorted: list[float] = []
-    rest_unit = True
+    rest = _Rest(problem)
     for i in range(keep):
         action, u = members[i][0], out[i]
         if checks <= 0:
@@ -63,56 +61,100 @@ def defer_for_cores(
         # Who would wait for the reservation: actions behind it that end after t and do not fit
         # in what is spare at t. Each is delayed by up to t - now; wait only if that costs less
         # than the candidate gains (the objective is the sum of completion times).
-        held: list[int] = []
         gain_s, delay_s = ends[i][0] - done_s, t_s - now_s  # type: ignore[index]
-        for j in range(i + 1, keep):
-            e = ends[j]
-            if e is None or e[0] <= t_s:
-                continue
-            if e[1] <= extra:
-                extra -= e[1]
-            else:
-                held.append(j)
-                if len(held) * delay_s >= gain_s:
-                    break  # already costs more than it gains: the test below fails anyway
+        held, extra = _held_behind(ends, i, keep, t_s, extra, gain_s, delay_s)
         if len(held) * delay_s >= gain_s:
             continue
-        if rest_ends is None:
-            rest_ends = [now_s + dur_s for _, dur_s, _ in problem.rest]
-            rest_sorted = sorted(rest_ends)
-            rest_unit = sum(n for n, _, _ in problem.rest) == len(problem.rest)  # all 1 (n >= 1)
-        if rest_unit:  # the common case, counted by bisection: each takes one spare core or waits
-            late_n = len(rest_sorted) - bisect.bisect_right(rest_sorted, t_s)
-            n_rest = max(0, late_n - extra)
-            extra = max(0, extra - late_n)
-        else:
-            n_rest = 0
-            for (n, _, _), end_s in zip(problem.rest, rest_ends, strict=True):
-                if end_s <= t_s:
-                    continue
-                if n <= extra:
-                    extra -= n
-                else:
-                    n_rest += 1
+        n_rest, extra = rest.late(t_s, extra)
         if (len(held) + n_rest) * delay_s >= gain_s:
             continue
         for j in held:
             out[j], ends[j] = 0, None
         out[i] = 0
-        # Candidates the drop-tail held back start in the cores left free now, if they end
-        # before t, or are rigid and fit in what is still spare at t (an elastic one would be
-        # stuck at its minimum: it waits for its own turn).
-        free_now = spare + u
-        for j in range(keep, len(members)):
-            a = members[j][0]
-            n = a.cost.units.min
-            late = now_s + a.duration_s(n) > t_s
-            if n <= free_now and (not late or (n <= extra and not a.cost.units.is_elastic)):
-                out[j] = n
-                free_now -= n
-                extra -= n if late else 0
+        _backfill(members, keep, out, spare + u, extra, now_s, t_s)
         return len(members), out  # one reservation per pool and round
     return keep, out
+
+
+def _held_behind(
+    ends: list[tuple[float, int] | None],
+    i: int,
+    keep: int,
+    t_s: float,
+    extra: int,
+    gain_s: float,
+    delay_s: float,
+) -> tuple[list[int], int]:
+    """The kept candidates behind candidate `i` that a reservation at `t_s` would hold back (they
+    end after it and find no room in the `extra` cores spare then), and the cores still spare.
+    Stops once they cost more than the reservation gains."""
+    held: list[int] = []
+    for j in range(i + 1, keep):
+        e = ends[j]
+        if e is None or e[0] <= t_s:
+            continue
+        if e[1] <= extra:
+            extra -= e[1]
+        else:
+            held.append(j)
+            if len(held) * delay_s >= gain_s:
+                break  # already costs more than it gains: the caller's test fails anyway
+    return held, extra
+
+
+class _Rest:
+    """The queued rest of a pool (`PoolProblem.rest`) at its minimum units: its expected ends,
+    computed on first use."""
+
+    def __init__(self, problem: PoolProblem) -> None:
+        self.problem = problem
+        self.ends: list[float] | None = None
+        self.sorted: list[float] = []
+        self.unit = True  # every one takes one core
+
+    def late(self, t_s: float, extra: int) -> tuple[int, int]:
+        """How many of the rest a reservation at `t_s` holds back (they end after it and find no
+        room in the `extra` cores spare then), and the cores still spare."""
+        rest = self.problem.rest
+        if self.ends is None:
+            now_s = self.problem.now_s
+            self.ends = [now_s + dur_s for _, dur_s, _ in rest]
+            self.sorted = sorted(self.ends)
+            self.unit = sum(n for n, _, _ in rest) == len(rest)  # all 1 (n >= 1)
+        if self.unit:  # the common case, counted by bisection: each takes one spare core or waits
+            late_n = len(self.sorted) - bisect.bisect_right(self.sorted, t_s)
+            return max(0, late_n - extra), max(0, extra - late_n)
+        n_rest = 0
+        for (n, _, _), end_s in zip(rest, self.ends, strict=True):
+            if end_s <= t_s:
+                continue
+            if n <= extra:
+                extra -= n
+            else:
+                n_rest += 1
+        return n_rest, extra
+
+
+def _backfill(
+    members: list[Member],
+    keep: int,
+    out: list[int],
+    free_now: int,
+    extra: int,
+    now_s: float,
+    t_s: float,
+) -> None:
+    """Candidates the drop-tail held back start in the `free_now` cores left free now, if they
+    end before `t_s`, or are rigid and fit in the `extra` cores still spare at `t_s` (an
+    elastic one would be stuck at its minimum: it waits for its own turn)."""
+    for j in range(keep, len(members)):
+        a = members[j][0]
+        n = a.cost.units.min
+        late = now_s + a.duration_s(n) > t_s
+        if n <= free_now and (not late or (n <= extra and not a.cost.units.is_elastic)):
+            out[j] = n
+            free_now -= n
+            extra -= n if late else 0
 
 
 def _best_wait(

@@ -20,217 +20,23 @@ solved differently where the cost is:
 from __future__ import annotations
 
 import heapq
-import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-from scheduler.eviction import Evictions
 from scheduler.execution import ExecutionModel, TimeShareSpec
-from scheduler.model import Allocation, QueuedAction, ResourceKind
+from scheduler.model import Allocation, QueuedAction
 from scheduler.policies.base import register
-from scheduler.policies.common import PoolKey, waiting
+from scheduler.policies.common import waiting
 from scheduler.policies.defer import defer_for_cores
 from scheduler.policies.elastic import (
     Decision,
-    Known,
     PoolProblem,
     cpu_decision,
     cpu_free_ids,
     elastic_round,
 )
-from scheduler.policies.fcfs_min import fcfs_prefix
-from scheduler.policies.gpu_aware import gpu_candidates, residency_gpu_solver
-from scheduler.queue import WaitingQueue
+from scheduler.policies.fast_candidates import fast_candidates
+from scheduler.policies.gpu_aware import residency_gpu_solver
 from scheduler.resources import ClusterState
-
-
-def fast_candidates(
-    queue: Sequence[QueuedAction], state: ClusterState, now_s: float
-) -> tuple[list[Allocation], Known]:
-    """The same FCFS prefix as `fcfs_prefix`, with a cheap per-group view for CPU actions.
-
-    Per-node views are built lazily (only nodes the scan touches), from the free cores only.
-    Memory is counted per node as it is taken; an action that lacks it evicts idle
-    trajectories as `fcfs_prefix` does (`scheduler.eviction`). Also returns each candidate's
-    action, and its pool where the pass knows it (CPU).
-    """
-    groups = _LazyGroups(state)
-    mem_free: dict[str, int] = {}
-    pins: dict[str, str] = {}
-    held_now: dict[str, int] = {}  # memory reserved this pass for trajectories it pinned or grew
-    picked: list[Allocation] = []
-    pools: list[PoolKey | None] = []
-    actions: list[QueuedAction] = []
-    gpu: list[QueuedAction] = []
-    api: list[QueuedAction] = []
-    no_memory = False
-    waiting_for_memory: set[str] = set()  # trajectories whose earlier action waits for memory
-    ev: Evictions | None = None
-    blocked = False  # a CPU action did not fit: no CPU action behind it starts (FCFS)
-    cpu_kind, gpu_kind = ResourceKind.CPU, ResourceKind.GPU
-    pinned = state.trajectory_node
-    walk = _Walk(queue, state)
-    for action in walk:
-        kind = action.cost.key
-        if kind is not cpu_kind:
-            (gpu if kind is gpu_kind else api).append(action)
-            continue
-        options = action.cost.units.units
-        units = options[0]
-        elastic = len(options) > 1
-        tid = action.trajectory_id
-        sandbox = action.cost.sandbox
-        if sandbox and waiting_for_memory and tid in waiting_for_memory:
-            continue
-        node = (pinned.get(tid) or pins.get(tid)) if sandbox else None
-        gi = -1
-        evict: tuple[str, ...] = ()
-        if node is not None:
-            gi = _best_group(groups[node], units, elastic) if node in state.cpu else -1
-            held = held_now.get(tid)
-            if held is None and node in state.cpu:
-                held = state.cpu[node].trajectory_memory_mb.get(tid, 0)
-            extra = action.cost.memory_mb - held if sandbox and held is not None else 0
-            if extra > 0:  # a later action asks for more memory than its trajectory holds
-                if no_memory:
-                    waiting_for_memory.add(tid)
-                    continue
-                if not mem_free:
-                    mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items() if c.online})
-                free_mb = mem_free.get(node, 0)
-                if free_mb < extra:
-                    if ev is None:
-                        ev = Evictions(state, queue)
-                    victims = ev.victims(node, extra - free_mb) if gi >= 0 else None
-                    if victims is None:
-                        no_memory = True  # as for a new trajectory: the others go on
-                        waiting_for_memory.add(tid)
-                        walk.memory_full(action, pins)
-                        continue
-                    evict = victims
-                    ev.take(victims)
-                    mem_free[node] = 0  # the surplus is free from the next round on
-                elif gi >= 0:
-                    mem_free[node] = free_mb - extra
-                held_now[tid] = action.cost.memory_mb
-        elif no_memory and sandbox:
-            continue  # a new trajectory before it waits for memory: no overtaking among new ones
-        else:
-            if not mem_free:
-                mem_free.update({n: c.memory_free_mb for n, c in state.cpu.items() if c.online})
-            need = action.cost.memory_mb if sandbox else 0
-            order = mem_free if len(mem_free) == 1 else sorted(mem_free, key=lambda n: (-mem_free[n], n))
-            for name in order:
-                if mem_free[name] < need:
-                    break
-                gi = _best_group(groups[name], units, elastic)
-                if gi >= 0:
-                    node = name
-                    if sandbox:
-                        pins[tid] = name
-                        held_now[tid] = need
-                        mem_free[name] -= need
-                    break
-            if node is None and sandbox and need > 0:
-                if ev is None:
-                    ev = Evictions(state, queue)
-                for name in order:  # the nodes with the cores, most free memory first
-                    short_mb = need - mem_free[name]
-                    if short_mb <= 0:
-                        continue  # it has the memory: cores are what it lacks
-                    g = _best_group(groups[name], units, elastic)
-                    victims = ev.victims(name, short_mb) if g >= 0 else None
-                    if victims is not None:
-                        node, gi, evict = name, g, victims
-                        ev.take(victims)
-                        pins[tid] = name
-                        held_now[tid] = need
-                        mem_free[name] = 0  # the surplus is free from the next round on
-                        break
-            if node is None and max(mem_free.values(), default=0) < need:
-                no_memory = True  # see `fcfs_prefix`: pinned trajectories behind it go on
-                walk.memory_full(action, pins)
-                continue
-        if gi < 0 or node is None:
-            blocked = True
-            break
-        free = groups[node][gi]
-        ids = tuple(free[:units])
-        del free[:units]
-        picked.append(Allocation(action.action_id, cpu_kind, node, units, ids, evict))
-        pools.append(("cpu", node, gi))
-        actions.append(action)
-    if blocked and (state.gpu or state.api):  # no CPU action passes it (FCFS); GPU and API
-        tail = list(walk)  # ones behind it go on
-        if state.gpu:
-            gpu += [a for a in tail if a.cost.key is gpu_kind]
-        if state.api:
-            api += [a for a in tail if a.cost.key is not gpu_kind and a.cost.key is not cpu_kind]
-    # Families are independent, so CPU, then GPU, then API allocations apply in any order.
-    others = (gpu_candidates(gpu, state, now_s) if gpu else []) + (
-        fcfs_prefix(api, state, now_s)[0] if api else []
-    )
-    if others:
-        by_id = {a.action_id: a for a in itertools.chain(gpu, api)}
-        picked += others
-        pools += [None] * len(others)
-        actions += [by_id[a.action_id] for a in others]
-    return picked, Known(actions, pools)
-
-
-class _Walk:
-    """`fast_candidates`' pass over the queue, FCFS. Once no new trajectory fits in memory
-    (`memory_full`), only actions of pinned trajectories and actions without a sandbox can
-    start: over a `WaitingQueue` the pass then goes on over those alone
-    (`WaitingQueue.behind_full_memory`), not over every new trajectory of a burst, which made
-    each round O(queue) while a burst waited for memory (1312 new trajectories on one node:
-    600 actions looked at per round, in 99% of the rounds). Not when a trajectory pinned in
-    this pass has more actions queued: those are not indexed as pinned yet."""
-
-    def __init__(self, queue: Sequence[QueuedAction], state: ClusterState) -> None:
-        self._queue, self._state = queue, state
-        self._it: Iterator[QueuedAction] = iter(queue)
-        self._sparse = False
-
-    def __iter__(self) -> _Walk:
-        return self
-
-    def __next__(self) -> QueuedAction:
-        return next(self._it)
-
-    def memory_full(self, at: QueuedAction, pinned_now: dict[str, str]) -> None:
-        """No new trajectory fits from `at` on (`at` included): skip them."""
-        q = self._queue
-        if self._sparse or not isinstance(q, WaitingQueue):
-            return
-        if all(q.queued_of(t) <= 1 for t in pinned_now):
-            self._it, self._sparse = q.behind_full_memory(self._state, at.action_id), True
-
-
-class _LazyGroups(dict[str, list[list[int]]]):
-    """node -> free core ids per NUMA group (ascending), computed on first access."""
-
-    def __init__(self, state: ClusterState) -> None:
-        super().__init__()
-        self._state = state
-
-    def __missing__(self, node: str) -> list[list[int]]:
-        out = self._state.cpu[node].free_in_groups()
-        self[node] = out
-        return out
-
-
-def _best_group(groups: list[list[int]], units: int, elastic: bool) -> int:
-    """The NUMA group for an action needing `units` cores; -1 if none holds them.
-
-    Rigid actions: best fit (fewest free cores), to keep large blocks whole. Elastic actions:
-    the group with the most free cores, where they can grow.
-    """
-    best, best_len = -1, -1 if elastic else 1 << 30
-    for i, g in enumerate(groups):
-        n = len(g)
-        if n >= units and ((n > best_len) if elastic else (n < best_len)):
-            best, best_len = i, n
-    return best
 
 
 def greedy_cpu_solver(problem: PoolProblem) -> Decision:
