@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tangram_celery.common.actions import ActionStatus, PhaseOutcome, TestCase, TestOutcome
+from tangram_celery.common.actions import ActionStatus, CodeAction, PhaseOutcome, TestCase, TestOutcome
+from tangram_celery.common.wire import SandboxOrder, TaskOrder
 
 
 @dataclass
@@ -46,6 +47,40 @@ class ExecRequest:
     # the sandbox that name the same group, and no others ("": this occupant's only; the worker
     # names the action's job, `SandboxConfig.verifier_scope`)
     verifier_group: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        action: CodeAction,
+        order: TaskOrder,
+        cores: tuple[int, ...] | None = None,
+        verifier_scope: str = "action",
+    ) -> ExecRequest:
+        """The request for `action` as the scheduler's `order` runs it: on `cores` (the order's
+        own unless the worker's loans changed them), in the trajectory's sandbox generation the
+        order names, as a time sharer at the order's CPU weight when it shares its cores
+        (`scheduler.policies.time_share`), its assert tests judged by verifiers of the action's
+        job when `verifier_scope` (`SandboxConfig.verifier_scope`) is "job"."""
+        sandbox = order.sandbox or SandboxOrder()
+        return cls(
+            language=action.language,
+            code=action.code,
+            files=dict(action.files),
+            binary_files=dict(action.binary_files),
+            fetch_files=list(action.fetch_files),
+            test_command=action.test_command,
+            test_cases=list(action.test_cases),
+            stdin=action.stdin,
+            timeout_s=action.timeout_s,
+            compile_timeout_s=action.compile_timeout_s,
+            memory_mb=action.memory_mb,
+            cores=tuple(order.unit_ids) if cores is None else cores,
+            sandbox_gen=sandbox.gen,
+            new_sandbox=sandbox.new,
+            action_id=order.action_id,
+            cpu_weight=order.cpu_weight if order.shares else None,
+            verifier_group=f"job:{action.job_id}" if verifier_scope == "job" else "",
+        )
 
 
 @dataclass

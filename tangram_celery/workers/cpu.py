@@ -74,27 +74,7 @@ class CpuHandler:
         # The scheduler's word on the trajectory's sandbox (scheduler/service/sandboxes.py):
         # its generation, whether this action starts it, whether the caller lost the last one.
         sandbox = order.sandbox or SandboxOrder()
-        req = ExecRequest(
-            language=action.language,
-            code=action.code,
-            files=dict(action.files),
-            binary_files=dict(action.binary_files),
-            fetch_files=list(action.fetch_files),
-            test_command=action.test_command,
-            test_cases=list(action.test_cases),
-            stdin=action.stdin,
-            timeout_s=action.timeout_s,
-            compile_timeout_s=action.compile_timeout_s,
-            memory_mb=action.memory_mb,
-            cores=cores,
-            sandbox_gen=sandbox.gen,
-            new_sandbox=sandbox.new,
-            action_id=action_id,
-            # a time sharer: on cores another action holds, at a lower CPU weight than its
-            # (`scheduler.policies.time_share`); the sandbox's weight is restored after
-            cpu_weight=order.cpu_weight if order.shares else None,
-            verifier_group=f"job:{action.job_id}" if self.cfg.verifier_scope == "job" else "",
-        )
+        req = ExecRequest.of(action, order, cores, self.cfg.verifier_scope)
         if action.one_shot or action.trajectory_id is None:
             res = self.sandbox.run_once(req)
         else:

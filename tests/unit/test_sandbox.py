@@ -250,3 +250,28 @@ def test_runner_protocol_round_trips_and_refuses_another_version() -> None:
     assert (
         "runner_error" not in facts.to_dict() and Facts.from_dict({"runner_error": "x"}).runner_error == "x"
     )
+
+
+def test_exec_request_of_an_action_and_its_order() -> None:
+    """Given a code action and the scheduler's order, when made a request, then it carries the
+    action's program and limits, the order's cores, sandbox generation and share weight, and
+    the job's verifier group only under the job scope."""
+    from tangram_celery.common.actions import CodeAction
+    from tangram_celery.common.wire import SandboxOrder, TaskOrder
+
+    action = CodeAction(trajectory_id="t", job_id="j", code="print(1)", memory_mb=256, timeout_s=3)
+    order = TaskOrder(
+        action_id="a1",
+        kind="cpu",
+        pool="p",
+        units=2,
+        unit_ids=(4, 5),
+        shares=True,
+        cpu_weight=0.5,
+        sandbox=SandboxOrder(gen="g2", new=True),
+    )
+    req = ExecRequest.of(action, order)
+    assert (req.code, req.memory_mb, req.timeout_s, req.cores) == ("print(1)", 256, 3, (4, 5))
+    assert (req.action_id, req.sandbox_gen, req.new_sandbox, req.cpu_weight) == ("a1", "g2", True, 0.5)
+    assert req.verifier_group == "" and ExecRequest.of(action, order, (7,), "job").verifier_group == "job:j"
+    assert ExecRequest.of(action, order, (7,)).cores == (7,)
