@@ -182,7 +182,7 @@ def run_main(
     path: str, source: str, compiled: types.CodeType | None = None
 ) -> tuple[int, types.ModuleType, BaseException | None]:
     """Run `source` as `__main__` from `path` (`__file__`, and what tracebacks name; the runner
-    makes it absolute, as `python3 main.py` does: `proc.main_file`), or `compiled`,
+    makes it absolute, as `python3 main.py` does: `launch.main_file`), or `compiled`,
     its code object compiled by the runner as `path`: (exit code as `python3` would give, the
     module, the exception that ended it, if any)."""
     main = types.ModuleType("__main__")

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import errno
 import json
-import marshal
 import os
 import selectors
 import signal
 import socket
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from tangram_runner.forkserver import SpawnFailed, memfd
+from tangram_runner.launch import (
+    Launch,
+    Proc,
+    assert_payload,
+    compiled_payload,
+    main_file,
+    user_limits,
+    verifier_spec,
+)
+from tangram_runner.reaping import kill_all, reap_orphans, strays
 from tangram_runner.spawn import Zygote
 from tangram_runner.verifiers import Verifier
 
@@ -29,69 +37,13 @@ __all__ = [
     "SpawnFailed",
     "Zygote",
     "code_memfd",
-    "kill_all",
     "memfd",
     "prime",
     "verifier_spec",
 ]
 
 VERIFIER_STREAM_CAP_B = 64 * 1024  # trusted output (the verifier's), truncated silently
-# what assert_code is compiled as: proxy.TEST_FILENAME (not imported here: the runner
-# does not need the proxies, and what it imports shapes the zygote's heap, forked from it)
-TEST_FILENAME = "<test>"
-MAX_RUNNER_COMPILE = 1 << 16  # characters of a program the runner compiles (`compiled_payload`)
-DEFAULT_NOFILE = 1024
 EXIT_REPORT_TIMEOUT_S = 10.0  # a killed process's exit report is due at once
-
-
-def user_limits(req: dict) -> dict[str, Any]:
-    """The limits every process of a request is spawned with (a user process's spec)."""
-    # the cgroup cpuset binds the cores; only without cgroups (rlimit fallback) does each
-    # process pin itself
-    cores = [int(c) for c in req.get("cores", [])] if req.get("rlimits") else []
-    return {
-        "uid": int(req["uid"]),
-        "workdir": req["workdir"],
-        "cores": cores,
-        "rlimits": dict(req.get("rlimits", {})),
-        "nofile": int(req.get("nofile") or DEFAULT_NOFILE),
-    }
-
-
-def verifier_spec(req: dict) -> dict[str, Any]:
-    """The spec of a verifier for a request's assert tests; pooled verifiers are reused while
-    it stays the same (with cgroups it does not depend on the request's cores or memory)."""
-    return {**user_limits(req), "uid": int(req["uid"]) + 1, "oom_score_adj": 500}
-
-
-def compiled_payload(source: str, filename: str) -> tuple[bytes, bool]:
-    """What a process that runs `source` gets of it: the marshalled (source, code object),
-    compiled here as `filename`, and True; or the source itself, and False, when it does not
-    compile cleanly here (a syntax error, any warning the compiler gives: the process then
-    compiles it, under the action's deadline, and shows the error or the warning as `python3`
-    would) or is larger than `MAX_RUNNER_COMPILE` (compiled in the process, under the deadline,
-    not in the runner). Compiling here rather than in each forked process keeps the compiler
-    off the pages the process shares with its parent: a compile in a fresh fork is a
-    copy-on-write fault on every page the compiler writes. The marshalled code goes in a memfd
-    to processes of the action only, which read it before they drop to the sandbox uid and
-    close every descriptor they were not given (`child.setup`): user code never holds
-    it."""
-    if len(source) <= MAX_RUNNER_COMPILE:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                code = compile(source, filename, "exec", dont_inherit=True)
-            return marshal.dumps((source, code)), True
-        except Exception:
-            pass
-    return source.encode("utf-8", "surrogatepass"), False
-
-
-def main_file(workdir: str, unit: str) -> str:
-    """What `python3 unit` run in `workdir` calls its main module (`__file__`, and the file its
-    tracebacks name): the absolute path (`sys.argv[0]` stays `unit`). The runner compiles a
-    program under this name (`code_memfd`) and tells its processes (`user_launch`)."""
-    return os.path.join(workdir, unit)
 
 
 def code_memfd(act: Action, source: str, unit: str) -> int:
@@ -105,13 +57,6 @@ def code_memfd(act: Action, source: str, unit: str) -> int:
     return fd
 
 
-def assert_payload(assert_code: str) -> tuple[bytes, bool]:
-    """What a verifier gets of one assert test (`compiled_payload`): a new occupant's verifier
-    judges one test or two, so the compile stays off its pages too. The test code is trusted;
-    the verifier reports why it does not compile."""
-    return compiled_payload(assert_code, TEST_FILENAME)
-
-
 def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
     """Start an idle verifier with the spec a request like `req` (uid, workdir, nofile) will ask
     for, unless one is idle: forked from the zygote now, it never talked to any user process;
@@ -121,57 +66,6 @@ def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
         return zygote.verifiers.prime(verifier_spec(req), warm)
     except SpawnFailed:
         return 0
-
-
-class Proc:
-    """One process of the current action (or one test job of a pooled verifier, with `verifier`
-    set and no pidfd of its own) and what it wrote so far, per stream name."""
-
-    def __init__(self, pid: int, pidfd: int | None, tag: object, streams: dict[int, str], user: bool) -> None:
-        self.pid, self.pidfd, self.tag, self.user = pid, pidfd, tag, user
-        self.fds = dict(streams)  # fd -> stream name
-        self.bufs = {name: bytearray() for name in streams.values()}
-        self.returncode: int | None = None
-        self.killed_by_runner = False  # its SIGKILL is no limit's doing
-        self.verifier: Verifier | None = None
-        self.job_id = 0
-        self.pending: int | None = None  # a job's end, seen and not yet taken
-        # a compiler: its output is truncated at the cap without ending the action (a long
-        # list of diagnostics is a failed compile, not an output limit)
-        self.truncate_only = False
-
-    @property
-    def stdout(self) -> bytes:
-        return bytes(self.bufs.get("out", b""))
-
-    @property
-    def stderr(self) -> bytes:
-        return bytes(self.bufs.get("err", b""))
-
-    def stream(self, name: str) -> bytes:
-        return bytes(self.bufs.get(name, b""))
-
-
-class Launch:
-    """One process to start: its spec for the zygote, the descriptors it gets (sent, then closed
-    here), and the pipes whose read ends the runner keeps, by stream name."""
-
-    def __init__(self, tag: object, spec: dict[str, Any], user: bool) -> None:
-        self.tag, self.spec, self.user = tag, spec, user
-        self.send: list[int] = []
-        self.streams: dict[int, str] = {}
-        self.mine: list[int] = []  # our copies to close once sent
-
-    def pipe(self, name: str) -> None:
-        r, w = os.pipe()
-        self.streams[r] = name
-        self.send.append(w)
-        self.mine.append(w)
-
-    def memfd(self, data: bytes, name: str) -> None:
-        fd = memfd(data, name)
-        self.send.append(fd)
-        self.mine.append(fd)
 
 
 class Action:
@@ -512,8 +406,8 @@ class Action:
                 pool.clear_dying()
             elif not waiting:  # only killed verifiers left: their pidfds tell their end
                 pool.wait_dying(0.5)
-        _reap()
-        if not _strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
+        reap_orphans()
+        if not strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
             return False
         kill_all()
         self.zygote.lost()
@@ -529,45 +423,3 @@ class Action:
         for p in self.procs:
             if p.returncode is None and p.pidfd is not None:
                 os.close(p.pidfd)
-
-
-def _reap() -> None:
-    """Collect orphans that ended (reparented to PID 1)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _strays(keep: set[int | None]) -> bool:
-    """Is any process other than these (the runner, the zygote, idle verifiers) alive? Zombies do
-    not count."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in keep:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
-            return True
-    return False
-
-
-def kill_all() -> None:
-    """SIGKILL every process of the sandbox but the runner, and reap them all."""
-    if os.getpid() != 1:  # kill(-1) outside a pid namespace would hit the whole host
-        raise RuntimeError("runner is not PID 1; refusing kill(-1)")
-    while True:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return

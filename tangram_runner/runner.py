@@ -2,8 +2,9 @@
 
 It listens on a unix socket that only root can reach, reads one JSON request at a time (over a
 connection the host keeps open for the sandbox's occupants, or one of its own:
-`control.Connections`), runs it as the unprivileged sandbox uid and answers one JSON line of *facts* (exit code, output,
-flags such as timed_out / output_capped / disk_full); the host turns facts into a status.
+`control.Connections`), runs it as the unprivileged sandbox uid and answers one JSON line of
+*facts* (exit code, output, flags such as timed_out / output_capped / disk_full:
+`protocol.Facts`); the host turns facts into a status.
 
 Why PID 1: orphans of user code are reparented to it, and `kill(-1, SIGKILL)` from PID 1 reaches
 every other process of the sandbox (daemons, double forks, fork bombs) and nothing outside it;
@@ -47,8 +48,9 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
     from tangram_runner.control import Connections, Control
     from tangram_runner.fs import reset_tops
     from tangram_runner.jobs import handle, warm_up
-    from tangram_runner.proc import Zygote, _strays, kill_all, prime
+    from tangram_runner.proc import Zygote, prime
     from tangram_runner.protocol import check_version
+    from tangram_runner.reaping import kill_all, strays
     from tangram_runner.scrub import scrub
 
     for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
@@ -90,7 +92,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
                     _prime(req["prime"], uid, workdir, zygote, warm_up, None)
                 out = {"pong": True}
             elif req.get("op") == "scrub":  # between occupants (scrub)
-                out = scrub(uid, workdir, zygote, kill_all, reset_tops, _strays)
+                out = scrub(uid, workdir, zygote, kill_all, reset_tops, strays)
                 primed = req.get("prime") if out["scrubbed"] else None
             elif req.get("op") == "dop":  # for an action that is not running (any more)
                 out = {"applied": False}

@@ -236,7 +236,7 @@ def verify(
 ) -> tuple[bool, str]:
     """(passed, why not): run the test against the user process behind `conn`. With
     `trusted_path`, imports come from there and otherwise from the user process. `compiled`:
-    `assert_code` compiled already (by the runner, `proc.assert_payload`)."""
+    `assert_code` compiled already (by the runner, `launch.assert_payload`)."""
     lines = assert_code.splitlines()
     if compiled is not None:
         code = compiled

@@ -97,7 +97,7 @@ def test_a_killed_verifier_counts_as_dying_only_while_it_holds_its_pid(zygote: Z
     next prune (its pidfd tells its end: the seed that forked it sends no exit reports)."""
     import time
 
-    from tangram_runner.proc import verifier_spec
+    from tangram_runner.launch import verifier_spec
 
     pool = zygote.verifiers
     v = pool.get(verifier_spec({"uid": 10001, "workdir": "/", "nofile": 64}))
@@ -118,7 +118,7 @@ def test_verifiers_are_forked_by_a_seed_and_die_with_it(zygote: Zygote) -> None:
     the next verifier comes from a new seed."""
     import time
 
-    from tangram_runner.proc import verifier_spec
+    from tangram_runner.launch import verifier_spec
 
     def ppid(pid: int) -> int:
         with open(f"/proc/{pid}/stat") as f:

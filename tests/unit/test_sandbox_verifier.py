@@ -16,7 +16,7 @@ import pytest
 
 from tangram_runner import proxy
 from tangram_runner.codec import encode, recv_msg, send_msg
-from tangram_runner.proc import (
+from tangram_runner.launch import (
     MAX_RUNNER_COMPILE,
     TEST_FILENAME,
     assert_payload,
@@ -47,7 +47,7 @@ def user_code_patches_nothing_of_this_process() -> Iterator[None]:
 @pytest.fixture(autouse=True, params=["verifier", "runner"])
 def compiled_by(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every verdict twice: the verifier compiles the test's code itself, or gets it compiled
-    by the runner (`proc.assert_payload`, marshalled as the job's memfd carries it)."""
+    by the runner (`launch.assert_payload`, marshalled as the job's memfd carries it)."""
     COMPILED_BY[0] = request.param
     yield request.param
     COMPILED_BY[0] = "verifier"
