@@ -10,9 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from tangram_celery.common.config_front import StrictModel
 
 if TYPE_CHECKING:
+    from scheduler.execution import TimeShareSpec
     from scheduler.policies.base import Policy
     from scheduler.policies.cpu_batch import CpuBatchSpec
-    from scheduler.policies.time_share import TimeShareSpec
 
 
 class PriorConfig(StrictModel):
@@ -92,7 +92,7 @@ class TimeShareConfig(StrictModel):
 
     def spec(self) -> TimeShareSpec | None:
         """The round's bounds (None when off)."""
-        from scheduler.policies.time_share import TimeShareSpec
+        from scheduler.execution import TimeShareSpec
 
         if not self.enabled:
             return None
