@@ -81,11 +81,6 @@ class StoreBase:
             getattr(pipe, call.method)(*call.args, **call.kwargs)
         return list(pipe.execute(raise_on_error=raise_on_error))
 
-    def run_all(self, what: str, calls: Sequence[Call[T]]) -> list[T]:
-        """`calls` in one round trip (retried while Redis is unreachable), each reply read."""
-        replies = self.retrying(what, lambda: self.send_all(calls))
-        return [call.parse(rep) for call, rep in zip(calls, replies, strict=True)]
-
     def ping(self) -> None:
         try:
             self.r.ping()
