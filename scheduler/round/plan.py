@@ -121,21 +121,7 @@ class Round:
         if allocs and self.max_batch is not None:
             out.riders = riders(allocs, queue, self.max_batch)
         if self.cpu_batch is not None and self.observed is not None:
-            # riders of this round's allocations, or queued behind a batch near its end (or
-            # behind a short action alone on its cores: the first of a burst)
-            self._short_leads = {aid: None for aid in self._short_leads if aid in state.running}
-            cpu = cpu_riders(
-                allocs,
-                ordered,
-                queue,
-                state,
-                self.cpu_batch,
-                self.observed,
-                now_s,
-                self._short_leads,
-            )
-            for a, _ in short_leads(allocs, queue, self.cpu_batch, self.observed):
-                self._short_leads[a.action_id] = None
+            cpu = self._cpu_riders(allocs, ordered, queue, state, now_s, self.cpu_batch, self.observed)
             if cpu:
                 out.riders += cpu
                 out.decision_s = time.perf_counter() - t0
@@ -149,8 +135,31 @@ class Round:
             out.warm = self.warm(out.started, queue, state, now_s)
         if out.lends or out.warm:
             out.decision_s = time.perf_counter() - t0  # loans and placements are decisions too
-        if not out.started:
-            return out
+        if out.started:
+            self._settle(out, queue, state, now_s)
+        return out
+
+    def _cpu_riders(
+        self,
+        allocs: list[Allocation],
+        ordered: WaitingQueue | list[QueuedAction],
+        queue: WaitingQueue,
+        state: ClusterState,
+        now_s: float,
+        spec: CpuBatchSpec,
+        observed: Observed,
+    ) -> list[Allocation]:
+        """Riders of this round's allocations, or queued behind a batch near its end (or behind
+        a short action alone on its cores: the first of a burst); remembers the short leads."""
+        self._short_leads = {aid: None for aid in self._short_leads if aid in state.running}
+        cpu = cpu_riders(allocs, ordered, queue, state, spec, observed, now_s, self._short_leads)
+        for a, _ in short_leads(allocs, queue, spec, observed):
+            self._short_leads[a.action_id] = None
+        return cpu
+
+    def _settle(self, out: RoundPlan, queue: WaitingQueue, state: ClusterState, now_s: float) -> None:
+        """What the round's starts entail: their jobs' shares, the trajectories they evict,
+        the GPU loads of the allocations."""
         if self.fair is not None:
             for a in out.started:
                 self._job_of[a.action_id] = queue.action(a.action_id).job_id
@@ -158,8 +167,7 @@ class Round:
             for tid in a.evict:
                 out.evicted[tid] = a.pool
         if state.gpu_cache and self.execution.gpu_residency is not GpuResidency.NONE:
-            out.gpu_loads = gpu_loads(allocs, queue, state, now_s, self.execution.gpu_residency)
-        return out
+            out.gpu_loads = gpu_loads(out.allocs, queue, state, now_s, self.execution.gpu_residency)
 
     def warm(
         self, started: list[Allocation], queue: WaitingQueue, state: ClusterState, now_s: float

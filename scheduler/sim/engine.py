@@ -36,7 +36,7 @@ from scheduler.policies.malleable import idle_while_malleable
 from scheduler.policies.time_share import oversubscribed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool
-from scheduler.round import FairShareSpec, Round
+from scheduler.round import FairShareSpec, Round, RoundPlan
 from scheduler.sim.cpu_exec import CpuExecution
 from scheduler.sim.cpu_share import SharedNode
 from scheduler.sim.gpu_exec import GpuExecution
@@ -214,6 +214,14 @@ class Simulator(CpuExecution, GpuExecution):
         plan = self.round.plan(self.queue, self.state, now)
         self.result.decision_s.append(plan.decision_s)
         self.result.queue_len.append(len(self.queue))
+        self._carry_out(now, plan)
+        self._check(now)
+        self._wake_for_quota(now)
+        return False
+
+    def _carry_out(self, now: float, plan: RoundPlan) -> None:
+        """Carry a round's plan out in its order (`RoundPlan`): allocations (a GPU one with its
+        riders), CPU riders queued behind their leaders, loans, sharers, warm restores."""
         lead = {(a.kind, a.pool, a.unit_ids): a.action_id for a in plan.allocs}
         behind: list[Allocation] = []
         for r in plan.riders:
@@ -235,8 +243,9 @@ class Simulator(CpuExecution, GpuExecution):
             self._start_sharer(now, self.queue.pop(r.action_id), r)
         for load in plan.warm:
             self._warm(now, load)
-        self._check(now)
-        # Quota refills are not events: wake up when the head of each API pool's line fits.
+
+    def _wake_for_quota(self, now: float) -> None:
+        """Quota refills are not events: wake up when the head of each API pool's line fits."""
         seen: set[str] = set()
         for qa in self.queue.values() if self.state.api else ():
             if qa.cost.key is ResourceKind.API and qa.target in self.state.api:
@@ -248,7 +257,6 @@ class Simulator(CpuExecution, GpuExecution):
                     self._wake(nxt)
                 if len(seen) == len(self.state.api):
                     break
-        return False
 
     def _check(self, now: float) -> None:
         """Debug mode: assert work conservation after a round (see the module doc)."""
