@@ -195,15 +195,7 @@ def rest_estimate_s(
     is `unit_heap` of further busy allocations (the pool's running ones, shared by every call
     of a round), to which `busy` is added.
     """
-    if base_heap is None:
-        heap = unit_heap(busy)
-    elif 4 * len(busy) < len(base_heap):  # a few more on a big heap: push them
-        heap = list(base_heap)
-        for e, u in busy:
-            for _ in range(u):
-                heapq.heappush(heap, e)
-    else:
-        heap = unit_heap(busy, base_heap)
+    heap = _busy_heap(busy, base_heap)
     free = capacity - len(heap)
     t_s = now_s
     total_s = 0.0
@@ -245,6 +237,19 @@ def rest_estimate_s(
             push(heap, end_s)
         total_s += end_s - now_s
     return total_s
+
+
+def _busy_heap(busy: Sequence[Busy], base_heap: list[float] | None) -> list[float]:
+    """`unit_heap` of `busy`, on top of `base_heap` when given (a copy)."""
+    if base_heap is None:
+        return unit_heap(busy)
+    if 4 * len(busy) < len(base_heap):  # a few more on a big heap: push them
+        heap = list(base_heap)
+        for e, u in busy:
+            for _ in range(u):
+                heapq.heappush(heap, e)
+        return heap
+    return unit_heap(busy, base_heap)
 
 
 def unit_heap(busy: Sequence[Busy], more: Sequence[float] = ()) -> list[float]:
