@@ -2,6 +2,10 @@
 
 Nothing in this package does I/O, except `scheduler.service` (the live control loop) and
 the simulator's trace files. Policies are pure functions of (queue, cluster state, now).
+
+Imports go one way: the core modules here (model, resources, queue, execution, ...) <-
+`scheduler.policies` <- `scheduler.round` (the round around a policy) <- `scheduler.sim` and
+`scheduler.service` (its two executors).
 """
 
 from scheduler.model import (

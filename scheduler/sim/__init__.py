@@ -1,8 +1,8 @@
 """Trace-driven discrete-event simulator: the same policy objects, simulated time.
 
 `scenarios` generates workloads (coding, MOPD, DeepSearch), `cluster` holds the testbed shapes
-and execution costs, `engine.Simulator` runs one policy over one scenario, `trace` records and
-replays workloads as JSONL. Assumptions: docs/simulator.md.
+and execution costs, `engine.Simulator` runs one policy over one scenario (its CPU and GPU
+execution in `cpu_exec` and `gpu_exec`), `trace` records and replays workloads as JSONL. Assumptions: docs/simulator.md.
 """
 
 from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
