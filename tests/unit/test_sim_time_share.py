@@ -10,9 +10,9 @@ import pytest
 
 from scheduler.duration import Amdahl
 from scheduler.estimator import DurationEstimator
+from scheduler.execution import TimeShareSpec
 from scheduler.model import ResourceKind
 from scheduler.policies import get_policy
-from scheduler.execution import TimeShareSpec
 from scheduler.sim.engine import Simulator
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores

@@ -10,10 +10,10 @@ from collections.abc import Callable
 import pytest
 
 from scheduler.duration import Amdahl
+from scheduler.execution import TimeShareSpec
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.policies import TangramFast
 from scheduler.policies.common import busy_by_pool
-from scheduler.execution import TimeShareSpec
 from scheduler.policies.time_share import core_share, narrowest_host, oversubscribed
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
