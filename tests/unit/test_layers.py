@@ -231,3 +231,13 @@ def test_importing_the_floor_loads_no_roof_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_product_file_is_over_450_lines() -> None:
+    """A module over 450 lines is doing more than one job: split it (STYLE.md, "small modules")."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in modules().values()
+        if (n := len(path.read_text().splitlines())) > 450
+    }
+    assert not long, long
