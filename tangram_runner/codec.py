@@ -153,10 +153,7 @@ class _Decoder:
         tag = self.data[pos]
         self.pos = pos + 1
         if tag == _S:
-            try:
-                return self._take(self._u32()).decode("utf-8", "surrogatepass")
-            except UnicodeDecodeError as e:
-                raise CodecError(f"bad text: {e}") from None
+            return self._text()
         if tag == _I:
             return int.from_bytes(self._take(self._u32()), "little", signed=True)
         if tag == _N:
@@ -178,16 +175,29 @@ class _Decoder:
         if tag == _B:
             return self._take(self._u32())
         if tag == _D:
-            n = self._count()
-            d = {}
-            for _ in range(n):
-                k = self.value(depth + 1)
-                v = self.value(depth + 1)
-                try:
-                    d[k] = v
-                except TypeError as e:
-                    raise CodecError(f"unhashable dict key: {e}") from None
-            return d
+            return self._dict(depth)
+        return self._items(tag, depth)
+
+    def _text(self) -> str:
+        try:
+            return self._take(self._u32()).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise CodecError(f"bad text: {e}") from None
+
+    def _dict(self, depth: int) -> dict[Any, Any]:
+        n = self._count()
+        d = {}
+        for _ in range(n):
+            k = self.value(depth + 1)
+            v = self.value(depth + 1)
+            try:
+                d[k] = v
+            except TypeError as e:
+                raise CodecError(f"unhashable dict key: {e}") from None
+        return d
+
+    def _items(self, tag: int, depth: int) -> Any:
+        """A list, tuple, set or frozenset (`_KINDS`)."""
         kind = _KINDS.get(tag)
         if kind is None:
             raise CodecError(f"unknown tag {bytes([tag])!r}")

@@ -63,7 +63,7 @@ class Connections:
     (`tangram_celery.sandbox.link.RunnerLink`) and opens others for one request each. A
     connection is read only between requests, one whole request at a time, and answered on
     itself; it stays open until the host closes it (the runner never closes one the host may
-    have sent a request on). Only root can connect (see `runner.serve`)."""
+    have sent a request on). Only root can connect (see `loop.serve`)."""
 
     def __init__(self, srv: socket.socket) -> None:
         self.srv = srv

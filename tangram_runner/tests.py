@@ -46,7 +46,6 @@ def run_tests(
     once; the host may change it while they run (`act.dop`, `control`): each case still
     runs exactly once."""
     cases = req["test_cases"]
-    lang = req["language"]
     results: list[dict[str, Any] | None] = [None] * len(cases)
     slots: dict[int, _Slot] = {}  # pid -> slot
     running: set[_Slot] = set()
@@ -59,19 +58,11 @@ def run_tests(
 
     while nxt < len(cases) or running:
         while len(running) < act.dop and nxt < len(cases):
-            case, idx = cases[nxt], nxt
+            idx = nxt
             nxt += 1
-            if case.get("assert_code") is not None:
-                if lang != "python":
-                    results[idx] = _fail(case, "assert_code tests need language python")
-                    continue
-                slot = _start_assert(req, act, idx, case, code_fd, trusted_path)
-            else:
-                py = PYTHON_UNIT if lang == "python" else None
-                user = act.spawn(idx, case.get("stdin"), argv=argv, python=py, code_fd=code_fd)
-                slot = _Slot(idx, user)
-            if slot.user is None:
-                results[idx] = _fail(case, f"could not start: {act.spawn_error}")
+            slot = _start_case(req, act, idx, cases[idx], code_fd, trusted_path, argv)
+            if not isinstance(slot, _Slot):  # it could not start: its outcome
+                results[idx] = slot
                 continue
             if idx == 0:
                 first = slot.user
@@ -96,6 +87,29 @@ def run_tests(
     why = "timeout" if act.timed_out else "output limit" if act.output_capped else "not run"
     out = [r or _fail(c, why) for r, c in zip(results, cases, strict=True)]
     return out, first
+
+
+def _start_case(
+    req: dict,
+    act: Action,
+    idx: int,
+    case: dict[str, Any],
+    code_fd: int | None,
+    trusted_path: list[str],
+    argv: list[str] | None,
+) -> _Slot | dict[str, Any]:
+    """Start test case `idx`: its slot, or its outcome when it cannot run."""
+    lang = req["language"]
+    if case.get("assert_code") is not None:
+        if lang != "python":
+            return _fail(case, "assert_code tests need language python")
+        slot = _start_assert(req, act, idx, case, code_fd, trusted_path)
+    else:
+        py = PYTHON_UNIT if lang == "python" else None
+        slot = _Slot(idx, act.spawn(idx, case.get("stdin"), argv=argv, python=py, code_fd=code_fd))
+    if slot.user is None:
+        return _fail(case, f"could not start: {act.spawn_error}")
+    return slot
 
 
 def _fail(case: dict, detail: str) -> dict[str, Any]:

@@ -79,37 +79,7 @@ def serve_jobs(warm: bool = False) -> None:
         if dirty:  # put back what the previous job changed, before this one (see below)
             clean.restore()
         dirty = True
-        rpc, record, job_out, job_err, code_fd = fds
-        os.dup2(job_out, 1)
-        os.dup2(job_err, 2)
-        os.close(job_out)
-        os.close(job_err)
-        sys.stdout, sys.stderr = out, err
-        passed, detail = False, ""
-        sock = socket.socket(fileno=rpc)
-        try:
-            job = json.loads(msg)
-            trusted = [str(p) for p in job["trusted_path"]]
-            if job.get("compiled"):  # (source, code object), compiled by the runner
-                source, compiled = marshal.loads(child.read_bytes(code_fd))
-                passed, detail = verify(Conn(sock), source, trusted, compiled)
-            else:
-                passed, detail = verify(Conn(sock), child.read_all(code_fd), trusted)
-        except BaseException as e:
-            detail = f"verifier error: {e!r}"
-            job = {}
-        for stream in (out, err, sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os.write(record, b"PASS" if passed else b"FAIL" + detail.encode("utf-8", "replace")[:4000])
-        for fd in (record, code_fd):
-            os.close(fd)
-        sock.close()
-        os.dup2(null, 1)  # the job's output pipes close here: the runner sees their end
-        os.dup2(null, 2)
-        sys.stdin, sys.stdout, sys.stderr = clean.streams
+        job = _judge(msg, fds, null, out, err, clean.streams)
         last = n == MAX_JOBS - 1 or rss_mb() > MAX_RSS_MB
         try:
             ctl.send(json.dumps({"done": job.get("job"), **({"last": True} if last else {})}).encode())
@@ -118,6 +88,43 @@ def serve_jobs(warm: bool = False) -> None:
         if last:
             break
     os._exit(0)
+
+
+def _judge(msg: bytes, fds: list[int], null: int, out: Any, err: Any, streams: Any) -> dict[str, Any]:
+    """One job (`serve_jobs`): its verdict written to its record, its descriptors closed and the
+    standard streams put back (`streams`: the pristine ones); returns the job's message."""
+    rpc, record, job_out, job_err, code_fd = fds
+    os.dup2(job_out, 1)
+    os.dup2(job_err, 2)
+    os.close(job_out)
+    os.close(job_err)
+    sys.stdout, sys.stderr = out, err
+    passed, detail = False, ""
+    sock = socket.socket(fileno=rpc)
+    try:
+        job = json.loads(msg)
+        trusted = [str(p) for p in job["trusted_path"]]
+        if job.get("compiled"):  # (source, code object), compiled by the runner
+            source, compiled = marshal.loads(child.read_bytes(code_fd))
+            passed, detail = verify(Conn(sock), source, trusted, compiled)
+        else:
+            passed, detail = verify(Conn(sock), child.read_all(code_fd), trusted)
+    except BaseException as e:
+        detail = f"verifier error: {e!r}"
+        job = {}
+    for stream in (out, err, sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os.write(record, b"PASS" if passed else b"FAIL" + detail.encode("utf-8", "replace")[:4000])
+    for fd in (record, code_fd):
+        os.close(fd)
+    sock.close()
+    os.dup2(null, 1)  # the job's output pipes close here: the runner sees their end
+    os.dup2(null, 2)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    return job
 
 
 def rss_mb() -> float:

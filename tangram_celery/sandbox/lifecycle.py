@@ -222,7 +222,7 @@ class SandboxLifecycle(ABC):
 
     def _wait_ready(self, h: Handle, prime: bool = False) -> None:
         """Until the runner answers; with `prime` (a ready sandbox), it first starts a verifier
-        and runs one test of its own through it (`runner._prime`)."""
+        and runs one test of its own through it (`tangram_runner.loop._prime`)."""
         ping = {"op": "ping", **(self._prime() if prime else {})}
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
