@@ -19,6 +19,8 @@ from tangram_celery.client.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.client.sync import AnyAction
 from tangram_celery.common.actions import (
     COMPILED_LANGUAGES,
+    ID_PATTERN,
+    JOB_PATTERN,
     MAX_CODE_BYTES,
     ApiAction,
     CodeAction,
@@ -28,7 +30,7 @@ from tangram_celery.common.actions import (
 )
 from tangram_celery.common.errors import ActionRejected, AdmissionError, ResultTimeout
 from tangram_celery.common.wire import ActionResult
-from tangram_celery.web.sandbox_models import ID_PATTERN, Capabilities
+from tangram_celery.web.sandbox_models import Capabilities
 
 router = APIRouter(prefix="/tangram/v1", tags=["tangram"])
 ActionId = Annotated[str, Path(pattern=ID_PATTERN)]
@@ -65,7 +67,7 @@ def to_action(body: CodeBody | RewardBody | ApiBody, trajectory_id: str | None) 
 
 
 class Case(_Body):
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="default case-<index>")
+    name: str | None = Field(None, pattern=ID_PATTERN, description="default case-<index>")
     stdin: str | None = None
     expected_stdout: str | None = Field(None, description="compared line by line, trailing spaces ignored")
     assert_code: str | None = Field(None, description="Python: run after the code; passes if it exits 0")
@@ -90,7 +92,7 @@ class RunTestsRequest(_Body):
         "sandbox.compile_memory_mb); default: the sandbox default",
     )
     trajectory_id: str | None = Field(None, pattern=ID_PATTERN)
-    job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    job_id: str = Field("default", pattern=JOB_PATTERN)
     priority: int = Field(0, ge=-100, le=100)
 
 

@@ -35,6 +35,7 @@ from tangram_celery.web.sandbox_models import (
     RunCodeRequest,
     RunCodeResponse,
     RunStatus,
+    TangramExtras,
     TangramInfo,
 )
 
@@ -60,9 +61,7 @@ def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -
         "binary_files": {path: b64 for path, b64 in req.files.items() if b64 is not None},
         "fetch_files": list(req.fetch_files),
         "memory_mb": req.memory_limit_MB if req.memory_limit_MB > 0 else default_memory_mb,
-        "cpus": req.cpus,
-        "job_id": req.job_id,
-        "priority": req.priority,
+        **req.model_dump(include=set(TangramExtras.model_fields)),
         **phase_limits(req.language, req.compile_timeout, req.run_timeout),
     }
     return CodeAction(**fields)

@@ -13,9 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tangram_celery.common.actions import MAX_CODE_BYTES
-
-ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+from tangram_celery.common.actions import ID_PATTERN, JOB_PATTERN, MAX_CODE_BYTES
 
 
 class CommandRunStatus(StrEnum):
@@ -41,7 +39,18 @@ class CommandRunResult(BaseModel):
     stderr: str | None = None
 
 
-class RunCodeRequest(BaseModel):
+class TangramExtras(BaseModel):
+    """The request fields of `/run_code` that SandboxFusion has not (its clients never send them).
+
+    Each is a field of `CodeAction` of the same name and meaning, and reaches it by name
+    (`sandbox_fusion.to_action`): a new one is declared here and nowhere else in the HTTP layer."""
+
+    cpus: int | str = Field(1, description="Tangram: cores, an int or an elastic range 'min..max'")
+    job_id: str = Field("default", pattern=JOB_PATTERN, description="Tangram: training job")
+    priority: int = Field(0, ge=-100, le=100, description="Tangram: job priority")
+
+
+class RunCodeRequest(TangramExtras):
     model_config = ConfigDict(extra="ignore")
 
     code: str = Field(max_length=MAX_CODE_BYTES, description="the code to run")
@@ -71,16 +80,12 @@ class RunCodeRequest(BaseModel):
         description="paths returned base64 in `files` after the run (relative to the workdir, or "
         "under /work or /tmp; missing files are left out)",
     )
-    # Tangram's extras (SandboxFusion has none of them; its clients never send them)
     trajectory_id: str | None = Field(
         None,
         pattern=ID_PATTERN,
         description="Tangram: keep the sandbox (files) across calls of one trajectory; without it "
         "the call is a one-shot action",
     )
-    cpus: int | str = Field(1, description="Tangram: cores, an int or an elastic range 'min..max'")
-    job_id: str = Field("default", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Tangram: training job")
-    priority: int = Field(0, ge=-100, le=100, description="Tangram: job priority")
 
 
 class TangramInfo(BaseModel):
