@@ -8,6 +8,7 @@ namely every service's command against the real CLI parser, the config against t
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,9 @@ def test_compose_security_defaults() -> None:
 def test_the_dockerfile_copies_every_package_the_project_installs() -> None:
     """Given pyproject's package list, then the image build copies each of them."""
     text = (ROOT / "compose" / "Dockerfile").read_text()
-    for pkg in ("tangram_celery", "scheduler", "reward_servers", "requirements", "configs"):
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]]
+    assert "tangram_runner" in packages
+    for pkg in (*packages, "requirements", "configs"):
         assert f"COPY {pkg} " in text, pkg
     assert 'ENTRYPOINT ["tangram"]' in text
