@@ -7,7 +7,8 @@ the result; `SandboxError` is raised only when the backend itself is broken.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from tangram_celery.common.actions import ActionStatus, CodeAction, PhaseOutcome, TestCase, TestOutcome
@@ -63,17 +64,7 @@ class ExecRequest:
         job when `verifier_scope` (`SandboxConfig.verifier_scope`) is "job"."""
         sandbox = order.sandbox or SandboxOrder()
         return cls(
-            language=action.language,
-            code=action.code,
-            files=dict(action.files),
-            binary_files=dict(action.binary_files),
-            fetch_files=list(action.fetch_files),
-            test_command=action.test_command,
-            test_cases=list(action.test_cases),
-            stdin=action.stdin,
-            timeout_s=action.timeout_s,
-            compile_timeout_s=action.compile_timeout_s,
-            memory_mb=action.memory_mb,
+            **{name: copy.copy(getattr(action, name)) for name in _FROM_ACTION},
             cores=tuple(order.unit_ids) if cores is None else cores,
             sandbox_gen=sandbox.gen,
             new_sandbox=sandbox.new,
@@ -81,6 +72,12 @@ class ExecRequest:
             cpu_weight=order.cpu_weight if order.shares else None,
             verifier_group=f"job:{action.job_id}" if verifier_scope == "job" else "",
         )
+
+
+# The request's fields that are the action's own, copied by name (shallow copies: the worker's
+# action stays as it was): a field of CodeAction that the sandbox needs is declared once more
+# here, under the same name, and nothing else changes on its way.
+_FROM_ACTION = tuple(f.name for f in fields(ExecRequest) if f.name in CodeAction.model_fields)
 
 
 @dataclass

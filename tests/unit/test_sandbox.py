@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,29 @@ def test_exec_request_of_an_action_and_its_order() -> None:
     assert (req.action_id, req.sandbox_gen, req.new_sandbox, req.cpu_weight) == ("a1", "g2", True, 0.5)
     assert req.verifier_group == "" and ExecRequest.of(action, order, (7,), "job").verifier_group == "job:j"
     assert ExecRequest.of(action, order, (7,)).cores == (7,)
+
+
+def test_exec_request_takes_every_field_it_shares_with_the_action_by_name() -> None:
+    """Given an action with files, tests and stdin, when made a request, then every field the
+    request declares under an action's field name holds the action's value, and changing the
+    request's containers leaves the action as it was."""
+    from tangram_celery.common.actions import CodeAction, TestCase
+    from tangram_celery.common.wire import TaskOrder
+
+    action = CodeAction(
+        trajectory_id="t",
+        language="c",
+        code="int main(){}",
+        files={"a.txt": "x"},
+        fetch_files=["a.txt"],
+        test_cases=[TestCase(name="c1", stdin="1", expected_stdout="1")],
+        stdin="in",
+        compile_timeout_s=4,
+    )
+    req = ExecRequest.of(action, TaskOrder(action_id="a", kind="cpu", pool="p", units=1, unit_ids=(0,)))
+    shared = [f.name for f in dataclasses.fields(ExecRequest) if f.name in CodeAction.model_fields]
+    assert len(shared) == 11
+    assert all(getattr(req, name) == getattr(action, name) for name in shared)
+    req.files["b.txt"] = "y"
+    req.test_cases.clear()
+    assert action.files == {"a.txt": "x"} and len(action.test_cases) == 1
