@@ -31,16 +31,17 @@ MAX_REQUEST_B = 4096
 READ_TIMEOUT_S = 1.0
 
 
-def apply_dop(act: Any, req: dict[str, Any]) -> dict[str, Any]:
-    """Change the running action's DoP to the number of cores `req` names (see the module doc)."""
-    key = act.req.get("key") if act is not None else None
-    if not key or req.get("key") != key:
+def apply_dop(act: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    """Change the running action's DoP to the number of cores `msg` (the host's "dop" message)
+    names (see the module doc)."""
+    key = act.req.key if act is not None else None
+    if not key or msg.get("key") != key:
         return {"applied": False}
-    cores = [int(c) for c in req.get("cores", [])]
+    cores = [int(c) for c in msg.get("cores", [])]
     if not cores:
         return {"applied": False, "error": "no cores"}
     act.dop = len(cores)
-    act.req["cores"] = cores  # without cgroups, new processes pin themselves to these
+    act.req = act.req._replace(cores=cores)  # without cgroups, new processes pin to these
     return {"applied": True, "dop": act.dop}
 
 
@@ -109,10 +110,10 @@ class Control:
                     if not chunk:
                         break
                     data += chunk
-                req = json.loads(data)
-                if req.get("op") == "dop":
-                    out = apply_dop(self.act, req)
-                elif req.get("op") == "ping":
+                msg = json.loads(data)
+                if msg.get("op") == "dop":
+                    out = apply_dop(self.act, msg)
+                elif msg.get("op") == "ping":
                     out = {"pong": True}
                 else:
                     out = {"runner_error": "busy: an action is running"}

@@ -21,9 +21,12 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_runner.langs import unit
+
+if TYPE_CHECKING:
+    from tangram_runner.protocol import RunRequest, Seat
 
 DISK_SLACK_B = 256 * 1024  # a workdir with less free space than this counts as full
 INODE_SLACK = 16  # ... and one with fewer free inodes than this
@@ -35,11 +38,11 @@ class PlantedLink(OSError):
     """A link (or other non-directory) where a directory of a `files` path must be."""
 
 
-def reset_tops(req: dict) -> None:
+def reset_tops(seat: Seat) -> None:
     """The workdir and /tmp back to their owner and mode (user code may have chmod'ed them).
     Both are mount points, never links."""
-    uid = int(req["uid"])
-    for path, mode in ((req["workdir"], 0o755), ("/tmp", 0o1777)):
+    uid = int(seat.uid)
+    for path, mode in ((seat.workdir, 0o755), ("/tmp", 0o1777)):
         try:
             os.chown(path, uid, uid, follow_symlinks=False)
             os.chmod(path, mode)
@@ -47,21 +50,21 @@ def reset_tops(req: dict) -> None:
             pass
 
 
-def write_files(req: dict) -> str | None:
+def write_files(req: RunRequest, seat: Seat) -> str | None:
     """Write `files`, `binary_files` and the code unit into the workdir, owned by the sandbox
     user. Returns why one could not be written (a user-caused failure: a link or a file where a
     directory of the path must be, a directory where the file goes), or None."""
     files: dict[str, bytes] = {
-        rel: text.encode("utf-8", "surrogatepass") for rel, text in (req.get("files") or {}).items()
+        rel: text.encode("utf-8", "surrogatepass") for rel, text in (req.files or {}).items()
     }
-    for rel, b64 in (req.get("binary_files") or {}).items():
+    for rel, b64 in (req.binary_files or {}).items():
         files[rel] = base64.b64decode(b64)
-    if req.get("code") is not None:
-        files[unit(req["language"], req["code"])] = req["code"].encode("utf-8", "surrogatepass")
-    uid = int(req["uid"])
+    if req.code is not None:
+        files[unit(req.language, req.code)] = req.code.encode("utf-8", "surrogatepass")
+    uid = int(seat.uid)
     for rel, content in files.items():
         try:
-            _write_at(req["workdir"], rel.split("/"), content, uid)
+            _write_at(seat.workdir, rel.split("/"), content, uid)
         except PlantedLink as e:
             return f"cannot write files entry {rel!r}: {e}"
         except OSError as e:
@@ -116,16 +119,16 @@ def _replace(dirfd: int, name: str) -> int:
     return os.open(name, _WRITE_FLAGS | os.O_EXCL, 0o644, dir_fd=dirfd)
 
 
-def fetch_files(req: dict) -> dict[str, str]:
+def fetch_files(req: RunRequest, seat: Seat) -> dict[str, str]:
     """{path: base64} of the requested files, read after every process of the action is gone:
     only regular files owned by the sandbox user, resolved inside the workdir or /tmp, opened
     without following a final link; a missing file, anything else, or what exceeds
     `max_fetch_bytes` in all is left out."""
     out: dict[str, str] = {}
-    budget = int(req.get("max_fetch_bytes", 16 << 20))
-    roots = tuple(os.path.realpath(r) + os.sep for r in (req["workdir"], "/tmp"))
-    for name in req["fetch_files"]:
-        path = os.path.realpath(os.path.join(req["workdir"], name))
+    budget = int(req.max_fetch_bytes)
+    roots = tuple(os.path.realpath(r) + os.sep for r in (seat.workdir, "/tmp"))
+    for name in req.fetch_files:
+        path = os.path.realpath(os.path.join(seat.workdir, name))
         if not path.startswith(roots):
             continue
         try:
@@ -134,7 +137,7 @@ def fetch_files(req: dict) -> dict[str, str]:
             continue
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != int(req["uid"]) or st.st_size > budget:
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != int(seat.uid) or st.st_size > budget:
                 continue
             data = os.read(fd, st.st_size + 1)
             if len(data) > budget:
@@ -146,13 +149,13 @@ def fetch_files(req: dict) -> dict[str, str]:
     return out
 
 
-def inode_marks(req: dict) -> dict[str, tuple[int, int]]:
+def inode_marks(seat: Seat) -> dict[str, tuple[int, int]]:
     """(device, inode number) of an unnamed file created now in the workdir and in /tmp. Both
     are tmpfs mounts, which number inodes from a per-mount counter that only grows: a larger
     number on the same device is a file created later. This needs no clock (a stepped wall clock
     would make an mtime test delete older files), and O_TMPFILE has no name to plant a link at."""
     marks = {}
-    for top in (req["workdir"], "/tmp"):
+    for top in (seat.workdir, "/tmp"):
         try:
             fd = os.open(top, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
         except OSError:  # full already: every file there predates this action
@@ -166,7 +169,7 @@ def inode_marks(req: dict) -> dict[str, tuple[int, int]]:
     return marks
 
 
-def roll_back(req: dict, marks: dict[str, tuple[int, int]], since: float) -> list[str]:
+def roll_back(seat: Seat, marks: dict[str, tuple[int, int]], since: float) -> list[str]:
     """Once the action filled the quota (space or inodes), delete what it created (files, links,
     directories), so the trajectory can go on. Only if that frees too little, older files it
     wrote to since it started go too, largest first. Returns the removed paths."""
@@ -185,7 +188,7 @@ def roll_back(req: dict, marks: dict[str, tuple[int, int]], since: float) -> lis
         if _remove(os.rmdir, d):
             removed.append(d)
     for _size, path in sorted(grown, reverse=True):
-        if not disk_full(req):
+        if not disk_full(seat):
             break
         if _remove(os.unlink, path):
             removed.append(path)
@@ -220,9 +223,9 @@ def _remove(remove: Any, path: str) -> bool:
     return True
 
 
-def disk_full(req: dict) -> bool:
+def disk_full(seat: Seat) -> bool:
     """Is /work or /tmp (nearly) out of space or inodes?"""
-    for path in (req["workdir"], "/tmp"):
+    for path in (seat.workdir, "/tmp"):
         try:
             st = os.statvfs(path)
         except OSError:

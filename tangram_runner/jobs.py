@@ -11,7 +11,7 @@ from typing import Any
 
 from tangram_runner import build, fs, langs, suite
 from tangram_runner.proc import Action, Proc, Zygote, code_memfd
-from tangram_runner.protocol import Facts, PhaseFacts, SuiteFacts, TestFacts
+from tangram_runner.protocol import Facts, PhaseFacts, RunRequest, Seat, SuiteFacts, TestFacts
 from tangram_runner.tests import run_tests
 
 _ENOSPC = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -43,22 +43,24 @@ def _wait_for(act: Action, proc: Proc | None) -> bool:
     return proc is not None
 
 
-def trusted_path(req: dict) -> list[str]:
+def trusted_path(req: RunRequest) -> list[str]:
     """Where the verifier imports from: the interpreter's own read-only directories and the
     host-provided tools, never the workdir or the user's site-packages."""
     import sys
 
-    return [p for p in sys.path if p.startswith("/usr/")] + list(req.get("pythonpath", []))
+    return [p for p in sys.path if p.startswith("/usr/")] + list(req.pythonpath)
 
 
-def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None = None) -> dict:
-    """Run one request (`protocol.RunRequest`, with the runner's `uid` and `workdir`) to
-    completion and return its facts (`protocol.Facts`, as sent); `control(act)` lets the host's
-    requests reach the action while it runs (`control`)."""
+def handle(
+    req: RunRequest, seat: Seat, zygote: Zygote, control: Callable[[Action], None] | None = None
+) -> dict:
+    """Run one request in the runner's `seat` to completion and return its facts
+    (`protocol.Facts`, as sent); `control(act)` lets the host's requests reach the action while
+    it runs (`control`)."""
     t_wall = time.time()
-    fs.reset_tops(req)
-    marks = fs.inode_marks(req)
-    act = Action(req, zygote)
+    fs.reset_tops(seat)
+    marks = fs.inode_marks(seat)
+    act = Action(req, seat, zygote)
     if control is not None:
         control(act)
     held: list[Any] = []  # descriptors and channels to close at the end
@@ -71,10 +73,10 @@ def handle(req: dict, zygote: Zygote, control: Callable[[Action], None] | None =
         build.end_action()  # failed or uncached builds (their compilers are gone now)
         for h in held:
             h.close() if isinstance(h, suite.Channel) else os.close(h)
-        if fs.disk_full(req):
-            facts = facts._replace(rolled_back=tuple(fs.roll_back(req, marks, t_wall)))
-        if req.get("fetch_files"):
-            facts = facts._replace(files=fs.fetch_files(req))
+        if fs.disk_full(seat):
+            facts = facts._replace(rolled_back=tuple(fs.roll_back(seat, marks, t_wall)))
+        if req.fetch_files:
+            facts = facts._replace(files=fs.fetch_files(req, seat))
     return facts.to_dict()
 
 
@@ -82,20 +84,48 @@ WARM_UP_CODE = "def f(x):\n    return [x, str(x)]\n"
 WARM_UP_TEST = "assert f(1) == [1, '1'] and len(f(2)) == 2"
 
 
-def warm_up(base: dict, zygote: Zygote) -> bool:
+def harness_request(**fields: Any) -> RunRequest:
+    """A request of the harness's own (`warm_up`, `proc.prime`): no code, files or tests, and
+    no limit but those in `fields`."""
+    bare = RunRequest(
+        language="python",
+        code=None,
+        tools={},
+        memory_mb=0,
+        compile_memory_mb=0,
+        files={},
+        binary_files={},
+        fetch_files=[],
+        max_fetch_bytes=0,
+        test_command=None,
+        test_cases=[],
+        stdin=None,
+        timeout_s=0.0,
+        compile_timeout_s=0.0,
+        cores=[],
+        nofile=0,  # the default (`launch.DEFAULT_NOFILE`)
+        max_output_bytes=0,
+        env={},
+        pythonpath=[],
+        key="",
+        verifier_group="",
+    )
+    return bare._replace(**fields)
+
+
+def warm_up(base: RunRequest, seat: Seat, zygote: Zygote) -> bool:
     """One assert test of the harness's own (no user's code, no file written) through a pooled
     verifier: starts one if none is idle, and takes the first-use costs of the runner, the
     zygote and the verifier (copy-on-write faults, cold paths) off the next occupant's first
     action. True when it passed."""
-    req = {
-        **base,
-        "language": "python",
-        "timeout_s": 10.0,
-        "max_output_bytes": 4096,
-        "cores": [],
-        "test_cases": [{"name": "warm-up", "assert_code": WARM_UP_TEST}],
-    }
-    act = Action(req, zygote)
+    req = base._replace(
+        language="python",
+        timeout_s=10.0,
+        max_output_bytes=4096,
+        cores=[],
+        test_cases=[{"name": "warm-up", "assert_code": WARM_UP_TEST}],
+    )
+    act = Action(req, seat, zygote)
     code_fd = code_memfd(act, WARM_UP_CODE, langs.UNITS["python"])
     try:
         tests, _ = run_tests(req, act, 1, code_fd, trusted_path(req), None)
@@ -109,22 +139,22 @@ def warm_up(base: dict, zygote: Zygote) -> bool:
     return bool(tests) and bool(tests[0]["passed"])
 
 
-def _run(req: dict, act: Action, held: list[Any]) -> Facts:
+def _run(req: RunRequest, act: Action, held: list[Any]) -> Facts:
     """One action, or one of its two phases: `phase` "compile" writes the files and compiles
     (its build held for the run), "run" runs what that compile built; absent, both (the host
     splits them when the compile gets more memory than the program: `pool._phases`)."""
     t0 = time.monotonic()
-    phase = req.get("phase")
-    lang, code = req["language"], req.get("code")
+    phase = req.phase
+    lang, code = req.language, req.code
     src = langs.unit(lang, code)
     if phase == "run":
-        built = build.take_held(str(req["key"]))
+        built = build.take_held(str(req.key))
         if built is None:
-            return _facts(req, act, t0, setup_error="the build of the compile phase is gone")
+            return _facts(act, t0, setup_error="the build of the compile phase is gone")
         return _run_phase(req, act, held, t0, src, None, built)
-    why = fs.write_files(req)
+    why = fs.write_files(req, act.seat)
     if why is not None:
-        return _facts(req, act, t0, setup_error=why)
+        return _facts(act, t0, setup_error=why)
     code_fd = None
     if lang == "python":  # without code, tests still run an (empty) main module
         code_fd = code_memfd(act, code or "", langs.UNITS["python"])
@@ -133,23 +163,20 @@ def _run(req: dict, act: Action, held: list[Any]) -> Facts:
     if lang in langs.COMPILED and code is not None:
         compile_out, built = _compile(req, act, src)
         if built is not None and phase == "compile":
-            build.hold(str(req["key"]), built)
-            return _facts(req, act, t0, compile_out=compile_out)
+            build.hold(str(req.key), built)
+            return _facts(act, t0, compile_out=compile_out)
         if built is None:
-            tests = [
-                {"name": c["name"], "passed": False, "detail": "compile failed"}
-                for c in req.get("test_cases", [])
-            ]
-            return _facts(req, act, t0, tests=tests, compile_out=compile_out, compile_failed=True)
-    elif lang in langs.COMPILED and req.get("test_cases"):
+            tests = [{"name": c["name"], "passed": False, "detail": "compile failed"} for c in req.test_cases]
+            return _facts(act, t0, tests=tests, compile_out=compile_out, compile_failed=True)
+    elif lang in langs.COMPILED and req.test_cases:
         why = f"{lang} test cases need code to compile"
-        tests = [{"name": c["name"], "passed": False, "detail": why} for c in req["test_cases"]]
-        return _facts(req, act, t0, tests=tests, setup_error=why)
+        tests = [{"name": c["name"], "passed": False, "detail": why} for c in req.test_cases]
+        return _facts(act, t0, tests=tests, setup_error=why)
     return _run_phase(req, act, held, t0, src, code_fd, built, compile_out)
 
 
 def _run_phase(
-    req: dict,
+    req: RunRequest,
     act: Action,
     held: list[Any],
     t0: float,
@@ -160,54 +187,54 @@ def _run_phase(
 ) -> Facts:
     """The run phase: the program (`src`, from `built` for a compiled language), its test
     cases or the test command, under the run's own time limit."""
-    lang, code = req["language"], req.get("code")
-    mem = int(req.get("memory_mb") or 512)
-    argv = langs.run_argv(lang, req.get("tools", {}), built, src, mem) if code is not None else None
-    act.set_deadline(float(req["timeout_s"]))  # the run phase's own limit starts now
-    dop = max(1, len(req["cores"]))
-    if req.get("test_command"):
-        cmd = req["test_command"]
+    lang, code = req.language, req.code
+    mem = int(req.memory_mb or 512)
+    argv = langs.run_argv(lang, req.tools, built, src, mem) if code is not None else None
+    act.set_deadline(float(req.timeout_s))  # the run phase's own limit starts now
+    dop = max(1, len(act.req.cores))  # the action's: a resize may have come during the compile
+    if req.test_command:
+        cmd = req.test_command
         channel = suite.Channel()
         held.append(channel)
         act.watch(channel.sock.fileno(), channel.on_readable)
-        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.get("pythonpath", []))]
-        main = act.spawn("command", req.get("stdin"), argv=argv, extra_fd=channel.child_fd)
+        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.pythonpath)]
+        main = act.spawn("command", req.stdin, argv=argv, extra_fd=channel.child_fd)
         _wait_for(act, main)
         channel.on_readable()  # what the last session sent just before it exited
         verdict = None
         if suite.mentions_pytest(cmd):
             verdict = suite.verdict(channel, main.returncode if main else None)
-        return _facts(req, act, t0, main=main, suite_verdict=verdict)
-    if req.get("test_cases"):
+        return _facts(act, t0, main=main, suite_verdict=verdict)
+    if req.test_cases:
         tests, first = run_tests(req, act, dop, code_fd, trusted_path(req), argv)
-        return _facts(req, act, t0, first=first, tests=tests, compile_out=compile_out)
+        return _facts(act, t0, first=first, tests=tests, compile_out=compile_out)
     if code is not None:
         py = langs.UNITS["python"] if lang == "python" else None
-        main = act.spawn("main", req.get("stdin"), argv=argv, python=py, code_fd=code_fd)
+        main = act.spawn("main", req.stdin, argv=argv, python=py, code_fd=code_fd)
         _wait_for(act, main)
-        return _facts(req, act, t0, main=main, compile_out=compile_out)
-    return _facts(req, act, t0, compile_out=compile_out)
+        return _facts(act, t0, main=main, compile_out=compile_out)
+    return _facts(act, t0, compile_out=compile_out)
 
 
-def _compile(req: dict, act: Action, src: str) -> tuple[dict[str, Any], str | None]:
+def _compile(req: RunRequest, act: Action, src: str) -> tuple[dict[str, Any], str | None]:
     """The compile phase under its own time limit: the compiler's outcome, and the sealed build
     directory (None when the compile failed). A build of the same program from the same files
     earlier in the trajectory is reused (`build`)."""
     t0 = time.monotonic()
-    lang, tools = req["language"], req.get("tools", {})
-    mem = int(req.get("compile_memory_mb") or req.get("memory_mb") or 512)
-    act.set_deadline(float(req.get("compile_timeout_s") or DEFAULT_COMPILE_TIMEOUT_S))
+    lang, tools = req.language, req.tools
+    mem = int(req.compile_memory_mb or req.memory_mb or 512)
+    act.set_deadline(float(req.compile_timeout_s or DEFAULT_COMPILE_TIMEOUT_S))
     try:
         argv = langs.compile_argv(lang, tools, src, "@BUILD", mem)
     except KeyError as e:  # the host sends the tools of every language it accepts
         out = {"exit_code": None, "stdout": "", "stderr": f"tangram: no {e} in this sandbox", "exec_s": 0.0}
         return {**out, "timed_out": False}, None
-    key = build.key(lang, argv, langs.compile_env(lang, "@BUILD"), (req["workdir"], "/tmp"))
+    key = build.key(lang, argv, langs.compile_env(lang, "@BUILD"), (act.seat.workdir, "/tmp"))
     hit = build.lookup(key)
     if hit is not None:
         out = {"exit_code": 0, "stdout": "", "stderr": "", "exec_s": time.monotonic() - t0}
         return {**out, "timed_out": False, "cached": True}, hit
-    where = build.new_dir(int(req["uid"]))
+    where = build.new_dir(int(act.seat.uid))
     argv = langs.compile_argv(lang, tools, src, where, mem)
     cc = act.spawn("compile", None, argv=argv, env=langs.compile_env(lang, where))
     if cc is not None:
@@ -227,7 +254,6 @@ def _compile(req: dict, act: Action, src: str) -> tuple[dict[str, Any], str | No
 
 
 def _facts(
-    req: dict,
     act: Action,
     t0: float,
     main: Proc | None = None,
@@ -261,7 +287,7 @@ def _facts(
         exec_s=time.monotonic() - t0,
         timed_out=act.timed_out,
         output_capped=act.output_capped,
-        disk_full=fs.disk_full(req) or any(s in all_err for s in _ENOSPC),
+        disk_full=fs.disk_full(act.seat) or any(s in all_err for s in _ENOSPC),
         killed=any(c == -signal.SIGKILL for c in codes),
         memory_error=any(s in all_err for s in _MEMERR),
         fork_failed=act.fork_failed or any(s in all_err for s in _FORKERR),

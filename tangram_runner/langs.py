@@ -2,8 +2,8 @@
 command (a phase of its own, under its own time limit, writing into a fresh build directory) and
 the command that runs it.
 
-Toolchain paths come from the host in `req["tools"]`, resolved there: /usr/bin/java, /usr/bin/cc
-and friends are links through /etc/alternatives, which the sandbox does not have. Every flag
+Toolchain paths come from the host in `RunRequest.tools`, resolved there: /usr/bin/java,
+/usr/bin/cc and friends are links through /etc/alternatives, which the sandbox does not have. Every flag
 that changes what is built is part of `compile_argv`, so it is part of the build cache's key.
 
 Per-language choices, and why:

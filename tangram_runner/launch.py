@@ -6,10 +6,13 @@ from __future__ import annotations
 import marshal
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_runner.forkserver import memfd
 from tangram_runner.verifiers import Verifier
+
+if TYPE_CHECKING:
+    from tangram_runner.protocol import RunRequest, Seat
 
 # what assert_code is compiled as: proxy.TEST_FILENAME (not imported here: the runner
 # does not need the proxies, and what it imports shapes the zygote's heap, forked from it)
@@ -18,24 +21,24 @@ MAX_RUNNER_COMPILE = 1 << 16  # characters of a program the runner compiles (`co
 DEFAULT_NOFILE = 1024
 
 
-def user_limits(req: dict) -> dict[str, Any]:
+def user_limits(req: RunRequest, seat: Seat) -> dict[str, Any]:
     """The limits every process of a request is spawned with (a user process's spec)."""
     # the cgroup cpuset binds the cores; only without cgroups (rlimit fallback) does each
     # process pin itself
-    cores = [int(c) for c in req.get("cores", [])] if req.get("rlimits") else []
+    cores = [int(c) for c in req.cores] if req.rlimits else []
     return {
-        "uid": int(req["uid"]),
-        "workdir": req["workdir"],
+        "uid": int(seat.uid),
+        "workdir": seat.workdir,
         "cores": cores,
-        "rlimits": dict(req.get("rlimits", {})),
-        "nofile": int(req.get("nofile") or DEFAULT_NOFILE),
+        "rlimits": dict(req.rlimits or {}),  # None: not sent (cgroups)
+        "nofile": int(req.nofile or DEFAULT_NOFILE),
     }
 
 
-def verifier_spec(req: dict) -> dict[str, Any]:
+def verifier_spec(req: RunRequest, seat: Seat) -> dict[str, Any]:
     """The spec of a verifier for a request's assert tests; pooled verifiers are reused while
     it stays the same (with cgroups it does not depend on the request's cores or memory)."""
-    return {**user_limits(req), "uid": int(req["uid"]) + 1, "oom_score_adj": 500}
+    return {**user_limits(req, seat), "uid": int(seat.uid) + 1, "oom_score_adj": 500}
 
 
 def compiled_payload(source: str, filename: str) -> tuple[bytes, bool]:

@@ -13,9 +13,9 @@ from typing import Any
 
 from tangram_runner.control import Connections, Control
 from tangram_runner.fs import reset_tops
-from tangram_runner.jobs import handle, warm_up
+from tangram_runner.jobs import handle, harness_request, warm_up
 from tangram_runner.proc import Zygote, prime
-from tangram_runner.protocol import check_version
+from tangram_runner.protocol import RunRequest, Seat
 from tangram_runner.reaping import kill_all, strays
 from tangram_runner.scrub import scrub
 
@@ -23,7 +23,8 @@ from tangram_runner.scrub import scrub
 def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket]) -> None:
     """Answer the host's requests one at a time, forever. `started`: the zygote `runner.main`
     forked before this process imported its own modules or read a request."""
-    zygote = _start(uid, workdir, started)
+    seat = Seat(uid, workdir)
+    zygote = _start(seat, started)
     srv = _listen(sock_path)
     control = Control(srv)  # the host's requests while an action runs (control)
     conns = Connections(srv)
@@ -33,7 +34,7 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
         if data is None:  # the host closed it (or broke off a request): not one
             conns.drop(conn)
             continue
-        out, primed = _answer(data, uid, workdir, zygote, control)
+        out, primed = _answer(data, seat, zygote, control)
         try:
             conn.sendall(json.dumps(out).encode() + b"\n")
         except OSError:
@@ -45,13 +46,13 @@ def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.soc
             except Exception:
                 zygote.stop()  # the next spawn tries again
         if primed is not None:
-            _prime(primed, uid, workdir, zygote, fresh=False)
+            _prime(primed, seat, zygote, fresh=False)
 
 
-def _start(uid: int, workdir: str, started: tuple[int, socket.socket]) -> Zygote:
+def _start(seat: Seat, started: tuple[int, socket.socket]) -> Zygote:
     """The workdir and /tmp handed to the sandbox uid, and the zygote `started` taken over."""
-    for path in (workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
-        os.chown(path, uid, uid, follow_symlinks=False)
+    for path in (seat.workdir, "/tmp"):  # fresh mounts: nothing of the user's there yet
+        os.chown(path, seat.uid, seat.uid, follow_symlinks=False)
         os.chmod(path, 0o1777 if path == "/tmp" else 0o755)
     zygote = Zygote()
     zygote.adopt(started)
@@ -87,32 +88,31 @@ def _read(conn: socket.socket) -> bytearray | None:
 
 
 def _answer(
-    data: bytearray, uid: int, workdir: str, zygote: Zygote, control: Control
+    data: bytearray, seat: Seat, zygote: Zygote, control: Control
 ) -> tuple[dict[str, Any], dict | None]:
     """The answer to one request, and a verifier to start once it is sent (after a scrub)."""
     primed: dict | None = None
     try:
-        req = json.loads(data)
+        msg = json.loads(data)
         out: dict[str, Any]
-        if req.get("op") == "ping":  # the host's, when the sandbox has started
-            if req.get("prime"):  # a ready sandbox: warm, before the host offers it
-                _prime(req["prime"], uid, workdir, zygote, fresh=True)
+        if msg.get("op") == "ping":  # the host's, when the sandbox has started
+            if msg.get("prime"):  # a ready sandbox: warm, before the host offers it
+                _prime(msg["prime"], seat, zygote, fresh=True)
             out = {"pong": True}
-        elif req.get("op") == "scrub":  # between occupants (scrub)
-            out = scrub(uid, workdir, zygote, kill_all, reset_tops, strays)
-            primed = req.get("prime") if out["scrubbed"] else None
-        elif req.get("op") == "dop":  # for an action that is not running (any more)
+        elif msg.get("op") == "scrub":  # between occupants (scrub)
+            out = scrub(seat, zygote, kill_all, reset_tops, strays)
+            primed = msg.get("prime") if out["scrubbed"] else None
+        elif msg.get("op") == "dop":  # for an action that is not running (any more)
             out = {"applied": False}
-        else:
-            check_version(req)  # a request of the host's own protocol (`protocol.RunRequest`)
-            out = handle({**req, "uid": uid, "workdir": workdir}, zygote, control.attach)
+        else:  # an action: parsed here, once, and refused unless of the host's own version
+            out = handle(RunRequest.from_dict(msg), seat, zygote, control.attach)
     except Exception as e:
         out = {"runner_error": f"{e!r}\n{traceback.format_exc()[-2000:]}"}
         primed = None
     return out, primed
 
 
-def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, fresh: bool) -> None:
+def _prime(spec: dict, seat: Seat, zygote: Zygote, fresh: bool) -> None:
     """Have a verifier waiting for the next occupant's first assert test, with the limits its
     actions will ask for (`spec`: the host's `nofile` and `pythonpath`): forked now from the
     zygote, so no user code has talked to it, and warmed up (its first-use costs paid here,
@@ -122,11 +122,11 @@ def _prime(spec: dict, uid: int, workdir: str, zygote: Zygote, fresh: bool) -> N
     (`verifier.warm_up`), unless the host says `warm_verifier: false` (its pool is short: the
     CPU goes to actions then): a user process, of the user code's uid, would race the host's
     check for processes of that uid."""
-    base = {"uid": uid, "workdir": workdir, "nofile": spec.get("nofile")}
     try:
+        base = harness_request(nofile=spec.get("nofile") or 0)
         if fresh and zygote.alive():
-            warm_up({**base, "pythonpath": [str(p) for p in spec.get("pythonpath", [])]}, zygote)
+            warm_up(base._replace(pythonpath=[str(p) for p in spec.get("pythonpath", [])]), seat, zygote)
         elif not fresh and zygote.alive():
-            prime(base, zygote, warm=bool(spec.get("warm_verifier", True)))
+            prime(base, seat, zygote, warm=bool(spec.get("warm_verifier", True)))
     except Exception:
         pass  # the first assert test starts a verifier, as without

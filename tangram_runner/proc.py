@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_runner.forkserver import SpawnFailed, memfd
 from tangram_runner.launch import (
@@ -30,6 +30,9 @@ from tangram_runner.launch import (
 from tangram_runner.reaping import kill_all, reap_orphans, strays
 from tangram_runner.spawn import Zygote
 from tangram_runner.verifiers import Verifier
+
+if TYPE_CHECKING:
+    from tangram_runner.protocol import RunRequest, Seat
 
 __all__ = [
     "Action",
@@ -57,31 +60,33 @@ def code_memfd(act: Action, source: str, unit: str) -> int:
     return fd
 
 
-def prime(req: dict, zygote: Zygote, warm: bool = True) -> int:
-    """Start an idle verifier with the spec a request like `req` (uid, workdir, nofile) will ask
-    for, unless one is idle: forked from the zygote now, it never talked to any user process;
-    with `warm`, it warms itself up before it waits. How many were started (0 also when the
+def prime(req: RunRequest, seat: Seat, zygote: Zygote, warm: bool = True) -> int:
+    """Start an idle verifier with the spec a request like `req` (its nofile) will ask for in
+    `seat`, unless one is idle: forked from the zygote now, it never talked to any user
+    process; with `warm`, it warms itself up before it waits. How many were started (0 also when the
     zygote could not fork one)."""
     try:
-        return zygote.verifiers.prime(verifier_spec(req), warm)
+        return zygote.verifiers.prime(verifier_spec(req, seat), warm)
     except SpawnFailed:
         return 0
 
 
 class Action:
-    """Runs the processes of one request, pumped by `wait_any` under the current deadline."""
+    """Runs the processes of one request, pumped by `wait_any` under the current deadline.
+    `req` is the request as the action runs it: a resize replaces it with its new `cores`
+    (`control.apply_dop`)."""
 
-    def __init__(self, req: dict, zygote: Zygote) -> None:
+    def __init__(self, req: RunRequest, seat: Seat, zygote: Zygote) -> None:
         self.req = req
+        self.seat = seat
         self.zygote = zygote
-        self.uid = int(req["uid"])
-        self.workdir = req["workdir"]
-        self.cap_b = int(req["max_output_bytes"])
-        self.deadline = time.monotonic() + float(req["timeout_s"])
+        self.workdir = seat.workdir
+        self.cap_b = int(req.max_output_bytes)
+        self.deadline = time.monotonic() + float(req.timeout_s)
         self.timed_out = self.output_capped = self.fork_failed = False
         self.spawn_error = ""
         # cases run at once (test cases); the host may change it while the action runs
-        self.dop = max(1, len(req.get("cores") or ()))
+        self.dop = max(1, len(req.cores or ()))
         self.sel = selectors.DefaultSelector()
         self.procs: list[Proc] = []
         self._zfd: int | None = None  # the zygote socket's descriptor, while watched
@@ -91,13 +96,13 @@ class Action:
             "HOME": self.workdir,
             "TMPDIR": "/tmp",
             "LANG": "C.UTF-8",
-            "PYTHONPATH": ":".join(req.get("pythonpath", [])),
+            "PYTHONPATH": ":".join(req.pythonpath),
             "PYTHONDONTWRITEBYTECODE": "1",
-            **req.get("env", {}),
+            **req.env,
         }
         # no variable of the caller's: the zygote may take this environment on as its own
         # before it forks (`child.adopt_env`) instead of each child setting it up
-        self.std_env = not req.get("env")
+        self.std_env = not req.env
         self.compiled_fd: int | None = None  # the code memfd holds (source, code object)
 
     def set_deadline(self, seconds: float) -> None:
@@ -106,7 +111,7 @@ class Action:
         self.timed_out = False
 
     def limits(self) -> dict[str, Any]:
-        return user_limits(self.req)
+        return user_limits(self.req, self.seat)
 
     # -- starting processes ------------------------------------------------------------------
     def user_launch(
@@ -181,7 +186,7 @@ class Action:
         at `sock_fd`; the record is the job's stream "record". None if no verifier could start."""
         pool = self.zygote.verifiers
         try:
-            v = pool.get(verifier_spec(self.req), str(self.req.get("verifier_group") or ""))
+            v = pool.get(verifier_spec(self.req, self.seat), str(self.req.verifier_group or ""))
         except SpawnFailed as e:
             self.fork_failed, self.spawn_error = True, str(e)
             return None

@@ -67,6 +67,15 @@ class RunRequest(NamedTuple):
         return cls(**_known(cls, d))
 
 
+class Seat(NamedTuple):
+    """Where the runner runs user code: the sandbox user's uid and its workdir. Not on the wire:
+    the host gives them on the runner's command line (`runner.main`), fixed for its life, and
+    the runner passes them beside each `RunRequest` (a request never names a uid or a path)."""
+
+    uid: int
+    workdir: str
+
+
 def check_version(d: dict[str, Any]) -> None:
     """Raise ValueError unless `d` is of this protocol's version."""
     if d.get("v") != VERSION:

@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_runner import build
+
+if TYPE_CHECKING:
+    from tangram_runner.protocol import Seat
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 EXTRA_TOPS = ("/dev/shm",)  # writable places besides the workdir and /tmp, where they exist
@@ -96,17 +99,18 @@ def _drop_verifiers(zygote: Any) -> set[int]:
     return pool.pids()
 
 
-def scrub(uid: int, workdir: str, zygote: Any, kill_all: Any, reset_tops: Any, strays: Any) -> dict[str, Any]:
-    """Make the sandbox as a fresh one is for its next occupant; the facts for the host."""
+def scrub(seat: Seat, zygote: Any, kill_all: Any, reset_tops: Any, strays: Any) -> dict[str, Any]:
+    """Make the sandbox (`seat`) as a fresh one is for its next occupant; the facts for the
+    host."""
     quiet = zygote.alive() and not strays({1, os.getpid(), zygote.pid, *_drop_verifiers(zygote)})
     if not quiet:
         kill_all()
         zygote.lost()
     build._cache.clear()  # the previous occupant's builds (in /tmp, wiped next) are no one's now
     left: list[str] = []
-    for top in (workdir, "/tmp", *EXTRA_TOPS):
+    for top in (seat.workdir, "/tmp", *EXTRA_TOPS):
         left += wipe(top)
-    reset_tops({"uid": uid, "workdir": workdir})
+    reset_tops(seat)
     ipc = sysv_objects()
     if not quiet:
         zygote.start()  # exec'd fresh

@@ -11,10 +11,13 @@ a fresh user process from the zygote (stdlib only).
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_runner.langs import UNITS
 from tangram_runner.proc import Action, Proc
+
+if TYPE_CHECKING:
+    from tangram_runner.protocol import RunRequest
 
 PYTHON_UNIT = UNITS["python"]  # the file a Python program runs as (`python3 main.py`)
 
@@ -39,13 +42,18 @@ class _Slot:
 
 
 def run_tests(
-    req: dict, act: Action, dop: int, code_fd: int | None, trusted_path: list[str], argv: list[str] | None
+    req: RunRequest,
+    act: Action,
+    dop: int,
+    code_fd: int | None,
+    trusted_path: list[str],
+    argv: list[str] | None,
 ) -> tuple[list[dict[str, Any]], Proc | None]:
     """(one outcome per test case, the user process of the first test, whose output the action
     shows). `argv` runs the program (None: python, from `code_fd`). Up to `dop` cases run at
     once; the host may change it while they run (`act.dop`, `control`): each case still
     runs exactly once."""
-    cases = req["test_cases"]
+    cases = req.test_cases
     results: list[dict[str, Any] | None] = [None] * len(cases)
     slots: dict[int, _Slot] = {}  # pid -> slot
     running: set[_Slot] = set()
@@ -90,7 +98,7 @@ def run_tests(
 
 
 def _start_case(
-    req: dict,
+    req: RunRequest,
     act: Action,
     idx: int,
     case: dict[str, Any],
@@ -99,7 +107,7 @@ def _start_case(
     argv: list[str] | None,
 ) -> _Slot | dict[str, Any]:
     """Start test case `idx`: its slot, or its outcome when it cannot run."""
-    lang = req["language"]
+    lang = req.language
     if case.get("assert_code") is not None:
         if lang != "python":
             return _fail(case, "assert_code tests need language python")
@@ -117,7 +125,7 @@ def _fail(case: dict, detail: str) -> dict[str, Any]:
 
 
 def _start_assert(
-    req: dict, act: Action, idx: int, case: dict, code_fd: int | None, trusted_path: list[str]
+    req: RunRequest, act: Action, idx: int, case: dict, code_fd: int | None, trusted_path: list[str]
 ) -> _Slot:
     """The user process, and the test given to a pooled verifier connected to it."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

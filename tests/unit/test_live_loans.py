@@ -23,7 +23,9 @@ from tangram_celery.workers.cpu import CpuHandler
 from tangram_celery.workers.loans import CoreLoans
 from tangram_runner.control import Control, apply_dop
 from tangram_runner.proc import Action, Zygote
+from tangram_runner.protocol import RunRequest
 from tangram_runner.tests import run_tests
+from tests.fixtures.runner import run_request, seat
 from tests.unit.test_sandbox_proc import zygote  # noqa: F401  (the fixture)
 
 
@@ -195,18 +197,15 @@ def test_resizing_binds_then_tells_the_runner_and_keeps_a_resize_that_came_first
 CASE = 'echo "start $(cat) $(date +%s.%N)" >> log; sleep 0.4; echo "end $(date +%s.%N)" >> log; echo ok'
 
 
-def _suite(tmp_path: Path, n: int, cores: list[int], key: str = "k") -> dict[str, Any]:
+def _suite(n: int, cores: list[int], key: str = "k") -> RunRequest:
     """A request of `n` stdin test cases (each runs `CASE`: logs its start and end, 0.4 s)."""
-    return {
-        "uid": os.getuid(),
-        "workdir": str(tmp_path),
-        "max_output_bytes": 1 << 20,
-        "timeout_s": 60,
-        "cores": cores,
-        "key": key,
-        "language": "bash",
-        "test_cases": [{"name": f"c{i}", "stdin": str(i), "expected_stdout": "ok"} for i in range(n)],
-    }
+    return run_request(
+        timeout_s=60,
+        cores=cores,
+        key=key,
+        language="bash",
+        test_cases=[{"name": f"c{i}", "stdin": str(i), "expected_stdout": "ok"} for i in range(n)],
+    )
 
 
 def _send(path: str, req: dict[str, Any]) -> dict[str, Any]:
@@ -251,8 +250,8 @@ def test_the_runner_starts_more_cases_after_a_loan_and_fewer_after_a_take_back(
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(sock_path)
     srv.listen(4)
-    req = _suite(work, 8, [0])
-    act = Action(req, zygote)
+    req = _suite(8, [0])
+    act = Action(req, seat(work), zygote)
     control = Control(srv)
     control.attach(act)
     marks: dict[str, float] = {}
@@ -288,11 +287,11 @@ def test_a_dop_request_needs_the_running_actions_key() -> None:
     applied; one with k sets the DoP and the cores new processes pin to."""
 
     class Act:
-        req: dict[str, Any] = {"key": "k", "cores": [0]}
+        req = run_request(key="k", cores=[0])
         dop = 1
 
     act = Act()
     assert apply_dop(act, {"cores": [0, 1]}) == {"applied": False}
     assert apply_dop(act, {"key": "x", "cores": [0, 1]}) == {"applied": False}
     assert apply_dop(act, {"key": "k", "cores": [0, 1]}) == {"applied": True, "dop": 2}
-    assert act.req["cores"] == [0, 1] and apply_dop(None, {"key": "k", "cores": [0]}) == {"applied": False}
+    assert act.req.cores == [0, 1] and apply_dop(None, {"key": "k", "cores": [0]}) == {"applied": False}

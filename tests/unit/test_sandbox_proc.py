@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tangram_runner.proc import Action, Zygote
+from tests.fixtures.runner import run_request, seat
 
 pytestmark = [
     pytest.mark.skipif(os.getuid() != 0, reason="children drop their uid and groups, which needs root"),
@@ -28,14 +29,7 @@ def zygote() -> Iterator[Zygote]:
 
 
 def action(workdir: Path, timeout_s: float, zygote: Zygote) -> Action:
-    req = {
-        "uid": os.getuid(),
-        "workdir": str(workdir),
-        "max_output_bytes": 1 << 20,
-        "timeout_s": timeout_s,
-        "cores": [],
-    }
-    return Action(req, zygote)
+    return Action(run_request(timeout_s=timeout_s), seat(workdir), zygote)
 
 
 def test_a_child_that_closed_its_output_early_does_not_take_a_later_childs_fds(
@@ -100,7 +94,7 @@ def test_a_killed_verifier_counts_as_dying_only_while_it_holds_its_pid(zygote: Z
     from tangram_runner.launch import verifier_spec
 
     pool = zygote.verifiers
-    v = pool.get(verifier_spec({"uid": 10001, "workdir": "/", "nofile": 64}))
+    v = pool.get(verifier_spec(run_request(nofile=64), seat("/", 10001)))
     pool.discard(v)
     deadline = time.monotonic() + 10
     while pool.still_dying() and time.monotonic() < deadline:
@@ -125,7 +119,7 @@ def test_verifiers_are_forked_by_a_seed_and_die_with_it(zygote: Zygote) -> None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
 
     pool = zygote.verifiers
-    spec = verifier_spec({"uid": 10001, "workdir": "/", "nofile": 64})
+    spec = verifier_spec(run_request(nofile=64), seat("/", 10001))
     a, b = pool.get(spec), pool.get(spec)
     (seed,) = pool.seeds.values()
     assert seed.pid is not None and ppid(seed.pid) == zygote.pid
