@@ -33,19 +33,25 @@ return entry
 
 # dispatched -> running for the current attempt only, returning meta and payload; otherwise the
 # state (or 'stale' for a message of an earlier attempt) is returned as a string.
+# ARGV: worker, now_s, attempt, token. The token is the claim call's own (one per call, the same
+# for its retries): a retry whose first try ran on Redis but lost its reply finds its own claim,
+# while a second delivery of the same attempt to the same worker (a re-sent message, a
+# redelivered unacknowledged one, taken by another of its threads) is refused as 'running'.
 CLAIM = """
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'dispatched' then
   if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[3] then return 'stale' end
-  redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2])
+  redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2],
+             'claim', ARGV[4])
   -- queued too long (limits.queued_ttl_s): the payload expired; the worker reports it
   if redis.call('HEXISTS', KEYS[1], 'payload') == 0 then return 'expired' end
   redis.call('PERSIST', KEYS[1])  -- a started action's record lives until its result's TTL
   return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
 end
-if s == 'running' and redis.call('HGET', KEYS[1], 'worker') == ARGV[1]
+if s == 'running' and redis.call('HGET', KEYS[1], 'claim') == ARGV[4]
+   and redis.call('HGET', KEYS[1], 'worker') == ARGV[1]
    and redis.call('HGET', KEYS[1], 'attempt') == ARGV[3] then
-  -- Our own claim whose reply was lost (Redis went away): idempotent.
+  -- This very call's claim, whose reply was lost (Redis went away): idempotent.
   return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
 end
 if not s then return 'missing' end

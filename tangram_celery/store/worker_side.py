@@ -4,6 +4,7 @@ heart-beat, and report the sandboxes and GPU services they hold."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -36,6 +37,11 @@ class Refused(StrEnum):
     CANCELLED = "cancelled"
 
 
+def new_token() -> str:
+    """A claim call's own token (`scripts.CLAIM`)."""
+    return os.urandom(8).hex()
+
+
 def _claimed(rep: Any) -> Claim | Refused:
     """The claim script's reply, typed."""
     if isinstance(rep, list):
@@ -45,11 +51,16 @@ def _claimed(rep: Any) -> Claim | Refused:
 
 
 class WorkerSide(StoreBase):
-    def claim(self, action_id: str, attempt: int, worker: str, now_s: float) -> Claim | Refused:
-        """dispatched -> running for `attempt`: the action's metadata and payload, or why not."""
-        rep = self.retrying(
-            "claim", lambda: self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)])
-        )
+    def claim(
+        self, action_id: str, attempt: int, worker: str, now_s: float, token: str | None = None
+    ) -> Claim | Refused:
+        """dispatched -> running for `attempt`: the action's metadata and payload, or why not.
+
+        Exactly once per call: the call's `token` (a fresh one by default) lets its own retries
+        find their claim after a lost reply; another call, even of the same worker and attempt
+        (a second delivery of the message), is refused as `running`."""
+        args = [worker, repr(now_s), str(attempt), token or new_token()]
+        rep = self.retrying("claim", lambda: self._claim(keys=[akey(action_id)], args=args))
         return _claimed(rep)
 
     def claim_many(
@@ -57,12 +68,15 @@ class WorkerSide(StoreBase):
     ) -> list[Claim | Refused]:
         """`claim` for each (action, attempt), in one round trip (the actions of a CPU batch,
         claimed when the batch starts so that none looks unclaimed while it waits its turn).
-        Idempotent like `claim`: a retried pipeline finds its own claims."""
+        Exactly once like `claim`: a retried pipeline finds its own claims (one token per call)."""
+        token = new_token()
 
         def run() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for action_id, attempt in claims:
-                self._claim(keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt)], client=pipe)
+                self._claim(
+                    keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt), token], client=pipe
+                )
             return list(pipe.execute())
 
         return [_claimed(rep) for rep in self.retrying("claim", run)]
