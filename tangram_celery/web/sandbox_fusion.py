@@ -50,6 +50,10 @@ def refusal(message: str, status: str = "rejected", **info: Any) -> RunCodeRespo
     )
 
 
+# Tangram's extras of `/run_code`, passed to CodeAction by name (`TangramExtras`)
+_EXTRAS = frozenset(TangramExtras.model_fields)
+
+
 def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -> CodeAction:
     """The CodeAction of a `/run_code` request (raises ValueError / ValidationError)."""
     fields: dict[str, Any] = {
@@ -61,7 +65,7 @@ def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -
         "binary_files": {path: b64 for path, b64 in req.files.items() if b64 is not None},
         "fetch_files": list(req.fetch_files),
         "memory_mb": req.memory_limit_MB if req.memory_limit_MB > 0 else default_memory_mb,
-        **req.model_dump(include=set(TangramExtras.model_fields)),
+        **req.model_dump(include=_EXTRAS),
         **phase_limits(req.language, req.compile_timeout, req.run_timeout),
     }
     return CodeAction(**fields)

@@ -20,6 +20,7 @@ TYPE_CHECKING alike, so a new import is checked when it is added. The layers, lo
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
