@@ -51,7 +51,7 @@ def refusal(message: str, status: str = "rejected", **info: Any) -> RunCodeRespo
 
 
 # Tangram's extras of `/run_code`, passed to CodeAction by name (`TangramExtras`)
-_EXTRAS = frozenset(TangramExtras.model_fields)
+_EXTRAS: set[str] = set(TangramExtras.model_fields)  # read only
 
 
 def to_action(req: RunCodeRequest, trajectory_id: str, default_memory_mb: int) -> CodeAction:
