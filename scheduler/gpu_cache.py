@@ -19,10 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import cast
 
 Chunk = tuple[int, ...]
 FootprintFn = Callable[[str, int], int]  # (service, units) -> MB needed on each GPU
+
+
+class Tier(StrEnum):
+    """Where a service instance's weights were when a call needed it on its chunk (issue 38):
+    the restore a call paid is that tier's. The live GPU worker reports it per call; the
+    scheduler learns a restore cost per (service, tier); the simulator charges the same."""
+
+    DEVICE = "device"  # resident on the chunk's GPUs: no restore
+    HOST = "host"  # kept in host memory by a live process: weights copied back (ms on a GPU host)
+    COLD = "cold"  # nowhere: a cold load (process start, imports, weights read from storage)
 
 
 @dataclass(frozen=True, slots=True)
