@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.gpu_cache import Tier
+from scheduler.restore_cost import SEEDED, RestoreCosts, tier_on
+
 GPU_CHUNK_SIZES = (1, 2, 4, 8)
 
 
@@ -122,10 +125,30 @@ class GpuNode:
     resident: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
     # chunk -> actions riding on it besides the one it was allocated to (one batch, see `share`)
     riders: dict[tuple[int, ...], int] = field(default_factory=dict)
+    # chunk -> services kept in host memory only there, least recently used first (what the
+    # node's worker reports, issue 38): a call placed there restores them from host memory
+    # (`Tier.HOST`) instead of a cold load.
+    host_resident: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
+    # True once the node reports (or models) a bounded host tier: a service neither resident
+    # nor in `host_resident` on a chunk is cold there. False: nothing is known of host memory,
+    # a miss counts as a host restore (the paper's assumption) and policies ignore the tiers.
+    host_tier: bool = False
+    # restore seconds per (service, tier), learned from the node's calls; None: the seeds.
+    # Shared by the nodes of a cluster and by copies (policies only read it).
+    restore_costs: RestoreCosts | None = None
 
     def __post_init__(self) -> None:
         if not self.free:
             self.free = set(range(self.num_gpus))
+
+    def tier(self, chunk: tuple[int, ...], service: str) -> Tier:
+        """Where `service`'s weights are for a call on `chunk`: device, host memory, or nowhere."""
+        tier = tier_on(service, chunk, self.resident, self.host_resident)
+        return Tier.HOST if tier is Tier.COLD and not self.host_tier else tier
+
+    def restore_s(self, chunk: tuple[int, ...], service: str) -> float:
+        """Expected seconds a call of `service` placed on `chunk` pays before it runs."""
+        return (self.restore_costs or SEEDED).cost_s(service, self.tier(chunk, service))
 
     def aligned_free_chunks(self, size: int) -> list[tuple[int, ...]]:
         out = []
@@ -224,4 +247,7 @@ def copy_gpu(g: GpuNode) -> GpuNode:
     out.free = set(g.free)
     out.resident = {c: list(v) for c, v in g.resident.items()}
     out.riders = dict(g.riders)
+    out.host_resident = {c: list(v) for c, v in g.host_resident.items()}
+    out.host_tier = g.host_tier
+    out.restore_costs = g.restore_costs
     return out

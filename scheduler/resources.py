@@ -361,9 +361,16 @@ class ClusterState(ClusterBooks):
         if cache is not None:
             cache.apply(load, now_s)
 
-    def learn_residency(self, node: str, resident: dict[Chunk, list[str]], now_s: float) -> None:
+    def learn_residency(
+        self,
+        node: str,
+        resident: dict[Chunk, list[str]],
+        now_s: float,
+        host_resident: dict[Chunk, list[str]] | None = None,
+    ) -> None:
         """What GPU `node` reports it holds (chunk -> services, most recently used last)
-        replaces what the state predicted."""
+        replaces what the state predicted; so does what it keeps in host memory only
+        (`host_resident`, issue 38; None: the node reports no host tier, nothing changes)."""
         gnode = self.gpu.get(node)
         if gnode is None:
             return
@@ -372,6 +379,12 @@ class ClusterState(ClusterBooks):
             gnode.resident = {c: list(v) for c, v in resident.items() if v}
         else:
             cache.learn(resident, now_s)
+        if host_resident is not None:
+            gnode.host_tier = True
+            on_device = gnode.resident
+            host = {c: [s for s in v if s not in on_device.get(c, ())] for c, v in host_resident.items()}
+            gnode.host_resident.clear()  # in place: it may be the cache's own map
+            gnode.host_resident.update({c: v for c, v in host.items() if v})
 
     # ---- persistence (scheduler.snapshot) ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
