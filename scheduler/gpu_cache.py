@@ -1,9 +1,14 @@
 """GPU "evict on execution": which services are resident on which buddy chunks, LRU eviction.
 
 Every (service, chunk) pair is its own service instance (each DoP configuration is a separate
-deployment, as in the paper). Weights of every service are backed up in host memory, so a
-service that is not resident on the chunk it is given is *restored* from host memory, after
-evicting idle instances until its per-GPU footprint fits.
+deployment, as in the paper). A call given a chunk finds its instance in one of three tiers
+(`Tier`): resident on the chunk's GPUs (no restore); host-resident, its process and weights
+kept in host memory after an eviction (a restore copies the weights back); or nowhere (a cold
+load). Making it resident first evicts idle instances until its per-GPU footprint fits; an
+evicted instance stays host-resident while the node's host budget (`host_memory_mb`) holds
+it, the least recently used host-only instances going first when it does not. With no budget
+(None) every service counts as backed up in host memory on every chunk from the start (the
+paper's assumption): a miss is always a host restore.
 
 The eviction rule is `lru_victims`, the one model of it: the least recently used idle instance
 that holds memory on a GPU still short goes first, and an instance that would free nothing
@@ -12,7 +17,8 @@ where memory is short is never taken. Two callers apply it to their own memory f
 scheduler's predicted residency), and the live GPU worker's replica table
 (`reward_servers.placement.victims_for`, which carries the evictions out on Triton).
 `GpuCache.resident` has the shape of `GpuNode.resident`: `dict[chunk, list[service]]`, most
-recently used last.
+recently used last; `GpuCache.host` (the host-only instances, disjoint from `resident`) that of
+`GpuNode.host_resident`.
 """
 
 from __future__ import annotations
@@ -79,26 +85,54 @@ def lru_victims(
 @dataclass(frozen=True, slots=True)
 class GpuLoad:
     """What running `service` on `chunk` of GPU node `pool` does to the node's residency: a hit,
-    or a restore after evicting `victims` ((chunk, service) pairs)."""
+    or a restore after evicting `victims` ((chunk, service) pairs). `tier`: where the weights
+    come from (DEVICE for a hit; a miss planned without a cache, as a warm placement, says HOST
+    and its executor charges what `GpuCache.apply` finds)."""
 
     pool: str
     chunk: Chunk
     service: str
     hit: bool
     victims: tuple[tuple[Chunk, str], ...] = ()
+    tier: Tier = Tier.HOST
+
+    def __post_init__(self) -> None:
+        if self.hit != (self.tier is Tier.DEVICE):
+            if self.hit:
+                object.__setattr__(self, "tier", Tier.DEVICE)
+            else:
+                raise ValueError(f"a miss cannot come from the {self.tier.value} tier")
 
 
 @dataclass
 class GpuCache:
-    """Resident service instances of one GPU node. `gpu_memory_mb` is per GPU."""
+    """Resident service instances of one GPU node. `gpu_memory_mb` is per GPU.
+
+    `host_memory_mb`: the node's host-memory budget for instances (MiB for the whole node;
+    None: unlimited, every service backed up on every chunk). Every instance, device-resident
+    or host-only, holds `host_footprint_mb(service, units)` of it (None: the per-GPU footprint
+    times the units). `host`: the host-only instances (evicted, process kept), chunk ->
+    services, least recently used first.
+    """
 
     gpu_memory_mb: int
     footprint_mb: FootprintFn
     resident: dict[Chunk, list[str]] = field(default_factory=dict)
     _used_at_s: dict[tuple[Chunk, str], float] = field(default_factory=dict)
+    host_memory_mb: int | None = None
+    host_footprint_mb: FootprintFn | None = None
+    host: dict[Chunk, list[str]] = field(default_factory=dict)
 
     def is_resident(self, chunk: Chunk, service: str) -> bool:
         return service in self.resident.get(chunk, ())
+
+    def tier_of(self, chunk: Chunk, service: str) -> Tier:
+        """Where `service`'s weights are for a call on `chunk` now."""
+        if self.is_resident(chunk, service):
+            return Tier.DEVICE
+        if self.host_memory_mb is None or service in self.host.get(chunk, ()):
+            return Tier.HOST
+        return Tier.COLD
 
     def used_mb(self, gpu: int) -> int:
         """Memory held on one GPU by resident instances."""
@@ -133,19 +167,23 @@ class GpuCache:
         evicted = self.victims(chunk, service)
         if evicted is None:
             raise ValueError(f"service {service} does not fit on chunk {chunk}")
-        return GpuLoad(pool, chunk, service, False, tuple(evicted))
+        return GpuLoad(pool, chunk, service, False, tuple(evicted), self.tier_of(chunk, service))
 
-    def apply(self, load: GpuLoad, now_s: float) -> None:
-        """Carry out a planned load: its victims go, its service is resident and just used."""
+    def apply(self, load: GpuLoad, now_s: float) -> Tier:
+        """Carry out a planned load: its victims go to the host tier (as far as its budget
+        holds them), its service is resident and just used. Returns the tier it came from."""
+        tier = Tier.DEVICE if load.hit else self.tier_of(load.chunk, load.service)
         if not load.hit:
             for c, s in load.victims:
-                self.resident[c].remove(s)
-                if not self.resident[c]:
-                    del self.resident[c]
-                self._used_at_s.pop((c, s), None)
-            if not self.is_resident(load.chunk, load.service):
+                _take(self.resident, c, s)
+                _add(self.host, c, s)
+            if tier is not Tier.DEVICE:
+                _take(self.host, load.chunk, load.service)
                 self.resident.setdefault(load.chunk, []).append(load.service)
         self.touch(load.chunk, load.service, now_s)
+        if not load.hit:
+            self._trim_host()
+        return tier
 
     def ensure(self, chunk: Chunk, service: str, now_s: float) -> tuple[bool, list[tuple[Chunk, str]]]:
         """Make `service` resident on `chunk`: (was it a hit, instances evicted)."""
@@ -160,19 +198,37 @@ class GpuCache:
             self.footprint_mb,
             {c: list(v) for c, v in self.resident.items()},
             dict(self._used_at_s),
+            self.host_memory_mb,
+            self.host_footprint_mb,
+            {c: list(v) for c, v in self.host.items()},
         )
 
-    def learn(self, resident: Mapping[Chunk, Iterable[str]], now_s: float) -> None:
-        """Replace the resident map with what the node reports (in place: `GpuNode.resident`
-        may be this very dict). Instances still there keep their last use; new ones count as
-        used at `now_s`, in the reported order (most recently used last)."""
-        fresh = {tuple(c): [str(s) for s in services] for c, services in resident.items() if services}
-        used = {k: v for k, v in self._used_at_s.items() if k[1] in fresh.get(k[0], ())}
-        for c, services in fresh.items():
+    def learn(
+        self,
+        resident: Mapping[Chunk, Iterable[str]],
+        now_s: float,
+        host: Mapping[Chunk, Iterable[str]] | None = None,
+    ) -> None:
+        """Replace the resident map (and the host-only one, when given) with what the node
+        reports, in place (`GpuNode.resident` and `host_resident` may be these very dicts).
+        Instances still there keep their last use; new ones count as used at `now_s`, in the
+        reported order (most recently used last)."""
+        fresh = _fresh(resident)
+        kept = _fresh(host) if host is not None else self.host
+        kept = {c: [s for s in v if s not in fresh.get(c, ())] for c, v in kept.items()}
+        kept = {c: v for c, v in kept.items() if v}
+        used = {
+            k: v
+            for k, v in self._used_at_s.items()
+            if k[1] in fresh.get(k[0], ()) or k[1] in kept.get(k[0], ())
+        }
+        for c, services in (*kept.items(), *fresh.items()):
             for s in services:
                 used.setdefault((c, s), now_s)
         self.resident.clear()
         self.resident.update(fresh)
+        self.host.clear()
+        self.host.update(kept)
         self._used_at_s = used
 
     def touch(self, chunk: Chunk, service: str, now_s: float) -> None:
@@ -200,17 +256,57 @@ class GpuCache:
         return len(gone)
 
     def unload(self, chunk: Chunk, service: str) -> bool:
-        """Drop one resident instance (a warm placement retired); False if it was not there."""
-        services = self.resident.get(chunk)
-        if not services or service not in services:
+        """Take one resident instance off the device (a warm placement retired): it stays
+        host-resident as an evicted one does; False if it was not there."""
+        if not _take(self.resident, chunk, service):
             return False
-        services.remove(service)
-        if not services:
-            del self.resident[chunk]
-        self._used_at_s.pop((chunk, service), None)
+        _add(self.host, chunk, service)
+        self._trim_host()
         return True
+
+    def host_used_mb(self) -> int:
+        """Host memory held by the node's instances, device-resident and host-only."""
+        fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)
+        return sum(fp(s, len(c)) for m in (self.resident, self.host) for c, ss in m.items() for s in ss)
+
+    def _trim_host(self) -> None:
+        """Over the host budget: drop host-only instances, least recently used first, until it
+        holds the rest (or none is left: device-resident instances are never dropped)."""
+        if self.host_memory_mb is None or not self.host:
+            return
+        over = self.host_used_mb() - self.host_memory_mb
+        fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)
+        order = sorted((self._used_at_s.get((c, s), 0.0), c, s) for c, ss in self.host.items() for s in ss)
+        for _, c, s in order:
+            if over <= 0:
+                break
+            _take(self.host, c, s)
+            self._used_at_s.pop((c, s), None)
+            over -= fp(s, len(c))
 
     def preload(self, chunk: Chunk, service: str) -> None:
         """Make `service` resident on `chunk` at start-up (no eviction, no cost)."""
         if not self.is_resident(chunk, service):
             self.resident.setdefault(chunk, []).append(service)
+
+
+def _take(where: dict[Chunk, list[str]], chunk: Chunk, service: str) -> bool:
+    """Remove `service` from `where[chunk]` (the chunk too when it empties); False if absent."""
+    services = where.get(chunk)
+    if not services or service not in services:
+        return False
+    services.remove(service)
+    if not services:
+        del where[chunk]
+    return True
+
+
+def _add(where: dict[Chunk, list[str]], chunk: Chunk, service: str) -> None:
+    """Add `service` to `where[chunk]` as its most recently used, unless it is there."""
+    services = where.setdefault(chunk, [])
+    if service not in services:
+        services.append(service)
+
+
+def _fresh(m: Mapping[Chunk, Iterable[str]]) -> dict[Chunk, list[str]]:
+    return {tuple(c): [str(s) for s in services] for c, services in m.items() if services}

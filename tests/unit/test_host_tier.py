@@ -1,0 +1,78 @@
+"""The host-memory tier of evict on execution (issue 38): the cache's three tiers, and the
+simulator charging and counting them."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.gpu_cache import GpuCache, GpuLoad, Tier
+
+pytestmark = pytest.mark.unit
+
+
+def _cache(host_memory_mb: int | None) -> GpuCache:
+    """Two GPUs of 1000 MiB; every instance takes 600 MiB of a GPU and 100 MiB of host memory."""
+    return GpuCache(1000, lambda s, u: 600, host_memory_mb=host_memory_mb, host_footprint_mb=lambda s, u: 100)
+
+
+def test_an_evicted_instance_stays_host_resident_and_restores_from_host() -> None:
+    """Given a budget that holds both, when b evicts a from GPU 0, a is host-only there; a's
+    next call on GPU 0 is a host restore, on GPU 1 a cold load."""
+    cache = _cache(200)
+    assert cache.apply(cache.plan("g", (0,), "a"), 1.0) is Tier.COLD
+    load = cache.plan("g", (0,), "b")
+    assert load.tier is Tier.COLD and load.victims == (((0,), "a"),)
+    cache.apply(load, 2.0)
+    assert cache.host == {(0,): ["a"]} and cache.resident == {(0,): ["b"]}
+    assert cache.tier_of((0,), "a") is Tier.HOST
+    assert cache.tier_of((1,), "a") is Tier.COLD
+    assert cache.tier_of((0,), "b") is Tier.DEVICE
+    assert cache.apply(cache.plan("g", (0,), "a"), 3.0) is Tier.HOST
+    assert cache.host == {(0,): ["b"]}
+
+
+def test_over_the_host_budget_the_least_recently_used_host_only_instance_goes() -> None:
+    """Given room for three instances in host memory, when a fourth service is loaded the
+    least recently used host-only instance is dropped; device-resident ones never are."""
+    cache = _cache(300)
+    for t, svc in enumerate(("a", "b", "c")):
+        cache.apply(cache.plan("g", (0,), svc), float(t))
+    assert cache.host == {(0,): ["a", "b"]} and cache.host_used_mb() == 300
+    cache.apply(cache.plan("g", (0,), "d"), 5.0)
+    assert cache.host == {(0,): ["b", "c"]}
+    assert cache.tier_of((0,), "a") is Tier.COLD
+
+
+def test_with_no_host_budget_every_miss_is_cold_and_with_none_every_miss_restores() -> None:
+    """A zero budget keeps nothing evicted; no budget (None) backs every service up everywhere."""
+    zero, unlimited = _cache(0), _cache(None)
+    for cache in (zero, unlimited):
+        for t, svc in enumerate(("a", "b", "a", "b")):
+            cache.apply(cache.plan("g", (0,), svc), float(t))
+    assert zero.host == {} and zero.tier_of((0,), "a") is Tier.COLD
+    assert unlimited.host == {(0,): ["a"]}
+    assert unlimited.tier_of((1,), "never-loaded") is Tier.HOST
+
+
+def test_a_copy_plans_alike_and_a_hit_is_a_device_load() -> None:
+    """A round plans on a copy: same tiers, the original untouched; a hit says DEVICE."""
+    cache = _cache(200)
+    cache.apply(cache.plan("g", (0,), "a"), 1.0)
+    cache.apply(cache.plan("g", (0,), "b"), 2.0)
+    scratch = cache.copy()
+    load = scratch.plan("g", (0,), "a")
+    assert load.tier is Tier.HOST and scratch.apply(load, 3.0) is Tier.HOST
+    assert cache.host == {(0,): ["a"]} and scratch.host == {(0,): ["b"]}
+    assert GpuLoad("g", (0,), "a", True).tier is Tier.DEVICE
+    with pytest.raises(ValueError, match="miss"):
+        GpuLoad("g", (0,), "a", False, (), Tier.DEVICE)
+
+
+def test_learn_replaces_both_maps_in_place() -> None:
+    """What the node reports replaces the device and host maps; an instance on the device is
+    never also host-only."""
+    cache = _cache(None)
+    host = cache.host
+    cache.learn({(0,): ["a"]}, 1.0, host={(0,): ["a", "b"], (1,): ["c"]})
+    assert cache.host is host and host == {(0,): ["b"], (1,): ["c"]}
+    assert cache.tier_of((1,), "c") is Tier.HOST
