@@ -264,6 +264,21 @@ class GpuCache:
         self._trim_host()
         return True
 
+    def warm_host(self, chunk: Chunk, service: str) -> bool:
+        """Put `service` in host memory on `chunk` at start-up (the live worker's warm-up fills
+        the host tier first: loaded, then offloaded), if the host budget holds it without
+        dropping anything; True when it was added."""
+        if self.tier_of(chunk, service) is Tier.DEVICE or service in self.host.get(chunk, ()):
+            return False
+        fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)
+        if (
+            self.host_memory_mb is not None
+            and self.host_used_mb() + fp(service, len(chunk)) > self.host_memory_mb
+        ):
+            return False
+        _add(self.host, chunk, service)
+        return True
+
     def host_used_mb(self) -> int:
         """Host memory held by the node's instances, device-resident and host-only."""
         fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)

@@ -21,7 +21,12 @@ class ApiSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """Pools to build. GPUs: `gpus_total` split into nodes of `gpus_per_node` (last one smaller)."""
+    """Pools to build. GPUs: `gpus_total` split into nodes of `gpus_per_node` (last one smaller).
+
+    `host_memory_mb`: each GPU node's host memory for service instances (MiB for the node; the
+    host tier of `scheduler.gpu_cache`). None: unlimited, every service backed up in host memory
+    on every chunk from the start (the paper's assumption, and the default).
+    """
 
     cpu_nodes: int = 5
     cores_per_node: int = 256
@@ -30,6 +35,7 @@ class ClusterSpec:
     gpus_total: int = 0
     gpus_per_node: int = 8
     gpu_memory_mb: int = 81_920  # 80 GB Hopper
+    host_memory_mb: int | None = None
     apis: dict[str, ApiSpec] = field(default_factory=dict)
 
     def gpu_node_sizes(self) -> list[int]:
@@ -60,8 +66,23 @@ class ExecParams:
 
     exec_overhead_s: per CPU action (`docker exec` into a warm container, ~0.1 s measured).
     sandbox_start_s: once per trajectory, on its first CPU action (cold `docker run`, ~0.3 s).
-    restore_*: restoring a service's weights from host memory into GPU memory (evict on exec).
-    cold_*: loading a service from local storage with no cache (the cold-start baseline).
+    restore_*: a host-tier restore: the weights of an instance whose process was kept in host
+        memory are copied back to its GPUs (evict on execution; `Tier.HOST`). Fixed part 0.5 s
+        (re-attaching the process's CUDA allocations and the server's model-ready handshake,
+        an estimate); then the shard of each GPU over its own host-to-device link, in parallel,
+        at 20,000 MB/s: PCIe Gen4 x16 is 32 GB/s raw, ~25 GB/s after encoding and protocol,
+        and `cudaMemcpy` from pinned memory measures ~20-22 GB/s (NVIDIA `bandwidthTest`; the
+        A100/H100 hosts of DGX A100). Gen5 x16 hosts (H100/H200 HGX) measure ~50 GB/s, so this
+        is conservative there: a 16 GB model on one GPU restores in 0.5 + 0.8 s.
+    cold_*: a cold load (`Tier.COLD`): process start and framework import (torch, the serving
+        stack: 2 s fixed, measured 4.8 s on this project's CPU-only test host for a tiny model,
+        less on a server with warm page cache), then the weights read from local NVMe at
+        5,000 MB/s (one PCIe Gen4 NVMe SSD: ~7 GB/s sequential, lower through a filesystem and
+        safetensors parsing) and copied to the GPUs. Paid by the cold-start baseline on every
+        load, and by evict on execution for an instance the host tier does not hold.
+    host_process_mb: host memory of an instance beyond its weights, per GPU of its chunk (the
+        serving process with torch and a CUDA context, ~1 GiB resident); an instance holds
+        its model's weights (pinned, for the copy) plus this in its node's `host_memory_mb`.
     gpu_activation_mb: per-GPU memory of a service beyond its weight shard (KV, activations).
     api_reject_s: time for a provider to answer an over-limit call with a rate-limit error.
     batch_amortised_share: the share of a call's time that a continuously batching server
@@ -81,6 +102,7 @@ class ExecParams:
     restore_mb_per_s: float = 20_000.0
     cold_fixed_s: float = 2.0
     cold_mb_per_s: float = 5_000.0
+    host_process_mb: int = 1_024
     gpu_activation_mb: int = 4_096
     api_reject_s: float = 0.1
     batch_amortised_share: float = 0.2
@@ -89,6 +111,10 @@ class ExecParams:
 
     def footprint_mb(self, model_mb: int, units: int) -> int:
         return model_mb // units + self.gpu_activation_mb
+
+    def host_footprint_mb(self, model_mb: int, units: int) -> int:
+        """Host memory of one instance: all its shards' weights and one process per GPU."""
+        return model_mb + units * self.host_process_mb
 
     def restore_s(self, model_mb: int, units: int) -> float:
         """Shards are copied to the `units` GPUs in parallel."""

@@ -81,6 +81,7 @@ class Simulator(CpuExecution, GpuExecution):
         self.pods = PodStarts(ex.pod_start) if ex.cpu_sharing and ex.pod_start is not None else None
         self.state.attach_gpu_caches(self._footprint_mb)  # the policy sees residency through the state
         self.caches = self.state.gpu_cache
+        self._attach_host_tier()  # evict on execution's host tier (`ClusterSpec.host_memory_mb`)
         if self.residency is GpuResidency.DEDICATED:
             services = sorted(sc.model_mb)
             groups = (

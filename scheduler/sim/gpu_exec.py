@@ -1,14 +1,21 @@
 """The simulator's GPU execution: loads and restores by the policy's residency, warm
 restores in the background, and a chunk's batch of riders run together.
 
+Under evict on execution a call pays by the tier its instance is found in
+(`scheduler.gpu_cache.Tier`): nothing on the device, `ExecParams.restore_s` from the host tier,
+`ExecParams.cold_load_s` when the node's host memory (`ClusterSpec.host_memory_mb`) no longer
+holds it; `SimResult.device_hits`, `restores` and `cold_loads` count them.
+
 A base class of `scheduler.sim.engine.Simulator` (see its module doc for the model).
 """
 
 from __future__ import annotations
 
 from scheduler.execution import GpuResidency
-from scheduler.gpu_cache import GpuLoad
+from scheduler.gpu_cache import GpuCache, GpuLoad, Tier
 from scheduler.model import Allocation
+from scheduler.pools import GPU_CHUNK_SIZES
+from scheduler.restore_cost import RestoreCosts
 from scheduler.sim.gpu_share import BatchedGroup
 from scheduler.sim.running import DEFAULT_MODEL_MB, FINISH, Running, SimBase
 
@@ -16,16 +23,52 @@ from scheduler.sim.running import DEFAULT_MODEL_MB, FINISH, Running, SimBase
 class GpuExecution(SimBase):
     """Carrying GPU allocations, their riders and warm restores out on the simulated GPUs."""
 
+    def _attach_host_tier(self) -> None:
+        """Give every GPU node's cache its host budget and instances' host footprints. The
+        policies see the tiers as live: the host-only instances as `GpuNode.host_resident`,
+        `host_tier` when the budget is bounded, and the restore costs learned from what the
+        simulator charges (`RestoreCosts`, one for the cluster, fed as the live scheduler
+        feeds it from the workers' reports)."""
+        budget_mb = self.scenario.cluster.host_memory_mb
+        self.restore_costs = RestoreCosts()
+        for name, cache in self.caches.items():
+            cache.host_memory_mb = budget_mb
+            cache.host_footprint_mb = self._host_footprint_mb
+            node = self.state.gpu[name]
+            node.host_resident = cache.host
+            node.host_tier = budget_mb is not None
+            node.restore_costs = self.restore_costs
+            if budget_mb is not None and self.residency is GpuResidency.CACHE:
+                self._warm_host(name, cache)
+
+    def _warm_host(self, name: str, cache: GpuCache) -> None:
+        """The host tier's warm-up before the first call, as the live worker's
+        (`reward_servers.placement.plan_warmup`): one host-only instance of each service, at
+        the smallest chunk its footprint fits, on the chunk overlapping the fewest host-only
+        instances, while the budget holds them."""
+        gpus = self.state.gpu[name].num_gpus
+        for service in sorted(self.scenario.model_mb):
+            sizes = [
+                u
+                for u in GPU_CHUNK_SIZES
+                if u <= gpus and self._footprint_mb(service, u) <= cache.gpu_memory_mb
+            ]
+            if not sizes:
+                continue
+            chunks = [tuple(range(a, a + sizes[0])) for a in range(0, gpus - sizes[0] + 1, sizes[0])]
+            hosted = [c for c, ss in cache.host.items() for _ in ss]
+            chunk = min(chunks, key=lambda c: (sum(bool(set(c) & set(h)) for h in hosted), c))
+            cache.warm_host(chunk, service)
+
     def _warm(self, now: float, load: GpuLoad) -> None:
         """A warm restore: the weights are copied onto the chunk in the background (the GPUs
         stay free for other services' calls); a call of the service that lands there before the
-        copy is done waits for the rest of it."""
+        copy is done waits for the rest of it. From the host tier, or a cold load."""
         model_mb = self.scenario.model_mb.get(load.service, DEFAULT_MODEL_MB)
-        self._ready_at[(load.pool, load.chunk, load.service)] = now + self.params.restore_s(
-            model_mb, len(load.chunk)
+        tier = self.caches[load.pool].apply(load, now)
+        self._ready_at[(load.pool, load.chunk, load.service)] = now + self._miss_s(
+            load.service, tier, model_mb, len(load.chunk)
         )
-        self.caches[load.pool].apply(load, now)
-        self.result.restores += 1
         self.result.warm_restores += 1
 
     def _start_batch(self, now: float, lead: Running, riders: list[Allocation]) -> None:
@@ -57,24 +100,42 @@ class GpuExecution(SimBase):
         cache = self.caches[alloc.pool]
         if load is None:  # not planned by the round (a policy run outside it)
             load = cache.plan(alloc.pool, alloc.unit_ids, service)
-        cache.apply(load, now)
+        tier = cache.apply(load, now)
         hit = load.hit
         if self.residency is GpuResidency.KEEPALIVE:
             cache.touch(alloc.unit_ids, service, float("inf"))  # in use: never expires
             self.result.unloads += len(load.victims)
             if hit:
+                self.result.device_hits += 1
                 return 0.0
             self.result.cold_loads += 1
             return load_s(model_mb, alloc.units)
         if hit:  # a warm restore may still be copying
+            self.result.device_hits += 1
             ready_s = (
                 self._ready_at.pop((alloc.pool, alloc.unit_ids, service), now) if self._ready_at else now
             )
             return max(0.0, ready_s - now)
         self._ready_at.pop((alloc.pool, alloc.unit_ids, service), None)
-        self.result.restores += 1
-        return self.params.restore_s(model_mb, alloc.units)
+        return self._miss_s(service, tier, model_mb, alloc.units)
+
+    def _miss_s(self, service: str, tier: Tier, model_mb: int, units: int) -> float:
+        """What a load on a miss costs, counted by its tier: a cold load when the host tier
+        does not hold the instance, else a restore from host memory."""
+        if tier is Tier.COLD:
+            self.result.cold_loads += 1
+            load_s = self.params.cold_load_s(model_mb, units)
+        else:
+            self.result.restores += 1
+            load_s = self.params.restore_s(model_mb, units)
+        if self.learn:
+            self.restore_costs.observe(service, Tier.COLD if tier is Tier.COLD else Tier.HOST, load_s)
+        return load_s
 
     def _footprint_mb(self, service: str, units: int) -> int:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
         return self.params.footprint_mb(model_mb, units)
+
+    def _host_footprint_mb(self, service: str, units: int) -> int:
+        model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
+        return self.params.host_footprint_mb(model_mb, units)

@@ -52,10 +52,11 @@ class SimResult:
     trajectory_end_s: dict[str, float] = field(default_factory=dict)
     rejected_calls: int = 0
     limit_violations: int = 0
-    restores: int = 0
-    warm_restores: int = 0  # of which ahead of demand (warm GPU placement)
+    device_hits: int = 0  # GPU allocations that found their instance resident on their chunk
+    restores: int = 0  # loads from the host tier (evict on execution)
+    warm_restores: int = 0  # loads ahead of demand (warm GPU placement), of either tier
     warm_unloads: int = 0  # warm instances retired when the load outgrew them
-    cold_loads: int = 0  # loads from storage (cold-start)
+    cold_loads: int = 0  # loads from storage (cold-start; evict on execution past the host tier)
     unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
     evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
     sandbox_resets: int = 0  # actions that found their trajectory's sandbox evicted: a fresh one
@@ -98,6 +99,7 @@ class SimResult:
             "warm_restores": self.warm_restores,
             "warm_unloads": self.warm_unloads,
             "cold_loads": self.cold_loads,
+            "loads_by_tier": {"device": self.device_hits, "host": self.restores, "cold": self.cold_loads},
             "evictions": self.evictions,
             "sandbox_resets": self.sandbox_resets,
             "makespan_s": self.makespan_s,

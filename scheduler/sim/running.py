@@ -15,6 +15,7 @@ from scheduler.gpu_cache import GpuCache
 from scheduler.model import Allocation, QueuedAction
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
+from scheduler.restore_cost import RestoreCosts
 from scheduler.sim.cluster import ExecParams
 from scheduler.sim.cpu_share import SharedNode
 from scheduler.sim.gpu_share import BatchedGroup
@@ -69,6 +70,8 @@ class SimBase:
     cpu_sharing: bool
     pods: PodStarts | None
     caches: dict[str, GpuCache]
+    restore_costs: RestoreCosts  # learned per (service, tier) from what the simulator charges
+    learn: bool
     shared: dict[str, SharedNode]  # CPU node -> its pods' time-shared cores
     groups: dict[tuple[str, tuple[int, ...]], BatchedGroup]
     sandboxes: set[str]

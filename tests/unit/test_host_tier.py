@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.gpu_cache import GpuCache, GpuLoad, Tier
+from scheduler.policies import get_policy
+from scheduler.sim import ClusterSpec, build, simulate
+from scheduler.sim.engine import Simulator
 
 pytestmark = pytest.mark.unit
 
@@ -76,3 +79,47 @@ def test_learn_replaces_both_maps_in_place() -> None:
     cache.learn({(0,): ["a"]}, 1.0, host={(0,): ["a", "b"], (1,): ["c"]})
     assert cache.host is host and host == {(0,): ["b"], (1,): ["c"]}
     assert cache.tier_of((1,), "c") is Tier.HOST
+
+
+def _mopd(policy: str, host_memory_mb: int | None) -> dict[str, object]:
+    cluster = ClusterSpec(cpu_nodes=0, gpus_total=8, host_memory_mb=host_memory_mb)
+    return simulate(build("mopd", {"batch": 96}, cluster=cluster), policy).summary()
+
+
+@pytest.mark.parametrize(
+    ("policy", "avg_act_s", "restores", "warm"),
+    [("tangram-fast", 0.9838393840445392, 60, 34), ("tangram-dp", 1.0571325853923945, 37, 0)],
+)
+def test_an_unlimited_host_budget_simulates_as_before(
+    policy: str, avg_act_s: float, restores: int, warm: int
+) -> None:
+    """With no host budget (the default) every miss is a host restore, and the run is the one
+    the simulator gave before the host tier (figures of a98544f)."""
+    s = _mopd(policy, None)
+    assert s["avg_act_s"] == pytest.approx(avg_act_s, rel=1e-12)
+    assert (s["restores"], s["warm_restores"], s["cold_loads"]) == (restores, warm, 0)
+    assert s["loads_by_tier"] == {"device": 185 - restores + warm, "host": restores, "cold": 0}
+
+
+@pytest.mark.parametrize("policy", ["tangram-fast", "tangram-dp"])
+def test_a_small_host_budget_brings_cold_loads_and_a_zero_one_makes_every_miss_cold(policy: str) -> None:
+    """A node whose host memory holds little more than its GPUs' instances pays cold loads,
+    and its ACT rises; with no host memory at all no miss is a host restore."""
+    unlimited, small, zero = (_mopd(policy, mb) for mb in (None, 262_144, 0))
+    assert small["cold_loads"] > 0 and small["avg_act_s"] > unlimited["avg_act_s"]
+    assert zero["restores"] == 0 and zero["cold_loads"] > 0
+    assert zero["avg_act_s"] >= small["avg_act_s"]
+
+
+def test_the_policies_see_the_host_tier_as_live() -> None:
+    """The simulated nodes show their host-only instances as `GpuNode.host_resident`, with
+    the tier bounded, and learn what the restores cost per tier."""
+    cluster = ClusterSpec(cpu_nodes=0, gpus_total=8, host_memory_mb=2_097_152)
+    sim = Simulator(build("mopd", {"batch": 32}, cluster=cluster), get_policy("tangram-dp"))
+    node = sim.state.gpu["gpu0"]
+    assert node.host_tier and node.host_resident is sim.caches["gpu0"].host
+    assert sum(len(v) for v in node.host_resident.values()) == 10  # the warm-up: one per service
+    result = sim.run()
+    assert result.cold_loads + result.restores > 0
+    learned = {tier for _, tier in sim.restore_costs.learned()}
+    assert learned <= {Tier.HOST, Tier.COLD} and learned
