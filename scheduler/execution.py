@@ -34,7 +34,9 @@ Preload = Callable[["ClusterState", Sequence[str]], Sequence[tuple[str, Slot]]]
 class GpuResidency(StrEnum):
     """What happens to a GPU service's weights between calls."""
 
-    CACHE = "cache"  # evict on execution: resident while memory allows, restored from host memory
+    # evict on execution: resident while memory allows; a miss restores from the host tier, or
+    # loads cold where the node's host memory no longer holds the instance (`gpu_cache.Tier`)
+    CACHE = "cache"
     DEDICATED = "dedicated"  # fixed groups, preloaded at start, never restored
     NONE = "none"  # loaded from storage before every call, freed after it
     KEEPALIVE = "keepalive"  # loaded on demand, kept `keep_alive_s` after the last call
@@ -101,8 +103,9 @@ class ExecutionModel:
         each using at most `cap_cores`; `pod_start` is what creating a trajectory's pod costs
         (None: a generic sandbox start).
     gpu_residency: see `GpuResidency`; `keep_alive_s` for KEEPALIVE; `load_from` the tier a
-        load reads ("storage", or "memory": host DRAM at restore speed); `preload` the
-        service groups resident from the start (DEDICATED).
+        NONE or KEEPALIVE load reads ("storage", or "memory": host DRAM at restore speed; CACHE
+        reads the tier its instance is in); `preload` the service groups resident from the
+        start (DEDICATED).
     gpu_sharing: concurrent calls of one GPU group run together (continuous batching).
     api_control: the scheduler enforces API limits (False: calls go out as they come and the
         provider rejects those over its limits; callers retry per `retries`).
