@@ -317,6 +317,10 @@ class ActionResult(_Wire):
     # CPU seconds a code action's sandbox used while it ran (cgroup accounting; None where the
     # kernel does not account it)
     cpu_s: float | None = None
+    # a GPU call's: where its model was (a `scheduler.gpu_cache.Tier` value: device, host, cold;
+    # "" for any other action) and the seconds spent restoring it (0 on a hit), as each rider sees
+    load_tier: str = ""
+    load_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -384,12 +388,20 @@ class Completion(_Wire):
     attempt: int = 1
     error: str = ""
     resident: list[ChunkServices] | None = None
+    host_resident: list[ChunkServices] | None = None  # kept in host memory only (None: no host tier)
     # a rider handed back before it started (RETRY): not a failed attempt; it goes alone next
     unstarted: bool = False
+    load_tier: str = ""  # `ActionResult.load_tier`, `load_s`: what the scheduler learns restores by
+    load_s: float = 0.0
 
     @classmethod
     def of(
-        cls, result: ActionResult, worker: str, seq: int, resident: list[ChunkServices] | None = None
+        cls,
+        result: ActionResult,
+        worker: str,
+        seq: int,
+        resident: list[ChunkServices] | None = None,
+        host_resident: list[ChunkServices] | None = None,
     ) -> Completion:
         """The event of a worker's finished `result` (the `seq`-th completion of `worker`)."""
         return cls(
@@ -404,16 +416,21 @@ class Completion(_Wire):
             attempt=result.attempts,
             trajectory_id=result.trajectory_id,
             resident=resident,
+            host_resident=host_resident,
+            load_tier=result.load_tier,
+            load_s=result.load_s,
         )
 
 
 class ResidencyReport(_Wire):
-    """What a GPU node holds, outside any completion (after a warm-up load). After a `GpuWarm`
-    order, `warm` names it (settled: done, or `error` says why not)."""
+    """What a GPU node holds, outside any completion (after a warm-up load): on its devices, and
+    in host memory only (`host_resident`; None from a node without a host tier). After a
+    `GpuWarm` order, `warm` names it (settled: done, or `error` says why not)."""
 
     type: Literal["residency"] = "residency"
     pool: str
     resident: list[ChunkServices]
+    host_resident: list[ChunkServices] | None = None
     warm: GpuWarm | None = None
     error: str = ""
 

@@ -99,13 +99,22 @@ class WorkerSide(StoreBase):
         )
 
     def publish_residency(
-        self, node: str, resident: dict[Chunk, list[str]], warm: GpuWarm | None = None, error: str = ""
+        self,
+        node: str,
+        resident: dict[Chunk, list[str]],
+        warm: GpuWarm | None = None,
+        error: str = "",
+        host_resident: dict[Chunk, list[str]] | None = None,
     ) -> None:
         """Tell the scheduler which services GPU `node` holds on which chunks, outside any
         action's completion (after a warm-up load, or a `warm` order it settles, with `error`
-        when it failed). It goes on the events stream, so it is ordered with the completions
-        that carry the same map."""
-        report = ResidencyReport(pool=node, resident=residency(resident), warm=warm, error=error[:500])
+        when it failed), and which it keeps in host memory only (`host_resident`; None: the
+        node has no host tier). It goes on the events stream, so it is ordered with the
+        completions that carry the same maps."""
+        host = residency(host_resident) if host_resident is not None else None
+        report = ResidencyReport(
+            pool=node, resident=residency(resident), host_resident=host, warm=warm, error=error[:500]
+        )
         event = report.model_dump_json(exclude_none=True)
         self.retrying("residency", lambda: self.r.xadd(EVENTS, {"id": "", "event": event}))
 

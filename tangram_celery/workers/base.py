@@ -33,7 +33,8 @@ Handler = Callable[[str, dict[str, Any], TaskOrder], ActionResult]
 """handler(action_id, payload, order) -> ActionResult of the user's outcome (`run_result` adds
 what the worker knows: timings, placement, attempt). The payload is the action as its client
 stored it (`actions.stored_action` types it without checking it again). A GPU handler also has
-`residency()`: what its node holds, sent with each completion."""
+`residency()` and `host_residency()`: what its node holds on its devices and in host memory
+only, sent with each completion."""
 
 
 def run_result(
@@ -288,8 +289,14 @@ class WorkerRuntime:
         with self._seq_lock:
             self.seq += 1
             seq = self.seq
-        held = getattr(handler, "residency", None)
-        event = Completion.of(result, self.name, seq, residency(held()) if held is not None else None)
+        held, host = getattr(handler, "residency", None), getattr(handler, "host_residency", None)
+        event = Completion.of(
+            result,
+            self.name,
+            seq,
+            residency(held()) if held is not None else None,
+            residency(host()) if host is not None else None,
+        )
         self.metrics.outcomes.labels(pool=self.pool_key, status=str(result.status)).inc()
         self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
         self.store.complete(action_id, result.model_dump_json(), event)

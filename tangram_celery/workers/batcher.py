@@ -5,7 +5,9 @@ model on the same GPU chunk (the scheduler sends a batch of actions on one chunk
 `scheduler.round.riders`) that arrive within `window_s` of the first one (or until
 `max_batch` of them) go to the reward service as one call; every caller gets its own row, and
 the seconds the batch took to score (its execution time, without the wait for the window or a
-replica load: what the scheduler learns durations from).
+replica load: what the scheduler learns durations from), and the restore the call paid: the
+tier its model was found in and the seconds restoring it took (every rider of a batch that
+paid a load reports it: what the scheduler learns restore costs from, issue 38).
 
 When the caller knows how many actions the scheduler sent together on its chunk (`expected`,
 from the allocation), the batch goes as soon as all of them are in, and waits up to `gather_s`
@@ -21,14 +23,27 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-# (model, rows, chunk) -> (one result per row, seconds the scoring took)
-ScoreFn = Callable[[str, list[Mapping[str, Any]], tuple[int, ...] | None], tuple[list[dict[str, Any]], float]]
+
+class Scoring(NamedTuple):
+    """What a score function returns: `reward_servers.service.Traced` has this shape; a plain
+    (results, exec_s) pair reads as a call that paid no restore it knows of."""
+
+    results: list[dict[str, Any]]
+    exec_s: float  # seconds the scoring took
+    tier: str = ""  # `scheduler.gpu_cache.Tier` value the call's replica was found in
+    load_s: float = 0.0  # seconds the call spent restoring or loading it
+
+
+# (model, rows, chunk) -> a `Scoring` (or a tuple of its leading fields)
+ScoreFn = Callable[[str, list[Mapping[str, Any]], tuple[int, ...] | None], tuple[Any, ...]]
 
 
 class Scored(NamedTuple):
     output: dict[str, Any]
     exec_s: float  # seconds the batch this request rode in took to score
     batch_size: int  # requests scored in that one call, this one included
+    load_tier: str = ""  # where the batch's model was found (`Scoring.tier`)
+    load_s: float = 0.0  # seconds the batch's call spent restoring it
 
 
 @dataclass
@@ -92,10 +107,11 @@ class Batcher:
     def _run(self, model: str, p: _Pending) -> None:
         self.calls += 1
         try:
-            out, exec_s = self.score(model, p.rows, p.chunk)
+            got = Scoring(*self.score(model, p.rows, p.chunk))
         except BaseException as e:
             for f in p.futures:
                 f.set_exception(e)
             return
-        for f, res in zip(p.futures, out, strict=True):
-            f.set_result(Scored(res, exec_s, len(p.rows)))
+        tier, load_s = str(got.tier), float(got.load_s)
+        for f, res in zip(p.futures, got.results, strict=True):
+            f.set_result(Scored(res, got.exec_s, len(p.rows), tier, load_s))

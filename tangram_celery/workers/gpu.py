@@ -2,7 +2,10 @@
 
 Requests for the same model that wait together in this worker go as one batch (see
 `Batcher`); replicas are loaded on the scheduler's GPU chunk on demand and evicted LRU by
-`reward_servers.replicas.ReplicaManager` (evict-on-execution).
+`reward_servers.replicas.ReplicaManager` (evict-on-execution). Each result says where its call
+found the model (`ActionResult.load_tier`: device, host memory, cold) and what restoring it
+took (`load_s`), and the node's residency goes out as two maps: on the devices, and kept in
+host memory only (issue 38).
 
 At start, a background thread warms the configured services onto free chunks as memory allows
 (`RewardService.warm_up`), so that the first reward actions of a fresh deployment do not pay a
@@ -55,7 +58,7 @@ class GpuHandler:
         self.service = RewardService(cfg, node.name).start()
         models = {m.name: m for m in cfg.reward_models}
         self.batcher = Batcher(
-            self.service.score_timed,
+            self.service.score_traced,
             window_s=lambda m: models[m].batch_window_ms / 1000.0,
             max_batch=lambda m: models[m].max_batch,
         )
@@ -88,7 +91,9 @@ class GpuHandler:
         if self.store is None:
             return
         try:
-            self.store.publish_residency(self.node, self.service.resident_models())
+            self.store.publish_residency(
+                self.node, self.service.resident_models(), host_resident=self.host_residency()
+            )
         except Exception:  # a hint for placement; the next completion carries it too
             log.warning("could not publish the residency of %s", self.node, exc_info=True)
 
@@ -120,6 +125,8 @@ class GpuHandler:
             output=scored.output,
             exec_s=scored.exec_s,
             batch_size=scored.batch_size,
+            load_tier=scored.load_tier,
+            load_s=scored.load_s,
         )
 
     def warm(self, order: GpuWarm) -> None:
@@ -155,7 +162,13 @@ class GpuHandler:
             log.warning("warm %s of %s on %s failed: %s", order.op, order.service, order.chunk, error)
         self._count_replica_changes()
         if self.store is not None:
-            self.store.publish_residency(self.node, self.service.resident_models(), warm=order, error=error)
+            self.store.publish_residency(
+                self.node,
+                self.service.resident_models(),
+                warm=order,
+                error=error,
+                host_resident=self.host_residency(),
+            )
 
     def _count_replica_changes(self) -> None:
         """Carry the replica manager's eviction and load counts into the Prometheus counters."""
@@ -177,6 +190,11 @@ class GpuHandler:
         """Sent with each completion: the node's cached services, so that the scheduler prefers
         chunks that already hold an action's model (evict-on-execution)."""
         return self.service.resident_models()
+
+    def host_residency(self) -> dict[tuple[int, ...], list[str]]:
+        """Sent beside `residency`: the services kept in host memory only, per chunk (a call
+        placed there restores them in ms instead of a cold load)."""
+        return self.service.host_resident_models()
 
     def close(self) -> None:
         self.service.stop()

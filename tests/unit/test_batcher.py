@@ -82,3 +82,29 @@ def test_a_batch_sent_together_goes_as_soon_as_it_is_complete() -> None:
     assert time.monotonic() - t0 < 20, "it did not wait for gather_s"
     assert b.submit("rm", {"i": 9}, (0,), expected=1).batch_size == 1
     assert calls == [5, 1]
+
+
+def test_every_rider_of_a_batch_reports_the_restore_its_call_paid() -> None:
+    """Given a score function that reports its call's tier and load seconds (`Traced`'s shape),
+    every request of the batch gets them; a plain (results, seconds) pair reports none."""
+    from reward_servers.service import Traced
+    from scheduler.gpu_cache import Tier
+
+    def score(model, rows, chunk):
+        return Traced([{"i": r["i"]} for r in rows], 0.01, Tier.COLD, 4.5)
+
+    b = Batcher(score, window_s=lambda m: 0.001, max_batch=lambda m: 8, gather_s=30.0)
+    got = []
+
+    def one(i: int) -> None:
+        s = b.submit("rm", {"i": i}, (0,), expected=3)
+        got.append((s.load_tier, s.load_s, s.batch_size))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [("cold", 4.5, 3)] * 3
+    plain = Batcher(lambda m, rows, c: ([{} for _ in rows], 0.0), lambda m: 0.001, lambda m: 1)
+    assert plain.submit("rm", {}, None)[3:] == ("", 0.0)

@@ -124,3 +124,24 @@ def test_results_are_versioned_and_read_without_a_version() -> None:
     assert old.v == 1 and old.ok and old.attempts == 2
     with pytest.raises(ValidationError):
         res.stdout = "x"  # type: ignore[misc]  # built once, with its timings
+
+
+def test_restore_tiers_travel_from_result_to_completion_and_old_records_read() -> None:
+    """A GPU call's result says where its model was and what restoring it took; its completion
+    carries that and the node's host-memory map. Results, completions and residency reports
+    written before the host tier existed read with no tier, no load and no host map."""
+    res = ActionResult(action_id="a", status=ActionStatus.OK, load_tier="host", load_s=0.02)
+    host = residency({(1,): ["sim"]})
+    ev = Completion.of(res, "w", 1, residency({(0,): ["rm"]}), host)
+    assert (ev.load_tier, ev.load_s, ev.host_resident) == ("host", 0.02, host)
+    back = parse_event(ev.model_dump_json(exclude_none=True))
+    assert isinstance(back, Completion) and resident_map(back.host_resident or []) == {(1,): ["sim"]}
+    old_res = ActionResult.model_validate_json('{"v": 1, "action_id": "a", "status": "ok"}')
+    assert (old_res.load_tier, old_res.load_s) == ("", 0.0)
+    old_ev = parse_event('{"v": 1, "status": "ok", "resident": [{"gpus": [0], "services": ["rm"]}]}')
+    assert isinstance(old_ev, Completion)
+    assert (old_ev.load_tier, old_ev.load_s, old_ev.host_resident) == ("", 0.0, None)
+    old_rep = parse_event('{"type": "residency", "pool": "g0", "resident": []}')
+    assert isinstance(old_rep, ResidencyReport) and old_rep.host_resident is None
+    newer = ActionResult.model_validate({"action_id": "a", "status": "ok", "load_tier": "disk"})
+    assert newer.load_tier == "disk"  # a client reads a tier it does not know (the scheduler skips it)
