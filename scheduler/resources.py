@@ -378,7 +378,7 @@ class ClusterState(ClusterBooks):
         if cache is None:
             gnode.resident = {c: list(v) for c, v in resident.items() if v}
         else:
-            cache.learn(resident, now_s)
+            cache.learn(resident, now_s, host_resident)
         if host_resident is not None:
             gnode.host_tier = True
             on_device = gnode.resident

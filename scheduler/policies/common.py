@@ -277,8 +277,9 @@ def pick_gpu_chunks(
 ) -> list[tuple[int, ...]] | None:
     """Concrete aligned chunks for (action, units) pairs on `node`, or None if they do not fit.
 
-    Largest first; a chunk where the action's service is resident wins, otherwise the chunk in
-    the fullest buddy block (best fit keeps big chunks whole).
+    Largest first; a chunk where the action's service is resident wins, then one where it is
+    kept in host memory (a node with a host tier), otherwise the chunk in the fullest buddy
+    block (best fit keeps big chunks whole).
     """
     free = set(node.free)
     order = sorted(range(len(wanted)), key=lambda i: -wanted[i][1])
@@ -295,10 +296,11 @@ def pick_gpu_chunks(
 
         def score(chunk: tuple[int, ...], service: str = action.target) -> tuple[int, int, int]:
             resident = service in node.resident.get(chunk, ())
+            host = node.host_tier and service in node.host_resident.get(chunk, ())  # issue 38
             block = min(8, node.num_gpus)
             base = chunk[0] - chunk[0] % block
             block_free = sum(1 for g in range(base, base + block) if g in free)
-            return (0 if resident else 1, block_free, chunk[0])
+            return (0 if resident else 1 if host else 2, block_free, chunk[0])
 
         best = min(chunks, key=score)
         free.difference_update(best)

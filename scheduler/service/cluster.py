@@ -4,23 +4,28 @@ from __future__ import annotations
 
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
+from scheduler.restore_cost import RestoreCosts
 from scheduler.service.sandboxes import one_shot_key
 from tangram_celery.common.actions import compile_memory_mb
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.wire import ActionMeta, AllocationWire
 
 
-def build_cluster(cfg: TangramConfig) -> ClusterState:
+def build_cluster(cfg: TangramConfig, restore_costs: RestoreCosts | None = None) -> ClusterState:
     """All pools free, shaped as the config declares (host core ids start at core_offset).
 
     GPU residency is tracked with the workers' memory model (a reward model's replica takes
     its `memory_mb` on every GPU of its chunk), so that the scheduler predicts what a restore
-    evicts until the node reports what it holds."""
+    evicts until the node reports what it holds. Every GPU node shares `restore_costs` (what
+    restores cost per service and tier, learned from the completions; a fresh one if None)."""
     state = ClusterState()
     for n in cfg.nodes.cpu:
         state.cpu[n.name] = CpuNode(name=n.name, numa=n.numa_split(), memory_mb=n.memory_mb)
+    costs = restore_costs if restore_costs is not None else RestoreCosts()
     for g in cfg.nodes.gpu:
-        state.gpu[g.name] = GpuNode(name=g.name, num_gpus=g.num_gpus, gpu_memory_mb=g.gpu_memory_mb)
+        state.gpu[g.name] = GpuNode(
+            name=g.name, num_gpus=g.num_gpus, gpu_memory_mb=g.gpu_memory_mb, restore_costs=costs
+        )
     for a in cfg.apis:
         state.api[a.name] = ApiPool(
             name=a.name,

@@ -24,7 +24,7 @@ from scheduler.service.record import RunRecorder
 from scheduler.service.sandboxes import is_one_shot
 from scheduler.service.sender import Sender
 from scheduler.service.trajectories import TrajectoryBook
-from scheduler.service.warmer import GpuWarmer
+from scheduler.service.warmer import GpuWarmer, predict_host
 from tangram_celery.common.records import PinRecord
 from tangram_celery.common.wire import DispatchRecord, SandboxOrder
 from tangram_celery.store import Store
@@ -152,6 +152,7 @@ class Dispatcher:
         load = plan.gpu_loads.get(alloc.action_id)
         if load is not None:
             state.load_gpu(load, now_s)  # predicted until the node reports what it holds
+            predict_host(state, load.pool, load.victims, (load.chunk, load.service))
         if alloc.evict:
             gens = self.trajectories.evicted(alloc, now_s)
             out.to_close += [(alloc.pool, t, g) for t, g in gens.items()]

@@ -1,5 +1,6 @@
-"""What workers report on the events stream: completions (units released, durations learned,
-trajectories done), actions handed back or cancelled, and what GPU nodes hold."""
+"""What workers report on the events stream: completions (units released, durations and GPU
+restore costs learned, trajectories done), actions handed back or cancelled, and what GPU nodes
+hold (on their devices and in host memory only)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,21 @@ from collections.abc import Callable
 from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
+from scheduler.restore_cost import parse_tier
 from scheduler.service.books import ActionBook
 from scheduler.service.faults import Faults
 from scheduler.service.record import RunRecorder
 from scheduler.service.trajectories import TrajectoryBook
 from scheduler.service.warmer import GpuWarmer
 from tangram_celery.common.records import PinRecord
-from tangram_celery.common.wire import Completion, EventStatus, ResidencyReport, parse_event, resident_map
+from tangram_celery.common.wire import (
+    ChunkServices,
+    Completion,
+    EventStatus,
+    ResidencyReport,
+    parse_event,
+    resident_map,
+)
 from tangram_celery.store import IntakeEntry, Store
 
 log = logging.getLogger("tangram.scheduler")
@@ -61,7 +70,9 @@ class Events:
             action_id = e.fields.get("id", "")
             ev = read_event(e)
             if isinstance(ev, ResidencyReport):
-                self.warmer.learn_residency(ev.pool, resident_map(ev.resident), ev.warm, ev.error)
+                self.warmer.learn_residency(
+                    ev.pool, resident_map(ev.resident), ev.warm, ev.error, _host_map(ev.host_resident)
+                )
             elif ev is None:
                 continue
             elif ev.status is EventStatus.RETRY:
@@ -87,7 +98,9 @@ class Events:
         if alloc is None:
             return False
         if alloc.kind is ResourceKind.GPU and ev.resident is not None:
-            self.warmer.learn_residency(alloc.pool, resident_map(ev.resident))
+            self.warmer.learn_residency(
+                alloc.pool, resident_map(ev.resident), host_resident=_host_map(ev.host_resident)
+            )
         qa = self.books.forget(action_id)
         self.recorder.completed(qa, alloc, ev)
         if qa is not None:
@@ -106,7 +119,13 @@ class Events:
         return True
 
     def _learn(self, qa: QueuedAction, alloc: Allocation, ev: Completion) -> None:
-        """A sample of the action's duration for the estimator, if it ran to a result."""
+        """A sample of the action's duration for the estimator, if it ran to a result; and of
+        its GPU restore, for the node's restore costs (`scheduler.restore_cost`), if it says
+        which tier its model was found in."""
+        tier = parse_tier(ev.load_tier) if alloc.kind is ResourceKind.GPU else None
+        gnode = self.state.gpu.get(alloc.pool) if tier is not None else None
+        if tier is not None and gnode is not None and gnode.restore_costs is not None and qa.target:
+            gnode.restore_costs.observe(qa.target, tier, ev.load_s)
         if not (ev.status.ran and ev.exec_s):
             return
         exec_s: float | None = ev.exec_s
@@ -114,3 +133,8 @@ class Events:
             exec_s = ev.cpu_s / alloc.units if ev.cpu_s else None
         if exec_s:
             self.estimator.observe(qa.kind, alloc.units, exec_s)
+
+
+def _host_map(entries: list[ChunkServices] | None) -> dict[tuple[int, ...], list[str]] | None:
+    """A report's host-memory map (None: the node has no host tier)."""
+    return resident_map(entries) if entries is not None else None

@@ -36,6 +36,7 @@ from scheduler.estimator import DurationEstimator
 from scheduler.model import ResourceKind
 from scheduler.policies import Policy
 from scheduler.queue import WaitingQueue
+from scheduler.restore_cost import RestoreCosts
 from scheduler.round import FairShareSpec, Round
 from scheduler.service.books import ActionBook
 from scheduler.service.cluster import build_cluster
@@ -112,6 +113,7 @@ class SchedulerService:
         self.sender = Sender(app or make_app(broker_url), self.recorder.metrics)
         self.tally = EvictionTally()
         self.dispatched_total = 0
+        self.restore_costs = RestoreCosts()  # learned from completions; kept across `_reset`
         self._build()
         self._stall_logged_s = 0.0
         self._stop = threading.Event()
@@ -119,7 +121,7 @@ class SchedulerService:
     def _build(self) -> None:
         """The resource state, the books and the handlers, all fresh (`start()` recovers them)."""
         cfg, store, sender, clock, metrics = self.cfg, self.store, self.sender, self.clock, self.metrics
-        self.state = state = build_cluster(cfg)
+        self.state = state = build_cluster(cfg, self.restore_costs)
         self.books = books = ActionBook()
         self.trajectories = trajectories = TrajectoryBook(
             state, store, sender, clock, metrics, cfg.sandbox.idle_ttl_s, self.tally

@@ -91,6 +91,8 @@ class RunRecorder:
             "ended_s": qa.submitted_s + ev.act_s,
             "attempt": ev.attempt,
         }
+        if ev.load_tier:  # a GPU call: where its model was, and what restoring it took (issue 38)
+            rec["load_tier"], rec["load_s"] = ev.load_tier, ev.load_s
         line = json.dumps(rec) + "\n"
         self._log.write(line)
         self._size += len(line)

@@ -26,7 +26,7 @@ the same for the simulator and the live service; the live scheduler carries them
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from scheduler.gpu_cache import Chunk, GpuLoad
@@ -70,6 +70,7 @@ class GpuWarmer:
             if node not in self.warm_nodes or self._failed_lately((node, chunk, service)):
                 continue
             self.state.gpu_cache[node].unload(chunk, service)
+            predict_host(self.state, node, evicted=[(chunk, service)])
             self._send(GpuWarm(op="unload", pool=node, chunk=chunk, service=service, seq=next_seq()))
 
     def warm(self, load: GpuLoad, now_s: float) -> None:
@@ -79,6 +80,7 @@ class GpuWarmer:
         if load.pool not in self.warm_nodes or self._failed_lately((load.pool, load.chunk, load.service)):
             return
         self.state.load_gpu(load, now_s)
+        predict_host(self.state, load.pool, load.victims, (load.chunk, load.service))
         self._send(GpuWarm(pool=load.pool, chunk=load.chunk, service=load.service, seq=next_seq()))
 
     def _failed_lately(self, key: WarmKey) -> bool:
@@ -93,9 +95,15 @@ class GpuWarmer:
         self.sender.warm(order)
 
     def learn_residency(
-        self, node: str, resident: dict[Chunk, list[str]], settled: GpuWarm | None = None, error: str = ""
+        self,
+        node: str,
+        resident: dict[Chunk, list[str]],
+        settled: GpuWarm | None = None,
+        error: str = "",
+        host_resident: dict[Chunk, list[str]] | None = None,
     ) -> None:
-        """A GPU node's report of what it holds (`settled`: the warm order it answers), with the
+        """A GPU node's report of what it holds (`settled`: the warm order it answers; and
+        `host_resident`, what it keeps in host memory only, when it has a host tier), with the
         warm orders still under way laid over it: a load holds its chunk, an unload keeps the
         instance out, until the node answers it (or `WARM_TIMEOUT_S` passed)."""
         now = self.clock()
@@ -103,7 +111,7 @@ class GpuWarmer:
             self._settle(node, settled, error, now)
         if self.warming:
             resident = self._under_way(node, resident, now)
-        self.state.learn_residency(node, resident, now)
+        self.state.learn_residency(node, resident, now, host_resident)
 
     def _settle(self, node: str, settled: GpuWarm, error: str, now_s: float) -> None:
         """The node answered warm order `settled` (with `error` when it failed)."""
@@ -132,3 +140,31 @@ class GpuWarmer:
             elif w.order.op == "unload" and service in held:
                 held.remove(service)
         return resident
+
+
+def predict_host(
+    state: ClusterState,
+    node: str,
+    evicted: Iterable[tuple[Chunk, str]] = (),
+    restored: tuple[Chunk, str] | None = None,
+) -> None:
+    """The host tier of GPU `node` as a load or an unload leaves it, in the state's view until
+    the node reports it (a node without a host tier: nothing): instances taken off the device
+    (`evicted`) keep their process and weights in host memory, and the one made resident
+    (`restored`) is on the device, no longer host-only. The node's host budget may have dropped
+    some; its next report says."""
+    gnode = state.gpu.get(node)
+    if gnode is None or not gnode.host_tier:
+        return
+    host = gnode.host_resident
+    for chunk, service in evicted:
+        held = host.setdefault(chunk, [])
+        if service not in held:
+            held.append(service)
+    if restored is not None:
+        chunk, service = restored
+        held = host.get(chunk)
+        if held and service in held:
+            held.remove(service)
+            if not held:
+                del host[chunk]
