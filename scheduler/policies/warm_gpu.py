@@ -20,7 +20,9 @@ free, before the round decides), so calls do not keep landing on a chunk larger 
 allows (`gpu_aware` prefers a resident chunk of any size to a restore).
 
 The executor copies a warm restore's weights in the background; a call that lands on the
-chunk before the copy is done waits for the rest of it.
+chunk before the copy is done waits for the rest of it. On a node with a host tier (issue 38)
+a warm restore goes, among the chunks that fit, to one where the service is kept in host
+memory (a copy instead of a cold load).
 """
 
 from __future__ import annotations
@@ -164,7 +166,9 @@ def _has_free_resident(state: ClusterState, free: Mapping[str, set[int]], servic
 def _free_fitting_chunk(
     state: ClusterState, free: Mapping[str, set[int]], service: str, size: int
 ) -> tuple[str, tuple[int, ...]] | None:
-    """A free aligned `size`-chunk where `service` fits without evicting (most free GPUs first)."""
+    """A free aligned `size`-chunk where `service` fits without evicting (most free GPUs first;
+    on a node with a host tier, a chunk where the service is kept in host memory first: a
+    restore from there is a copy, elsewhere a cold load)."""
     for name in sorted(free, key=lambda n: (-len(free[n]), n)):
         f = free[name]
         if len(f) < size:
@@ -173,8 +177,16 @@ def _free_fitting_chunk(
         cache = state.gpu_cache.get(name)
         if cache is None:
             continue
-        for start in range(0, node.num_gpus - size + 1, size):
-            chunk = tuple(range(start, start + size))
-            if f.issuperset(chunk) and cache.victims(chunk, service) == []:
-                return name, chunk
+        fits = (
+            chunk
+            for start in range(0, node.num_gpus - size + 1, size)
+            if f.issuperset(chunk := tuple(range(start, start + size)))
+            and cache.victims(chunk, service) == []
+        )
+        if node.host_tier:  # host-resident first (min keeps the first of equals)
+            best = min(fits, key=lambda c: service not in node.host_resident.get(c, ()), default=None)
+        else:
+            best = next(fits, None)
+        if best is not None:
+            return name, best
     return None

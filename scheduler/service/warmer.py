@@ -158,9 +158,9 @@ def predict_host(
         return
     host = gnode.host_resident
     for chunk, service in evicted:
-        held = host.setdefault(chunk, [])
-        if service not in held:
-            held.append(service)
+        kept = host.setdefault(chunk, [])
+        if service not in kept:
+            kept.append(service)
     if restored is not None:
         chunk, service = restored
         held = host.get(chunk)

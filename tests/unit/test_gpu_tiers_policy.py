@@ -83,3 +83,16 @@ def test_a_holder_past_its_expected_end_is_not_waited_for() -> None:
     _busy(state, 0, "rm", end_s=-1.0)
     [alloc] = gpu_candidates([_reward("a")], state, 0.0)
     assert alloc.unit_ids == (1,)
+
+
+def test_a_warm_restore_goes_where_the_service_is_kept_in_host_memory() -> None:
+    """Given idle GPUs and rm kept in host memory on GPU 2 of a node with a host tier, the warm
+    placement of rm restores it on GPU 2 (a copy); without a host tier, on the first GPU."""
+    from scheduler.policies.warm_gpu import GpuDemand, warm_placements
+
+    for host_tier, gpu in ((True, 2), (False, 0)):
+        state = _state(host_tier=host_tier)
+        state.attach_gpu_caches(lambda _s, _u: 100)
+        state.gpu["g0"].host_resident[(2,)] = ["rm"]
+        [load] = warm_placements(state, GpuDemand({"rm": (1,)}), [], False, 0.0)
+        assert (load.service, load.chunk) == ("rm", (gpu,))
