@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from reward_servers.control import control_dir
 from reward_servers.naming import aligned_chunks, replica_name
 from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig
 
@@ -72,8 +73,9 @@ def config_pbtxt(
     *,
     cpu_threads: int = 1,
     max_seq_len: int = 512,
+    control: Path | None = None,
 ) -> str:
-    """The config.pbtxt of one replica."""
+    """The config.pbtxt of one replica (`control`: the directory of its control sockets)."""
     if kind == "KIND_GPU":
         group = f"{{ count: 1 kind: KIND_GPU gpus: [ {', '.join(map(str, spec.chunk))} ] }}"
     else:
@@ -86,6 +88,7 @@ def config_pbtxt(
         "max_seq_len": max_seq_len,
         "cpu_threads": cpu_threads,
         "src": str(SRC_ROOT),
+        "control_dir": str(control) if control is not None else None,
     }
     delay_us = round(model.batch_window_ms * 1000)
     return "\n".join(
@@ -120,10 +123,13 @@ def build_repository(
     models = list(models)
     by_name = {m.name: m for m in models}
     specs = replica_specs(models, node)
+    control = control_dir(out)
     for spec in specs:
         d = out / spec.name
         (d / "1").mkdir(parents=True)
-        text = config_pbtxt(by_name[spec.model], spec, kind, cpu_threads=cpu_threads, max_seq_len=max_seq_len)
+        text = config_pbtxt(
+            by_name[spec.model], spec, kind, cpu_threads=cpu_threads, max_seq_len=max_seq_len, control=control
+        )
         (d / "config.pbtxt").write_text(text)
         shutil.copyfile(MODEL_TEMPLATE, d / "1" / "model.py")
     return specs

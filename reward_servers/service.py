@@ -6,7 +6,8 @@
     svc.stop()
 
 `score` takes every request for one model that waited together and sends them as batches to a
-replica of the (model, DoP) service on the chunk, loading/evicting replicas on demand. A crashed
+replica of the (model, DoP) service on the chunk, restoring, loading and evicting replicas on
+demand (evicted replicas stay in host memory within the node's `host_memory_mb`: issue 38). A crashed
 tritonserver is detected (by the monitor thread or a failed call), restarted, and the call retried
 once; failures that remain raise a `RewardServerError` subclass whose `retryable` tells the
 worker whether to retry the actions elsewhere.
@@ -20,11 +21,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from reward_servers import client
 from reward_servers.backends import input_errors
 from reward_servers.backends.rules import verify
+from reward_servers.control import control_dir
 from reward_servers.errors import InferenceFailed, InputRejected, ModelLoadFailed, TritonCrashed
 from reward_servers.naming import parse_name
 from reward_servers.placement import Placement, ScalingPlan, ScalingPolicy
@@ -32,10 +34,21 @@ from reward_servers.profile import DopProfile, batch_tokens
 from reward_servers.replicas import ReplicaManager
 from reward_servers.repository import build_repository
 from reward_servers.triton import ServerInfo, TritonController, TritonServer
+from scheduler.gpu_cache import Tier
 from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig, TangramConfig
 from tangram_celery.common.errors import RewardServerError
 
 log = logging.getLogger(__name__)
+
+
+class Traced(NamedTuple):
+    """A scored call (`RewardService.score_traced`): its results, the scoring's seconds, and
+    what its lease paid before: the tier its replica's weights came from and how long that took."""
+
+    results: list[dict[str, Any]]
+    exec_s: float
+    tier: Tier
+    load_s: float
 
 
 def validate_request(cfg: TangramConfig, model: str, inputs: Any) -> str | None:
@@ -107,10 +120,15 @@ class RewardService:
             )
             self.server = TritonServer(self.work_dir / "repo", self.work_dir)
             self.server.start()
-        self.controller = TritonController(self.server.url)
+        self.controller = TritonController(self.server.url, control=control_dir(self.work_dir / "repo"))
         memory = {name: m.memory_mb for name, m in self.models.items() if m.backend != "rule"}
         self.manager = ReplicaManager(
-            self.controller, self.node.num_gpus, self.node.gpu_memory_mb, memory, policy=self.policy
+            self.controller,
+            self.node.num_gpus,
+            self.node.gpu_memory_mb,
+            memory,
+            host_memory_mb=self.node.host_budget_mb(),
+            policy=self.policy,
         )
         if self.attach:
             ready = [n for n, state in self.controller.loaded().items() if state == "READY"]
@@ -144,6 +162,7 @@ class RewardService:
             if restarted:
                 log.warning("tritonserver restarted (restart #%d)", self.server.restarts)
                 self.controller.retarget(self.server.url)
+                self.controller.forget_controls()
                 self.manager.reset()
                 if self.attach and self.server.info is not None:
                     self.server.info.save(self.work_dir / "server.json")
@@ -220,14 +239,26 @@ class RewardService:
         """`score`, and the seconds the scoring itself took: the inference on the replica, without
         restoring (loading) it or waiting for it. This is what the scheduler's duration estimate
         learns from; a restore depends on where the call was placed, not on the call."""
+        traced = self.score_traced(model, inputs, chunk, dop)
+        return traced.results, traced.exec_s
+
+    def score_traced(
+        self,
+        model: str,
+        inputs: Sequence[Mapping[str, Any]],
+        chunk: tuple[int, ...] | None = None,
+        dop: int | None = None,
+    ) -> Traced:
+        """`score_timed`, and what the call's lease paid: the tier its replica came from
+        (DEVICE: resident; HOST: restored from host memory; COLD: loaded) and the seconds."""
         m = self.validate(model, inputs)
         rows = [dict(r) for r in inputs]
         if m.backend == "rule":
             assert m.rule is not None
             t0 = time.monotonic()
-            return [verify(m.rule, r) for r in rows], time.monotonic() - t0
+            return Traced([verify(m.rule, r) for r in rows], time.monotonic() - t0, Tier.DEVICE, 0.0)
         if not rows:
-            return [], 0.0
+            return Traced([], 0.0, Tier.DEVICE, 0.0)
         dop = len(chunk) if chunk else dop or self.pick_dop(model, rows)
         if dop not in m.dop_options:
             raise InputRejected(f"model {model!r} has no DoP {dop} service; options {m.dop_options}")
@@ -235,12 +266,12 @@ class RewardService:
         for attempt in range(self.retries_on_crash + 1):
             generation = self.generation()
             try:
-                with self.manager.lease(model, dop, chunk) as replica:
+                with self.manager.lease_traced(model, dop, chunk) as (replica, tier, load_s):
                     t0 = time.monotonic()
                     out = client.infer(
                         self.controller, replica.name, rows, max_batch=m.max_batch, parallel=dop
                     )
-                    return out, time.monotonic() - t0
+                    return Traced(out, time.monotonic() - t0, tier, load_s)
             except TritonCrashed:
                 if attempt == self.retries_on_crash:
                     raise
@@ -278,8 +309,9 @@ class RewardService:
 
     def warm_up(self, on_loaded: Callable[[str], object] | None = None, parallel: int = 2) -> dict[str, Any]:
         """Load the configured services onto free chunks as memory allows, before any request
-        (`placement.plan_warmup`; never evicts), `parallel` loads at a time (a load is mostly
-        the Triton stub importing torch: CPU-bound). Meant for a background thread at start: a
+        (`placement.plan_warmup`; never evicts): first those that find no room on the GPUs into
+        the host tier (loaded, then offloaded), then the GPUs' own, `parallel` loads at a time (a
+        load is mostly the Triton stub importing torch: CPU-bound). Meant for a background thread at start: a
         request that arrives meanwhile waits for a replica being warmed instead of loading a
         second one. `on_loaded(replica)` is called after each load. Returns what was loaded and
         what failed; a failed load is logged and leaves its service to load on demand."""
@@ -310,8 +342,11 @@ class RewardService:
             if on_loaded is not None:
                 on_loaded(p.replica)
 
+        plan = manager.plan_warm(self.warm_services())
         with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="tangram-warm") as pool:
-            list(pool.map(warm, manager.plan_warm(self.warm_services())))
+            # the host tier first, while the GPUs are free to load through; then the GPUs
+            list(pool.map(warm, [p for p in plan if p.host]))
+            list(pool.map(warm, [p for p in plan if not p.host]))
         return {"loaded": loaded, "failed": failed, "seconds": time.monotonic() - t0}
 
     def scale(self, demand: Mapping[tuple[str, int], int]) -> ScalingPlan:
@@ -328,3 +363,12 @@ class RewardService:
         """What the scheduler places by: chunk -> models cached there, least recently used
         first. The chunk's size is the service's DoP, so the model name is enough."""
         return {chunk: [parse_name(s)[0] for s in services] for chunk, services in self.resident().items()}
+
+    def host_resident_models(self) -> dict[tuple[int, ...], list[str]]:
+        """chunk -> models whose replica there is kept in host memory only (restorable by a
+        copy), least recently used first."""
+        assert self.manager is not None
+        return {
+            chunk: [parse_name(s)[0] for s in services]
+            for chunk, services in self.manager.host_resident().items()
+        }

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from reward_servers.backends.deps import require
+from reward_servers.control import ControlError, command
 from reward_servers.errors import ModelLoadFailed, TritonCrashed
 from tangram_celery.common import lifeline
 from tangram_celery.common.errors import RewardServerError
@@ -285,11 +286,14 @@ def stop_pid(pid: int, timeout_s: float = 10.0, proc: subprocess.Popen[bytes] | 
 
 
 class TritonController:
-    """Model control over HTTP with tritonclient: load, unload, readiness. One client per thread."""
+    """Model control over HTTP with tritonclient: load, unload, readiness (one client per
+    thread); and, through the replicas' control sockets (`reward_servers.control`, in the
+    directory `control`), moving a loaded replica's weights between the device and host memory."""
 
-    def __init__(self, url: str, *, network_timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str, *, network_timeout_s: float = 300.0, control: Path | None = None) -> None:
         self.url = url
         self.network_timeout_s = network_timeout_s
+        self.control = control
         self._local = threading.local()
 
     def client(self, concurrency: int = 1) -> Any:
@@ -323,6 +327,31 @@ class TritonController:
             if _is_connection_error(e):
                 raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
             raise RewardServerError(f"unloading {name!r} failed: {e}") from None
+
+    def offload(self, name: str, instances: int) -> float:
+        """Move `name`'s weights to host memory on every instance; the longest instance's
+        seconds. RewardServerError if an instance did not (the caller unloads it instead)."""
+        return self._move(name, "offload", instances)
+
+    def restore(self, name: str, instances: int) -> float:
+        """Copy `name`'s weights back to the device on every instance; the longest instance's
+        seconds. RewardServerError if an instance did not (the caller unloads it)."""
+        return self._move(name, "restore", instances)
+
+    def _move(self, name: str, cmd: str, instances: int) -> float:
+        if self.control is None:
+            raise RewardServerError(f"{cmd} {name!r}: this server has no host tier (no control directory)")
+        try:
+            answers = command(self.control, name, cmd, instances)
+        except ControlError as e:
+            raise RewardServerError(f"{cmd} {name!r} failed: {e}") from None
+        return max(float(a.get("seconds", 0.0)) for a in answers)
+
+    def forget_controls(self) -> None:
+        """Remove the control sockets a dead server's instances left (after a restart)."""
+        if self.control is not None and self.control.is_dir():
+            for p in self.control.glob("*.sock"):
+                p.unlink(missing_ok=True)
 
     def is_ready(self, name: str) -> bool:
         try:

@@ -5,12 +5,19 @@ limits) from config.pbtxt, and loads the backend with the real loading code in
 `reward_servers.backends`. Requests carry one JSON document per batch row (TYPE_STRING
 "REQUEST"), results go back the same way ("RESULT"). All requests the dynamic batcher hands over
 in one `execute` call are scored in a single backend call, i.e. one forward pass.
+
+The host tier (issue 38): each instance answers `offload`/`restore`/`state` on its own control
+socket (`reward_servers.control`), moving its backend's weights between the device and their
+host copy while the process, its imports and the model object stay. A batch that reaches an
+offloaded instance (not one the manager leased: Triton's own retry, say) restores it first.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +46,36 @@ class TritonPythonModel:
                 cpu_threads=int(params.get("cpu_threads", 1)),
             ),
         )
+        self.lock = threading.Lock()  # a batch and a weight move never overlap
+        self.weights = getattr(self.backend, "weights", None)
+        self.control = None
+        if params.get("control_dir") and self.weights is not None:
+            from reward_servers.control import ControlServer, socket_path
+
+            path = socket_path(Path(params["control_dir"]), args["model_name"], args["model_instance_name"])
+            self.control = ControlServer(path, self._control)
+
+    def _control(self, cmd: str) -> dict[str, Any]:
+        assert self.weights is not None
+        with self.lock:
+            seconds = 0.0
+            if cmd == "offload":
+                seconds = self.weights.offload()
+            elif cmd == "restore":
+                seconds = self.weights.restore()
+            return {"on_device": self.weights.on_device, "seconds": seconds, "nbytes": self.weights.nbytes}
+
+    def finalize(self) -> None:
+        if self.control is not None:
+            self.control.close()
 
     def execute(self, requests: list[Any]) -> list[Any]:
+        with self.lock:
+            if self.weights is not None and not self.weights.on_device:
+                self.weights.restore()
+            return self._execute(requests)
+
+    def _execute(self, requests: list[Any]) -> list[Any]:
         rows: list[dict[str, Any]] = []
         counts: list[int] = []
         try:

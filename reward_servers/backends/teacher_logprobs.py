@@ -10,6 +10,7 @@ from typing import Any
 
 from reward_servers.backends.base import BackendParams, model_dir, setup_torch
 from reward_servers.backends.deps import require
+from reward_servers.backends.weights import Weights
 
 
 class TeacherLogprobs:
@@ -19,6 +20,7 @@ class TeacherLogprobs:
         path = model_dir(params)
         self.tokenizer = tf.AutoTokenizer.from_pretrained(path)
         self.model = tf.AutoModelForCausalLM.from_pretrained(path).to(params.device).eval()
+        self.weights = Weights(self.torch, [self.model], params.device)  # the host tier
         self.device = params.device
         self.max_len = params.max_seq_len
         self.pad_id = self.tokenizer.pad_token_id

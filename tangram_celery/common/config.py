@@ -120,6 +120,14 @@ class GpuNodeConfig(StrictModel):
         "the background, as memory allows, and (tangram-fast) the ones in demand whenever GPUs are idle "
         "(false: each loads on its first request)",
     )
+    host_memory_mb: int | None = Field(
+        None,
+        ge=0,
+        description="host-memory tier, MiB for the whole node: replicas evicted from a GPU keep their "
+        "process and weights in host memory and come back by a copy, not a cold load (null: twice the "
+        "node's GPU memory, num_gpus x gpu_memory_mb x 2; 0: no host tier, an evicted replica is "
+        "unloaded); at least the node's GPU memory, since every replica on a GPU has its host copy",
+    )
 
     @field_validator("num_gpus")
     @classmethod
@@ -127,6 +135,23 @@ class GpuNodeConfig(StrictModel):
         if v not in (1, 2, 4, 8):
             raise ValueError("num_gpus must be 1, 2, 4 or 8")
         return v
+
+    @model_validator(mode="after")
+    def _host_budget(self) -> GpuNodeConfig:
+        device = self.num_gpus * self.gpu_memory_mb
+        if self.host_memory_mb and self.host_memory_mb < device:
+            raise ValueError(
+                f"host_memory_mb ({self.host_memory_mb}) is below the node's GPU memory ({device} MiB = "
+                "num_gpus x gpu_memory_mb): every replica on a GPU keeps its host copy; raise it, or set 0 "
+                "to turn the host tier off"
+            )
+        return self
+
+    def host_budget_mb(self) -> int:
+        """The host tier's budget in MiB (0: none)."""
+        if self.host_memory_mb is None:
+            return 2 * self.num_gpus * self.gpu_memory_mb
+        return self.host_memory_mb
 
 
 class ApiConfig(StrictModel):
