@@ -9,6 +9,7 @@ are SandboxFusion-shaped too: status SandboxError with a message saying what to 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.types import Scope
 
 from tangram_celery.client.gate import Gate, Late, Outcome, Overloaded
 from tangram_celery.common.actions import CodeAction
-from tangram_celery.common.errors import ActionRejected
+from tangram_celery.common.errors import ActionRejected, BrokerError, TangramError
 from tangram_celery.common.wire import ActionResult
 from tangram_celery.web.phases import (
     COMPILED,
@@ -40,6 +41,7 @@ from tangram_celery.web.sandbox_models import (
 )
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def refusal(message: str, status: str = "rejected", **info: Any) -> RunCodeResponse:
@@ -201,6 +203,11 @@ async def run_code_answer(req: RunCodeRequest, state: Any) -> Answer:
                 outcome = await gate.run(base, t0=t0, budget_s=budget, wait_s=wait)
         except ActionRejected as e:
             return Answer.of(refusal(str(e)))
+        except BrokerError:
+            raise  # 503 with Retry-After, by the caller
+        except TangramError as e:  # the client's own failure (an unreadable or vanished result)
+            log.exception("run_code: action of trajectory %r failed in the client", req.trajectory_id)
+            return Answer.of(refusal(f"{type(e).__name__}: {e}", status="error"))
         return to_response(outcome, req.language, gate.cfg.overload_status)
     finally:
         gate.leave()

@@ -167,6 +167,10 @@ def test_schema_fuzzing_finds_no_server_error(http_deployment: Any, tmp_path: Pa
     )
     if proc.returncode != 0:  # the whole report (pytest shortens a long assertion message)
         print(proc.stdout, proc.stderr, sep="\n")
+        # and the server's side of it: a 5xx is an exception the HTTP server logged
+        log = Path(http_deployment.cfg.state_dir) / "logs" / "http.log"
+        if log.exists():
+            print("---- http.log ----", log.read_text(errors="replace")[-20000:], sep="\n")
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:], time.monotonic() - t0)
 
 
