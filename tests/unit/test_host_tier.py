@@ -4,6 +4,7 @@ simulator charging and counting them."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_learn_replaces_both_maps_in_place() -> None:
     assert cache.tier_of((1,), "c") is Tier.HOST
 
 
-def _mopd(policy: str, host_memory_mb: int | None) -> dict[str, object]:
+def _mopd(policy: str, host_memory_mb: int | None) -> dict[str, Any]:
     cluster = ClusterSpec(cpu_nodes=0, gpus_total=8, host_memory_mb=host_memory_mb)
     return simulate(build("mopd", {"batch": 96}, cluster=cluster), policy).summary()
 
