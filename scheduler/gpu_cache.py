@@ -270,19 +270,21 @@ class GpuCache:
         dropping anything; True when it was added."""
         if self.tier_of(chunk, service) is Tier.DEVICE or service in self.host.get(chunk, ()):
             return False
-        fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)
-        if (
-            self.host_memory_mb is not None
-            and self.host_used_mb() + fp(service, len(chunk)) > self.host_memory_mb
-        ):
+        budget_mb = self.host_memory_mb
+        if budget_mb is not None and self.host_used_mb() + self._host_mb(service, chunk) > budget_mb:
             return False
         _add(self.host, chunk, service)
         return True
 
     def host_used_mb(self) -> int:
         """Host memory held by the node's instances, device-resident and host-only."""
-        fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)
-        return sum(fp(s, len(c)) for m in (self.resident, self.host) for c, ss in m.items() for s in ss)
+        return sum(self._host_mb(s, c) for m in (self.resident, self.host) for c, ss in m.items() for s in ss)
+
+    def _host_mb(self, service: str, chunk: Chunk) -> int:
+        """Host memory of one instance (`host_footprint_mb`, else per-GPU footprint x GPUs)."""
+        if self.host_footprint_mb is not None:
+            return self.host_footprint_mb(service, len(chunk))
+        return self.footprint_mb(service, len(chunk)) * len(chunk)
 
     def _trim_host(self) -> None:
         """Over the host budget: drop host-only instances, least recently used first, until it
@@ -290,14 +292,13 @@ class GpuCache:
         if self.host_memory_mb is None or not self.host:
             return
         over = self.host_used_mb() - self.host_memory_mb
-        fp = self.host_footprint_mb or (lambda s, u: self.footprint_mb(s, u) * u)
         order = sorted((self._used_at_s.get((c, s), 0.0), c, s) for c, ss in self.host.items() for s in ss)
         for _, c, s in order:
             if over <= 0:
                 break
             _take(self.host, c, s)
             self._used_at_s.pop((c, s), None)
-            over -= fp(s, len(c))
+            over -= self._host_mb(s, c)
 
     def preload(self, chunk: Chunk, service: str) -> None:
         """Make `service` resident on `chunk` at start-up (no eviction, no cost)."""
