@@ -105,10 +105,22 @@ class WorkerMetrics:
             "tangram_worker_skipped_total", "Deliveries skipped (duplicate/superseded)", ["pool"], registry=r
         )
         self.evictions = Counter(
-            "tangram_gpu_evictions_total", "Reward services evicted", ["node"], registry=r
+            "tangram_gpu_evictions_total", "Reward services evicted from a GPU chunk", ["node"], registry=r
         )
         self.restores = Counter(
-            "tangram_gpu_restores_total", "Reward services loaded on demand", ["node"], registry=r
+            "tangram_gpu_restores_total", "Reward services loaded cold on demand", ["node"], registry=r
+        )
+        self.host_restores = Counter(
+            "tangram_gpu_host_restores_total",
+            "Reward services restored on demand from host memory (the host tier)",
+            ["node"],
+            registry=r,
+        )
+        self.offloads = Counter(
+            "tangram_gpu_offloads_total",
+            "Evicted reward services kept in host memory (the host tier)",
+            ["node"],
+            registry=r,
         )
         self.warm_loads = Counter(
             "tangram_gpu_warm_loads_total",

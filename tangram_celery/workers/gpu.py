@@ -180,6 +180,8 @@ class GpuHandler:
                 ("evictions", self.metrics.evictions),
                 ("loads", self.metrics.restores),
                 ("warm_loads", self.metrics.warm_loads),
+                ("host_restores", self.metrics.host_restores),
+                ("offloads", self.metrics.offloads),
             ):
                 now = int(manager.stats.get(stat, 0))
                 if now > self._seen.get(stat, 0):
