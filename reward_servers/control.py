@@ -41,9 +41,25 @@ def _h(text: str, n: int) -> str:
 
 
 def control_dir(repository: str | os.PathLike[str]) -> Path:
-    """Where the control sockets of the replicas of `repository` live (not created here)."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
+    """Where the control sockets of the replicas of `repository` live (not created here): what
+    `record` wrote beside it when it was built, else where the build would put them."""
+    recorded = record_path(repository)
+    if recorded.exists():
+        return Path(recorded.read_text().strip())
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = Path(xdg) if xdg and Path(xdg).is_dir() else Path("/tmp")
     return base / f"tangram-ctl-{os.getuid()}" / _h(str(Path(repository).resolve()), 12)
+
+
+def record(repository: str | os.PathLike[str], directory: Path) -> None:
+    """Write `directory` beside `repository` (`<repository>.control`), so that a worker that
+    attaches to the deployed server finds the sockets whatever its own environment says."""
+    record_path(repository).write_text(str(directory) + "\n")
+
+
+def record_path(repository: str | os.PathLike[str]) -> Path:
+    repo = Path(repository).resolve()
+    return repo.with_name(repo.name + ".control")
 
 
 def ensure_private(path: Path) -> Path:

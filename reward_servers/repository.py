@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reward_servers.control import control_dir
+from reward_servers.control import control_dir, record
+from reward_servers.control import record_path as control_record
 from reward_servers.naming import aligned_chunks, replica_name
 from tangram_celery.common.config import GpuNodeConfig, RewardModelConfig
 
@@ -118,12 +119,14 @@ def build_repository(
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
+    control_record(out).unlink(missing_ok=True)  # a fresh build decides afresh
     out.mkdir(parents=True)
     kind = instance_kind(node)
     models = list(models)
     by_name = {m.name: m for m in models}
     specs = replica_specs(models, node)
     control = control_dir(out)
+    record(out, control)
     for spec in specs:
         d = out / spec.name
         (d / "1").mkdir(parents=True)
