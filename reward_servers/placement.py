@@ -11,10 +11,11 @@ room is the scheduler's one eviction rule, `scheduler.gpu_cache.lru_victims`.
 The host tier (issue 38): with a host budget (`host_memory_mb` > 0), a replica that leaves the
 device is *offloaded*: its process and its weights stay in host memory, and a later call on its
 chunk *restores* it (a copy) instead of loading it cold. Every loaded replica is charged its host
-copy (`memory_mb` per instance) against the node's host budget, on the device or not; a cold
-load that would overrun the budget first drops host-only replicas, least recently used first,
-then unloads its device victims instead of offloading them. With no host budget a victim is
-unloaded, as before.
+copy and its processes (`memory_mb` + `host_process_mb` per instance) against the node's host
+budget, on the device or not; a cold load that would overrun the budget first drops host-only
+replicas, least recently used first, then unloads its device victims instead of offloading
+them. The budget bounds what is kept in host memory: a load onto the GPUs still goes ahead when
+only replicas on the GPUs are left to drop. With no host budget a victim is unloaded, as before.
 """
 
 from __future__ import annotations
@@ -71,20 +72,22 @@ class Replica:
     def idle(self) -> bool:
         return self.state is ReplicaState.READY and self.in_flight == 0
 
-    @property
-    def host_mb(self) -> int:
-        """Its host copy: one per instance, an instance per GPU of the chunk."""
-        return self.memory_mb * self.dop
-
 
 @dataclass
 class NodeReplicas:
-    """The replica table of one GPU node (`host_memory_mb` 0: no host tier)."""
+    """The replica table of one GPU node (`host_memory_mb` 0: no host tier; `host_process_mb`:
+    what one instance's process costs in host memory besides its weights)."""
 
     num_gpus: int
     gpu_memory_mb: int
     replicas: dict[str, Replica] = field(default_factory=dict)
     host_memory_mb: int = 0
+    host_process_mb: int = 0
+
+    def host_mb(self, memory_mb: int, dop: int) -> int:
+        """A replica's charge to the host budget: an instance per GPU of its chunk, each with
+        its host copy of the weights and its process."""
+        return (memory_mb + self.host_process_mb) * dop
 
     def used_mb(self, gpu: int) -> int:
         """Memory (MiB) held on `gpu` by replicas on the device (loading, ready, restoring)."""
@@ -92,7 +95,11 @@ class NodeReplicas:
 
     def host_used_mb(self) -> int:
         """Host memory (MiB) charged to loaded replicas, wherever their weights are."""
-        return sum(r.host_mb for r in self.replicas.values() if r.state is not ReplicaState.UNLOADING)
+        return sum(
+            self.host_mb(r.memory_mb, r.dop)
+            for r in self.replicas.values()
+            if r.state is not ReplicaState.UNLOADING
+        )
 
     def of_service(self, model: str, dop: int) -> list[Replica]:
         svc = service_name(model, dop)
@@ -114,6 +121,7 @@ class NodeReplicas:
             self.gpu_memory_mb,
             {k: _copy(r) for k, r in self.replicas.items()},
             self.host_memory_mb,
+            self.host_process_mb,
         )
 
 
@@ -166,7 +174,7 @@ def host_drops(node: NodeReplicas, need_mb: int, victims: Sequence[str] = ()) ->
         if short <= 0:
             break
         out.append(r.name)
-        short -= r.host_mb
+        short -= node.host_mb(r.memory_mb, r.dop)
     return tuple(out)
 
 
@@ -204,7 +212,7 @@ def plan_placement(
     if cold is None:
         return None
     c, victims = cold
-    drops = host_drops(node, memory_mb * dop, victims)
+    drops = host_drops(node, node.host_mb(memory_mb, dop), victims)
     return Placement(replica_name(model, dop, c), c, load=True, victims=victims, drops=drops)
 
 
@@ -253,7 +261,9 @@ def plan_warmup(node: NodeReplicas, services: Sequence[tuple[str, int, int]]) ->
                 if c not in taken
             }
             fits = [c for c, mb in free.items() if mb >= memory_mb]
-            if not fits or (sim.host_memory_mb and sim.host_used_mb() + memory_mb * dop > sim.host_memory_mb):
+            if not fits or (
+                sim.host_memory_mb and sim.host_used_mb() + sim.host_mb(memory_mb, dop) > sim.host_memory_mb
+            ):
                 continue
             chunk = max(fits, key=lambda c: (free[c], -c[0]))
             name = replica_name(model, dop, chunk)
@@ -264,21 +274,39 @@ def plan_warmup(node: NodeReplicas, services: Sequence[tuple[str, int, int]]) ->
 
 
 def _host_warmup(sim: NodeReplicas, services: Sequence[tuple[str, int, int]]) -> list[Placement]:
+    """Host placements: one replica of each service the GPUs have no room for, then, round
+    robin over the services, more on each chunk that has none of the service yet, while the
+    budget holds them (a host copy serves calls on its own chunk only)."""
     out: list[Placement] = []
     if sim.host_memory_mb <= 0:
         return out
-    for model, dop, memory_mb in services:
-        if sim.of_service(model, dop) or sim.host_used_mb() + memory_mb * dop > sim.host_memory_mb:
-            continue
-        chunks = [c for c in aligned_chunks(sim.num_gpus, dop) if memory_mb <= sim.gpu_memory_mb]
-        if not chunks:
-            continue
-        hosted = [r.chunk for r in sim.replicas.values() if r.state is ReplicaState.HOST]
-        chunk = min(chunks, key=lambda c: (sum(bool(set(c) & set(h)) for h in hosted), c))
-        name = replica_name(model, dop, chunk)
-        sim.replicas[name] = Replica(name, model, dop, chunk, memory_mb, ReplicaState.HOST)
-        out.append(Placement(name, chunk, load=True, host=True))
+    todo = list(services)
+    firsts = [s for s in todo if not sim.of_service(s[0], s[1])]
+    for model, dop, memory_mb in firsts:
+        _host_one(sim, model, dop, memory_mb, out)
+    placed = True
+    while placed:
+        placed = False
+        for model, dop, memory_mb in todo:
+            placed = _host_one(sim, model, dop, memory_mb, out) or placed
     return out
+
+
+def _host_one(sim: NodeReplicas, model: str, dop: int, memory_mb: int, out: list[Placement]) -> bool:
+    """Add one host copy of (model, dop) on the chunk without one that holds the fewest host
+    copies (lowest first), if the budget and the GPUs allow; True when it did."""
+    if memory_mb > sim.gpu_memory_mb or sim.host_used_mb() + sim.host_mb(memory_mb, dop) > sim.host_memory_mb:
+        return False
+    taken = {r.chunk for r in sim.of_service(model, dop)}
+    chunks = [c for c in aligned_chunks(sim.num_gpus, dop) if c not in taken]
+    if not chunks:
+        return False
+    hosted = [r.chunk for r in sim.replicas.values() if r.state is ReplicaState.HOST]
+    chunk = min(chunks, key=lambda c: (sum(bool(set(c) & set(h)) for h in hosted), c))
+    name = replica_name(model, dop, chunk)
+    sim.replicas[name] = Replica(name, model, dop, chunk, memory_mb, ReplicaState.HOST)
+    out.append(Placement(name, chunk, load=True, host=True))
+    return True
 
 
 @dataclass(frozen=True)
@@ -366,7 +394,7 @@ def _grow_target(
         if cold is None:
             return None
         c, victims = cold
-        drops = host_drops(node, memory_mb * dop, victims)
+        drops = host_drops(node, node.host_mb(memory_mb, dop), victims)
         return Placement(replica_name(model, dop, c), c, load=True, victims=victims, drops=drops)
     finally:
         for n, v in saved.items():

@@ -55,11 +55,14 @@ class ReplicaManager:
         memory_mb: Mapping[str, int],
         *,
         host_memory_mb: int = 0,
+        host_process_mb: int = 0,
         policy: ScalingPolicy = ScalingPolicy(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.controller = controller
-        self.node = NodeReplicas(num_gpus, gpu_memory_mb, host_memory_mb=host_memory_mb)
+        self.node = NodeReplicas(
+            num_gpus, gpu_memory_mb, host_memory_mb=host_memory_mb, host_process_mb=host_process_mb
+        )
         self.memory_mb = dict(memory_mb)  # model -> MiB per GPU of a replica
         self.policy = policy
         self.clock = clock
@@ -284,7 +287,7 @@ class ReplicaManager:
             r = self.node.replicas.get(name)
             room = all(self.node.used_mb(g) + mem <= self.node.gpu_memory_mb for g in chunk)
             host_full = bool(self.node.host_memory_mb) and (
-                self.node.host_used_mb() + mem * dop > self.node.host_memory_mb
+                self.node.host_used_mb() + self.node.host_mb(mem, dop) > self.node.host_memory_mb
             )
             if not room or (r is None and host_full):
                 return False

@@ -128,6 +128,7 @@ class RewardService:
             self.node.gpu_memory_mb,
             memory,
             host_memory_mb=self.node.host_budget_mb(),
+            host_process_mb=self.node.host_process_mb,
             policy=self.policy,
         )
         if self.attach:

@@ -128,6 +128,12 @@ class GpuNodeConfig(StrictModel):
         "node's GPU memory, num_gpus x gpu_memory_mb x 2; 0: no host tier, an evicted replica is "
         "unloaded); at least the node's GPU memory, since every replica on a GPU has its host copy",
     )
+    host_process_mb: int = Field(
+        512,
+        ge=0,
+        description="host memory charged to the host tier per Triton instance besides its weights: "
+        "its process (Python, torch, the tokenizer; about 400 MiB resident here)",
+    )
 
     @field_validator("num_gpus")
     @classmethod

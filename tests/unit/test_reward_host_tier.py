@@ -148,3 +148,22 @@ def test_the_lifecycle_allows_a_round_trip_through_host_memory_only() -> None:
     with pytest.raises(ValueError):
         node.transition("a", ReplicaState.RESTORING)  # only a host-only replica is restored
     assert node.used_mb(0) == 1024 and node.host_used_mb() == 1024
+
+
+def test_warm_up_fills_every_chunk_round_robin_while_the_budget_holds() -> None:
+    """Two GPUs with room for one service each: the third gets a host copy first, then every
+    service one on each chunk where it has none, round robin, until the budget (weights and
+    processes) is spent: a host copy serves calls on its own chunk only."""
+    node = NodeReplicas(2, 1024, host_memory_mb=6 * 1536, host_process_mb=512)
+    plan = plan_warmup(node, [("a", 1, 1024), ("b", 1, 1024), ("c", 1, 1024)])
+    device = [p.replica for p in plan if not p.host]
+    host = [p.replica for p in plan if p.host]
+    assert device == ["a__dop1__g0", "b__dop1__g1"]
+    assert host == ["c__dop1__g0", "a__dop1__g1", "b__dop1__g0", "c__dop1__g1"]  # 6 x 1536 MiB in all
+
+
+def test_a_replica_is_charged_its_processes_too() -> None:
+    node = NodeReplicas(2, 1024, host_memory_mb=4096, host_process_mb=512)
+    node.replicas["a"] = Replica("a", "a", 2, (0, 1), 512, ReplicaState.HOST)
+    assert node.host_used_mb() == 2 * (512 + 512)
+    assert GpuNodeConfig(name="g0", num_gpus=1, gpu_memory_mb=1024).host_process_mb == 512
