@@ -43,22 +43,27 @@ class GpuExecution(SimBase):
 
     def _warm_host(self, name: str, cache: GpuCache) -> None:
         """The host tier's warm-up before the first call, as the live worker's
-        (`reward_servers.placement.plan_warmup`): one host-only instance of each service, at
-        the smallest chunk its footprint fits, on the chunk overlapping the fewest host-only
-        instances, while the budget holds them."""
+        (`reward_servers.placement.plan_warmup`), while the node's host budget holds it: first
+        one host-only instance of each service at the smallest chunk size its footprint fits;
+        then more, round robin over the services, one per service a turn, on the chunks that
+        hold no instance of it yet, of each of its chunk sizes in turn, smallest first. Each
+        goes to the chunk overlapping the fewest host-only instances (lowest first on a tie). A
+        service stops at the first instance the budget cannot hold (the next are no smaller)."""
         gpus = self.state.gpu[name].num_gpus
-        for service in sorted(self.scenario.model_mb):
-            sizes = [
+        sizes_of = {
+            service: [
                 u
                 for u in GPU_CHUNK_SIZES
                 if u <= gpus and self._footprint_mb(service, u) <= cache.gpu_memory_mb
             ]
-            if not sizes:
-                continue
-            chunks = [tuple(range(a, a + sizes[0])) for a in range(0, gpus - sizes[0] + 1, sizes[0])]
-            hosted = [c for c, ss in cache.host.items() for _ in ss]
-            chunk = min(chunks, key=lambda c: (sum(bool(set(c) & set(h)) for h in hosted), c))
-            cache.warm_host(chunk, service)
+            for service in sorted(self.scenario.model_mb)
+        }
+        sizes_of = {s: sizes for s, sizes in sizes_of.items() if sizes}
+        for service, sizes in sizes_of.items():
+            _warm_one(cache, service, sizes[:1], gpus)
+        todo = list(sizes_of)
+        while todo:
+            todo = [s for s in todo if _warm_one(cache, s, sizes_of[s], gpus)]
 
     def _warm(self, now: float, load: GpuLoad) -> None:
         """A warm restore: the weights are copied onto the chunk in the background (the GPUs
@@ -139,3 +144,20 @@ class GpuExecution(SimBase):
     def _host_footprint_mb(self, service: str, units: int) -> int:
         model_mb = self.scenario.model_mb.get(service, DEFAULT_MODEL_MB)
         return self.params.host_footprint_mb(model_mb, units)
+
+
+def _warm_one(cache: GpuCache, service: str, sizes: list[int], gpus: int) -> bool:
+    """Put one more host-only instance of `service` on a node of `gpus` GPUs: on a chunk of the
+    first of `sizes` that has a chunk without one, the chunk overlapping the fewest host-only
+    instances (lowest first on a tie); False when none is left or the host budget is full."""
+    for u in sizes:
+        chunks = [
+            c
+            for a in range(0, gpus - u + 1, u)
+            if cache.tier_of(c := tuple(range(a, a + u)), service) is Tier.COLD
+        ]
+        if chunks:
+            hosted = [c for c, ss in cache.host.items() for _ in ss]
+            chunk = min(chunks, key=lambda c: (sum(bool(set(c) & set(h)) for h in hosted), c))
+            return cache.warm_host(chunk, service)
+    return False

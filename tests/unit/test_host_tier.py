@@ -12,7 +12,9 @@ from scheduler.gpu_cache import GpuCache, GpuLoad, Tier
 from scheduler.policies import get_policy
 from scheduler.sim import ClusterSpec, build, simulate
 from scheduler.sim.cli import main
+from scheduler.sim.cluster import ExecParams
 from scheduler.sim.engine import Simulator
+from scheduler.sim.scenarios import MopdParams
 
 pytestmark = pytest.mark.unit
 
@@ -122,7 +124,8 @@ def test_the_policies_see_the_host_tier_as_live() -> None:
     sim = Simulator(build("mopd", {"batch": 32}, cluster=cluster), get_policy("tangram-dp"))
     node = sim.state.gpu["gpu0"]
     assert node.host_tier and node.host_resident is sim.caches["gpu0"].host
-    assert sum(len(v) for v in node.host_resident.values()) == 10  # the warm-up: one per service
+    assert sum(len(v) for v in node.host_resident.values()) > 10  # the warm-up: more than one per service
+    assert sim.caches["gpu0"].host_used_mb() <= 2_097_152
     result = sim.run()
     assert result.cold_loads + result.restores > 0
     learned = {tier for _, tier in sim.restore_costs.learned()}
@@ -135,3 +138,47 @@ def test_the_cli_takes_a_host_budget_per_gpu_node(capsys: pytest.CaptureFixture[
     assert main([*argv, "--cluster", "host_memory_mb=0", "--policy", "tangram-dp"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["loads_by_tier"]["host"] == 0 and summary["cold_loads"] > 0
+
+
+def _every_copy_mb() -> int:
+    """Host memory of every (service, chunk) instance of MOPD's teachers on a node of 8 GPUs:
+    15 chunks (8 of one GPU, 4 of two, 2 of four, 1 of eight) per service, each instance its
+    weights plus a process per GPU."""
+    per_gpu = ExecParams().host_process_mb
+    return sum(15 * mb + 4 * 8 * per_gpu for mb in MopdParams().model_mb)
+
+
+def _warmed(host_memory_mb: int) -> Simulator:
+    cluster = ClusterSpec(cpu_nodes=0, gpus_total=8, host_memory_mb=host_memory_mb)
+    return Simulator(build("mopd", {"batch": 96}, cluster=cluster), get_policy("tangram-fast"))
+
+
+def test_the_warm_up_fills_the_host_tier_as_far_as_its_budget_goes() -> None:
+    """Given a budget for every (service, chunk) instance, the warm-up puts all 150 in host
+    memory; given 2 TiB it fills the budget, round robin: every service on all its one-GPU
+    chunks before any two-GPU one, one instance per service a turn."""
+    cache = _warmed(_every_copy_mb()).caches["gpu0"]
+    assert sum(len(v) for v in cache.host.values()) == 150
+    assert cache.host_used_mb() == _every_copy_mb()
+    cache = _warmed(2_097_152).caches["gpu0"]
+    used = cache.host_used_mb()
+    assert used <= 2_097_152 < used + ExecParams().host_footprint_mb(min(MopdParams().model_mb), 1)
+    chunks_of: dict[str, list[tuple[int, ...]]] = {}
+    for c, services in cache.host.items():
+        for s in services:
+            chunks_of.setdefault(s, []).append(c)
+    assert len(chunks_of) == 10
+    for chunks in chunks_of.values():
+        sizes = sorted(len(c) for c in chunks)
+        assert sizes[0] == 1 and (max(sizes) == 1 or sizes.count(1) == 8)
+    counts = [len(c) for c in chunks_of.values()]
+    assert max(counts) - min(counts) <= 1  # one more per service a turn
+
+
+@pytest.mark.parametrize("policy", ["tangram-fast", "tangram-dp"])
+def test_with_every_instance_in_host_memory_no_call_loads_cold(policy: str) -> None:
+    """Given a host budget that holds every (service, chunk) instance, the warm-up fills it and
+    no call pays a cold load; given a tight one (256 GiB) cold loads appear."""
+    full, tight = (_mopd(policy, mb) for mb in (_every_copy_mb(), 262_144))
+    assert full["cold_loads"] == 0 and full["restores"] > 0
+    assert tight["cold_loads"] > 0
