@@ -38,32 +38,72 @@ Choice = tuple[float, str, tuple[int, ...]]  # (expected seconds, GPU node, chun
 WAIT = "wait"  # `Tiers.choose`: the action waits for a busy chunk where it is resident
 
 
-def resident_free_chunk(node: GpuNode, free: set[int], service: str, units: int) -> tuple[int, ...] | None:
-    """A free aligned `units`-chunk of `node` where `service` is resident, if any."""
-    for chunk, services in node.resident.items():
-        if len(chunk) == units and service in services and free.issuperset(chunk):
-            return chunk
-    return None
+class Residents:
+    """Over one pass of `gpu_candidates`: the chunks where each service is resident, per GPU
+    node, in `state.gpu` then `GpuNode.resident` order (residency does not change in a pass;
+    services repeat a lot in a queue, so each is looked up once)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._of: dict[str, list[tuple[str, list[tuple[int, ...]]]]] = {}
+        self._by_size: dict[str, list[tuple[str, dict[int, list[tuple[int, ...]]]]]] = {}
+
+    def of(self, service: str) -> list[tuple[str, list[tuple[int, ...]]]]:
+        """(node, chunks where `service` is resident) for each node with at least one."""
+        got = self._of.get(service)
+        if got is None:
+            got = []
+            for name, node in self.state.gpu.items():
+                chunks = [c for c, services in node.resident.items() if service in services]
+                if chunks:
+                    got.append((name, chunks))
+            self._of[service] = got
+        return got
+
+    def by_size(self, service: str) -> list[tuple[str, dict[int, list[tuple[int, ...]]]]]:
+        """`of(service)` with each node's chunks grouped by size (GPUs), in the same order."""
+        got = self._by_size.get(service)
+        if got is None:
+            got = []
+            for name, chunks in self.of(service):
+                sized: dict[int, list[tuple[int, ...]]] = {}
+                for chunk in chunks:
+                    sized.setdefault(len(chunk), []).append(chunk)
+                got.append((name, sized))
+            self._by_size[service] = got
+        return got
+
+    def fastest_free(self, action: QueuedAction, free: dict[str, set[int]]) -> Choice | None:
+        """The free resident chunk (of any allowed size) where `action` runs fastest, the first
+        of equals in node then size order, per node and size the first in residency order;
+        None if there is none."""
+        best: Choice | None = None
+        for name, sized in self.by_size(action.target):
+            f = free[name]
+            if not f:
+                continue
+            for units in action.cost.units.units:
+                for chunk in sized.get(units, ()):
+                    if f.issuperset(chunk):
+                        dur_s = action.duration_s(units)
+                        if best is None or dur_s < best[0]:
+                            best = (dur_s, name, chunk)
+                        break
+        return best
 
 
 def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
     """FCFS per service; each action on a resident chunk if one is free, else (with a host tier)
     the cheapest of a host restore, a cold load and waiting (`Tiers`), else at its minimum."""
     free = {n: set(g.free) for n, g in state.gpu.items()}
-    tiers = Tiers(state, now_s) if any(g.host_tier for g in state.gpu.values()) else None
+    residents = Residents(state)
+    tiers = Tiers(state, now_s, residents) if any(g.host_tier for g in state.gpu.values()) else None
     out: list[Allocation] = []
     rest: list[QueuedAction] = []
     for action in actions:
         if not any(free.values()):
             break  # nothing left to place: the rest waits
-        best: Choice | None = None
-        for name, node in state.gpu.items():
-            for units in action.cost.units.units:
-                chunk = resident_free_chunk(node, free[name], action.target, units)
-                if chunk is not None:
-                    dur_s = action.duration_s(units)
-                    if best is None or dur_s < best[0]:
-                        best = (dur_s, name, chunk)
+        best = residents.fastest_free(action, free)
         if best is None and tiers is not None:
             choice = tiers.choose(action, free)
             if choice == WAIT:
@@ -99,67 +139,119 @@ def residency_gpu_solver(problem: PoolProblem) -> Decision:
     return drop_tail(problem, lambda opts: arrange(op, opts), len(node.free), fixed=fixed)
 
 
+Option = tuple[str, int, float, tuple[int, ...]]  # (GPU node, size, restore seconds, chunk)
+Busy = tuple[str, tuple[int, ...], float]  # (GPU node, chunk, when its last holder ends in s)
+
+
 class Tiers:
     """`gpu_candidates`' choice for an action with no free resident chunk, on a cluster with a
     host tier (see the module doc). Remembers, over one pass, the waiters it sent to each busy
-    chunk, so that the next one counts them."""
+    chunk, so that the next one counts them.
 
-    def __init__(self, state: ClusterState, now_s: float) -> None:
+    What does not change in a pass is worked out once per pass, on first use: per service and
+    allowed sizes the aligned chunks where a call would restore from host memory or load cold,
+    with their restore costs (`options`); per service the busy chunks where it is resident,
+    with their holders' last expected end (`busy`). Per action only the free sets (taken as the
+    pass goes) and the waiters counted so far are looked at."""
+
+    def __init__(self, state: ClusterState, now_s: float, residents: Residents | None = None) -> None:
         self.state, self.now_s = state, now_s
+        self.residents = residents or Residents(state)
         self.queued_s: dict[tuple[str, tuple[int, ...]], float] = {}  # waiters' seconds per chunk
+        self._options: dict[tuple[str, tuple[int, ...]], tuple[list[Option], list[Option]]] = {}
+        self._busy: dict[str, list[Busy]] = {}
 
     def choose(self, action: QueuedAction, free: dict[str, set[int]]) -> Choice | str | None:
         """A host-restore placement (expected seconds, node, chunk), `WAIT`, or None (the
         minimum-size placement, a cold load, as without tiers)."""
-        service, sizes = action.target, [u for u in action.cost.units.units if u in GPU_CHUNK_SIZES]
+        sizes = tuple(u for u in action.cost.units.units if u in GPU_CHUNK_SIZES)
         if not sizes:
             return None
-        lo = min(sizes)
+        hosts, colds = self.options(action.target, sizes, free)
         host: Choice | None = None
+        for name, units, restore_s, chunk in hosts:
+            if free[name].issuperset(chunk):
+                cost_s = restore_s + action.duration_s(units)
+                if host is None or cost_s < host[0]:
+                    host = (cost_s, name, chunk)
         cold_s: float | None = None
-        for name, node in self.state.gpu.items():
-            f = free[name]
-            for units in sizes:
-                for start in range(0, node.num_gpus - units + 1, units):
-                    chunk = tuple(range(start, start + units))
-                    if not f.issuperset(chunk):
-                        continue
-                    tier = node.tier(chunk, service)
-                    cost_s = node.restore_s(chunk, service) + action.duration_s(units)
-                    if tier is Tier.HOST and (host is None or cost_s < host[0]):
-                        host = (cost_s, name, chunk)
-                    elif tier is Tier.COLD and units == lo and (cold_s is None or cost_s < cold_s):
-                        cold_s = cost_s
-        now_best = min((c for c in (host[0] if host else None, cold_s) if c is not None), default=None)
-        if now_best is None:
+        for name, units, restore_s, chunk in colds:
+            if free[name].issuperset(chunk):
+                cost_s = restore_s + action.duration_s(units)
+                if cold_s is None or cost_s < cold_s:
+                    cold_s = cost_s
+        if host is None and cold_s is None:
             return None  # nothing fits now: it waits as before
+        now_best = min(c for c in (host[0] if host else None, cold_s) if c is not None)
         wait = self._wait(action, now_best)
         if wait is not None:
             self.queued_s[wait] = self.queued_s.get(wait, 0.0) + action.duration_s(len(wait[1]))
             return WAIT
         return host if host is not None and host[0] <= now_best else None
 
+    def options(
+        self, service: str, sizes: tuple[int, ...], free: dict[str, set[int]]
+    ) -> tuple[list[Option], list[Option]]:
+        """The free aligned chunks of the allowed `sizes` where a call of `service` would
+        restore from host memory, and those of the smallest size where it would load cold, each
+        with the restore's expected seconds, in node, size then chunk order. Built on first use
+        in the pass from the `free` sets then: they only shrink as the pass places actions, so
+        a chunk busy then stays busy (the caller checks the rest)."""
+        key = (service, sizes)
+        got = self._options.get(key)
+        if got is None:
+            got = ([], [])
+            lo = min(sizes)
+            for name, node in self.state.gpu.items():
+                f = free[name]
+                for units in sizes:
+                    for start in range(0, node.num_gpus - units + 1, units):
+                        chunk = tuple(range(start, start + units))
+                        if not f.issuperset(chunk):
+                            continue
+                        tier = node.tier(chunk, service)
+                        if tier is Tier.HOST:
+                            got[0].append((name, units, node.restore_s(chunk, service), chunk))
+                        elif tier is Tier.COLD and units == lo:
+                            got[1].append((name, units, node.restore_s(chunk, service), chunk))
+            self._options[key] = got
+        return got
+
     def _wait(self, action: QueuedAction, within_s: float) -> tuple[str, tuple[int, ...]] | None:
         """A busy chunk where `action`'s service is resident that would run it sooner than
         `within_s` from now (its holders' expected ends and earlier waiters counted); None if
         none would. A holder past its expected end is not waited for (its end is unknown)."""
-        state, now_s, service = self.state, self.now_s, action.target
+        sizes = action.cost.units.units
         best: tuple[float, tuple[str, tuple[int, ...]]] | None = None
-        for name, node in state.gpu.items():
-            if f"gpu:{name}" in state.offline:
+        for name, chunk, end_s in self.busy(action.target):
+            if len(chunk) not in sizes:
                 continue
-            for chunk, services in node.resident.items():
-                if service not in services or len(chunk) not in action.cost.units.units:
-                    continue
-                ends = [
-                    state.expected_end_s.get(aid, now_s)
-                    for aid, a in state.running_in(ResourceKind.GPU, name).items()
-                    if set(a.unit_ids) & set(chunk)
-                ]
-                if not ends or min(ends) <= now_s:
-                    continue  # free (taken this pass), or a holder overran: not worth a bet
-                ready_s = max(ends) + self.queued_s.get((name, chunk), 0.0)
-                done_s = ready_s - now_s + action.duration_s(len(chunk))
-                if done_s < within_s and (best is None or done_s < best[0]):
-                    best = (done_s, (name, chunk))
+            ready_s = end_s + self.queued_s.get((name, chunk), 0.0)
+            done_s = ready_s - self.now_s + action.duration_s(len(chunk))
+            if done_s < within_s and (best is None or done_s < best[0]):
+                best = (done_s, (name, chunk))
         return best[1] if best is not None else None
+
+    def busy(self, service: str) -> list[Busy]:
+        """The chunks of online nodes where `service` is resident and held by running calls
+        all expected to end after now, with the last of those ends, in node then residency
+        order (a chunk free at the pass's start, or with a holder past its expected end, is
+        left out)."""
+        got = self._busy.get(service)
+        if got is None:
+            state, now_s = self.state, self.now_s
+            got = []
+            for name, chunks in self.residents.of(service):
+                if f"gpu:{name}" in state.offline:
+                    continue
+                running = state.running_in(ResourceKind.GPU, name)
+                for chunk in chunks:
+                    ends = [
+                        state.expected_end_s.get(aid, now_s)
+                        for aid, a in running.items()
+                        if not set(a.unit_ids).isdisjoint(chunk)
+                    ]
+                    if ends and min(ends) > now_s:
+                        got.append((name, chunk, max(ends)))
+            self._busy[service] = got
+        return got
