@@ -32,7 +32,7 @@ from scheduler.gpu_cache import Tier
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.elastic import Decision, PoolProblem, drop_tail
 from scheduler.policies.fcfs_min import fcfs_prefix
-from scheduler.resources import GPU_CHUNK_SIZES, ClusterState, GpuNode
+from scheduler.resources import GPU_CHUNK_SIZES, ClusterState
 
 Choice = tuple[float, str, tuple[int, ...]]  # (expected seconds, GPU node, chunk)
 WAIT = "wait"  # `Tiers.choose`: the action waits for a busy chunk where it is resident
