@@ -124,9 +124,10 @@ class GpuNodeConfig(StrictModel):
         None,
         ge=0,
         description="host-memory tier, MiB for the whole node: replicas evicted from a GPU keep their "
-        "process and weights in host memory and come back by a copy, not a cold load (null: twice the "
-        "node's GPU memory, num_gpus x gpu_memory_mb x 2; 0: no host tier, an evicted replica is "
-        "unloaded); at least the node's GPU memory, since every replica on a GPU has its host copy",
+        "process and weights in host memory and come back by a copy, not a cold load (null: half the "
+        "physical memory of the host the GPU worker runs on, and at least the node's GPU memory; 0: no "
+        "host tier, an evicted replica is unloaded); at least the node's GPU memory, since every replica "
+        "on a GPU has its host copy",
     )
     host_process_mb: int = Field(
         512,
@@ -154,9 +155,10 @@ class GpuNodeConfig(StrictModel):
         return self
 
     def host_budget_mb(self) -> int:
-        """The host tier's budget in MiB (0: none)."""
+        """The host tier's budget in MiB (0: none); the default is read on the GPU worker's host."""
         if self.host_memory_mb is None:
-            return 2 * self.num_gpus * self.gpu_memory_mb
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+            return max(physical // 2, self.num_gpus * self.gpu_memory_mb)
         return self.host_memory_mb
 
 

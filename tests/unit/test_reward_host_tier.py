@@ -132,9 +132,13 @@ def test_retire_offloads_with_a_host_tier() -> None:
     assert m.host_resident() == {(0,): ["a__dop1"]} and ctl.on_host == {"a__dop1__g0"}
 
 
-def test_the_host_budget_defaults_to_twice_the_gpu_memory_and_must_hold_it() -> None:
-    node = GpuNodeConfig(name="g0", num_gpus=2, gpu_memory_mb=1024)
-    assert node.host_budget_mb() == 4096
+def test_the_host_budget_defaults_to_half_the_host_memory_and_must_hold_the_gpus() -> None:
+    import os
+
+    half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 >> 20
+    assert GpuNodeConfig(name="g0", num_gpus=2, gpu_memory_mb=1024).host_budget_mb() == max(half, 2048)
+    huge = GpuNodeConfig(name="g0", num_gpus=8, gpu_memory_mb=1 << 20)  # more GPU memory than host RAM
+    assert huge.host_budget_mb() == 8 << 20
     assert GpuNodeConfig(name="g0", num_gpus=2, gpu_memory_mb=1024, host_memory_mb=0).host_budget_mb() == 0
     with pytest.raises(ValueError, match="below the node's GPU memory"):
         GpuNodeConfig(name="g0", num_gpus=2, gpu_memory_mb=1024, host_memory_mb=1024)
