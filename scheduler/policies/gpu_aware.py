@@ -46,7 +46,7 @@ class Residents:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
         self._of: dict[str, list[tuple[str, list[tuple[int, ...]]]]] = {}
-        self._by_size: dict[str, list[tuple[str, dict[int, list[tuple[int, ...]]]]]] = {}
+        self._free_by_size: dict[str, list[tuple[str, dict[int, list[tuple[int, ...]]]]]] = {}
 
     def of(self, service: str) -> list[tuple[str, list[tuple[int, ...]]]]:
         """(node, chunks where `service` is resident) for each node with at least one."""
@@ -60,17 +60,23 @@ class Residents:
             self._of[service] = got
         return got
 
-    def by_size(self, service: str) -> list[tuple[str, dict[int, list[tuple[int, ...]]]]]:
-        """`of(service)` with each node's chunks grouped by size (GPUs), in the same order."""
-        got = self._by_size.get(service)
+    def free_by_size(
+        self, service: str, free: dict[str, set[int]]
+    ) -> list[tuple[str, dict[int, list[tuple[int, ...]]]]]:
+        """`of(service)` less the chunks not all in `free`, each node's grouped by size (GPUs).
+        Built on first use in the pass: the free sets only shrink as the pass places actions,
+        so a chunk busy then stays busy (the caller checks the rest)."""
+        got = self._free_by_size.get(service)
         if got is None:
             got = []
             for name, chunks in self.of(service):
                 sized: dict[int, list[tuple[int, ...]]] = {}
                 for chunk in chunks:
-                    sized.setdefault(len(chunk), []).append(chunk)
-                got.append((name, sized))
-            self._by_size[service] = got
+                    if free[name].issuperset(chunk):
+                        sized.setdefault(len(chunk), []).append(chunk)
+                if sized:
+                    got.append((name, sized))
+            self._free_by_size[service] = got
         return got
 
     def fastest_free(self, action: QueuedAction, free: dict[str, set[int]]) -> Choice | None:
@@ -78,10 +84,8 @@ class Residents:
         of equals in node then size order, per node and size the first in residency order;
         None if there is none."""
         best: Choice | None = None
-        for name, sized in self.by_size(action.target):
+        for name, sized in self.free_by_size(action.target, free):
             f = free[name]
-            if not f:
-                continue
             for units in action.cost.units.units:
                 for chunk in sized.get(units, ()):
                     if f.issuperset(chunk):
@@ -98,9 +102,9 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
     free = {n: set(g.free) for n, g in state.gpu.items()}
     residents = Residents(state)
     tiers = Tiers(state, now_s, residents) if any(g.host_tier for g in state.gpu.values()) else None
-    out: list[Allocation] = []
-    rest: list[QueuedAction] = []
-    for action in actions:
+    out: list[tuple[int, Allocation]] = []  # (place in `actions`, allocation)
+    rest: list[tuple[int, QueuedAction]] = []
+    for i, action in enumerate(actions):
         if not any(free.values()):
             break  # nothing left to place: the rest waits
         best = residents.fastest_free(action, free)
@@ -110,18 +114,19 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
                 continue
             best = choice if isinstance(choice, tuple) else None
         if best is None:
-            rest.append(action)
+            rest.append((i, action))
             continue
         _, name, chunk = best
         free[name].difference_update(chunk)
-        out.append(Allocation(action.action_id, ResourceKind.GPU, name, len(chunk), chunk))
+        out.append((i, Allocation(action.action_id, ResourceKind.GPU, name, len(chunk), chunk)))
     if rest and any(free.values()):
         work = state.copy()
         for name, f in free.items():
             work.gpu[name].free = f
-        out.extend(fcfs_prefix(rest, work, now_s)[0])
-    order = {a.action_id: i for i, a in enumerate(actions)}
-    return sorted(out, key=lambda a: order[a.action_id])
+        at = {a.action_id: i for i, a in rest}
+        out.extend((at[a.action_id], a) for a in fcfs_prefix([a for _, a in rest], work, now_s)[0])
+    out.sort(key=lambda placed: placed[0])
+    return [alloc for _, alloc in out]
 
 
 def residency_gpu_solver(problem: PoolProblem) -> Decision:
@@ -140,7 +145,9 @@ def residency_gpu_solver(problem: PoolProblem) -> Decision:
 
 
 Option = tuple[str, int, float, tuple[int, ...]]  # (GPU node, size, restore seconds, chunk)
-Busy = tuple[str, tuple[int, ...], float]  # (GPU node, chunk, when its last holder ends in s)
+ChunkKey = tuple[str, tuple[int, ...]]  # (GPU node, chunk)
+# (place in node then residency order, busy chunk's id in the pass, its last holder's end in s)
+Busy = tuple[int, int, float]
 
 
 class Tiers:
@@ -149,109 +156,144 @@ class Tiers:
     chunk, so that the next one counts them.
 
     What does not change in a pass is worked out once per pass, on first use: per service and
-    allowed sizes the aligned chunks where a call would restore from host memory or load cold,
-    with their restore costs (`options`); per service the busy chunks where it is resident,
-    with their holders' last expected end (`busy`). Per action only the free sets (taken as the
-    pass goes) and the waiters counted so far are looked at."""
+    allowed sizes the free aligned chunks where a call would restore from host memory or load
+    cold, with their restore costs (`options`); per service the busy chunks where it is
+    resident, by size, with their holders' last expected end (`busy`, from `ends` per node).
+    Per action only the free sets (taken as the pass goes) and the waiters counted so far are
+    looked at. Busy chunks have ids in the pass (`chunk_keys`), cheaper keys than the chunks."""
 
     def __init__(self, state: ClusterState, now_s: float, residents: Residents | None = None) -> None:
         self.state, self.now_s = state, now_s
         self.residents = residents or Residents(state)
-        self.queued_s: dict[tuple[str, tuple[int, ...]], float] = {}  # waiters' seconds per chunk
+        self.queued_s: dict[int, float] = {}  # waiters' seconds per busy chunk id
+        self.chunk_keys: list[ChunkKey] = []  # busy chunk id -> (GPU node, chunk)
+        self._chunk_ids: dict[ChunkKey, int] = {}
         self._options: dict[tuple[str, tuple[int, ...]], tuple[list[Option], list[Option]]] = {}
-        self._busy: dict[str, list[Busy]] = {}
+        self._busy: dict[str, list[tuple[int, list[Busy]]]] = {}
+        self._ends: dict[str, dict[int, tuple[float, float]]] = {}
 
     def choose(self, action: QueuedAction, free: dict[str, set[int]]) -> Choice | str | None:
         """A host-restore placement (expected seconds, node, chunk), `WAIT`, or None (the
         minimum-size placement, a cold load, as without tiers)."""
-        sizes = tuple(u for u in action.cost.units.units if u in GPU_CHUNK_SIZES)
-        if not sizes:
-            return None
-        hosts, colds = self.options(action.target, sizes, free)
+        hosts, colds = self.options(action.target, action.cost.units.units, free)
+        if not hosts and not colds:
+            return None  # nothing fits now (or no buddy size allowed): it waits as before
+        dur_s: dict[int, float] = {}  # the action's expected seconds per size, as needed
         host: Choice | None = None
         for name, units, restore_s, chunk in hosts:
             if free[name].issuperset(chunk):
-                cost_s = restore_s + action.duration_s(units)
+                run_s = dur_s.get(units)
+                if run_s is None:
+                    run_s = dur_s[units] = action.duration_s(units)
+                cost_s = restore_s + run_s
                 if host is None or cost_s < host[0]:
                     host = (cost_s, name, chunk)
         cold_s: float | None = None
         for name, units, restore_s, chunk in colds:
             if free[name].issuperset(chunk):
-                cost_s = restore_s + action.duration_s(units)
+                run_s = dur_s.get(units)
+                if run_s is None:
+                    run_s = dur_s[units] = action.duration_s(units)
+                cost_s = restore_s + run_s
                 if cold_s is None or cost_s < cold_s:
                     cold_s = cost_s
         if host is None and cold_s is None:
             return None  # nothing fits now: it waits as before
         now_best = min(c for c in (host[0] if host else None, cold_s) if c is not None)
-        wait = self._wait(action, now_best)
+        wait = self._wait(action, now_best, dur_s)
         if wait is not None:
-            self.queued_s[wait] = self.queued_s.get(wait, 0.0) + action.duration_s(len(wait[1]))
+            self.queued_s[wait] = self.queued_s.get(wait, 0.0) + dur_s[len(self.chunk_keys[wait][1])]
             return WAIT
         return host if host is not None and host[0] <= now_best else None
 
     def options(
-        self, service: str, sizes: tuple[int, ...], free: dict[str, set[int]]
+        self, service: str, units: tuple[int, ...], free: dict[str, set[int]]
     ) -> tuple[list[Option], list[Option]]:
-        """The free aligned chunks of the allowed `sizes` where a call of `service` would
-        restore from host memory, and those of the smallest size where it would load cold, each
-        with the restore's expected seconds, in node, size then chunk order. Built on first use
-        in the pass from the `free` sets then: they only shrink as the pass places actions, so
-        a chunk busy then stays busy (the caller checks the rest)."""
-        key = (service, sizes)
+        """The free aligned chunks of the buddy sizes among `units` where a call of `service`
+        would restore from host memory, and those of the smallest such size where it would load
+        cold, each with the restore's expected seconds, in node, size then chunk order. Built
+        on first use in the pass from the `free` sets then: they only shrink as the pass places
+        actions, so a chunk busy then stays busy (the caller checks the rest)."""
+        key = (service, units)
         got = self._options.get(key)
         if got is None:
             got = ([], [])
-            lo = min(sizes)
+            sizes = [u for u in units if u in GPU_CHUNK_SIZES]
+            lo = min(sizes, default=0)
             for name, node in self.state.gpu.items():
                 f = free[name]
-                for units in sizes:
-                    for start in range(0, node.num_gpus - units + 1, units):
-                        chunk = tuple(range(start, start + units))
+                for size in sizes:
+                    for start in range(0, node.num_gpus - size + 1, size):
+                        chunk = tuple(range(start, start + size))
                         if not f.issuperset(chunk):
                             continue
                         tier = node.tier(chunk, service)
                         if tier is Tier.HOST:
-                            got[0].append((name, units, node.restore_s(chunk, service), chunk))
-                        elif tier is Tier.COLD and units == lo:
-                            got[1].append((name, units, node.restore_s(chunk, service), chunk))
+                            got[0].append((name, size, node.restore_s(chunk, service), chunk))
+                        elif tier is Tier.COLD and size == lo:
+                            got[1].append((name, size, node.restore_s(chunk, service), chunk))
             self._options[key] = got
         return got
 
-    def _wait(self, action: QueuedAction, within_s: float) -> tuple[str, tuple[int, ...]] | None:
-        """A busy chunk where `action`'s service is resident that would run it sooner than
-        `within_s` from now (its holders' expected ends and earlier waiters counted); None if
-        none would. A holder past its expected end is not waited for (its end is unknown)."""
-        sizes = action.cost.units.units
-        best: tuple[float, tuple[str, tuple[int, ...]]] | None = None
-        for name, chunk, end_s in self.busy(action.target):
-            if len(chunk) not in sizes:
+    def _wait(self, action: QueuedAction, within_s: float, dur_s: dict[int, float]) -> int | None:
+        """The id of a busy chunk where `action`'s service is resident that would run it sooner
+        than `within_s` from now (its holders' expected ends and earlier waiters counted), the
+        soonest, the first of equals in node then residency order; None if none would. A holder
+        past its expected end is not waited for (its end is unknown). `dur_s`: the action's
+        expected seconds per size, filled in as needed."""
+        now_s, sizes, queued_s = self.now_s, action.cost.units.units, self.queued_s
+        best_s, best_at, best_id = within_s, -1, -1
+        for size, chunks in self.busy(action.target):
+            if size not in sizes:
                 continue
-            ready_s = end_s + self.queued_s.get((name, chunk), 0.0)
-            done_s = ready_s - self.now_s + action.duration_s(len(chunk))
-            if done_s < within_s and (best is None or done_s < best[0]):
-                best = (done_s, (name, chunk))
-        return best[1] if best is not None else None
+            run_s = dur_s.get(size)
+            if run_s is None:
+                run_s = dur_s[size] = action.duration_s(size)
+            for at, cid, end_s in chunks:
+                done_s = end_s + queued_s.get(cid, 0.0) - now_s + run_s
+                if done_s < best_s or (done_s == best_s and at < best_at):
+                    best_s, best_at, best_id = done_s, at, cid
+        return best_id if best_at >= 0 else None
 
-    def busy(self, service: str) -> list[Busy]:
-        """The chunks of online nodes where `service` is resident and held by running calls
-        all expected to end after now, with the last of those ends, in node then residency
-        order (a chunk free at the pass's start, or with a holder past its expected end, is
-        left out)."""
+    def busy(self, service: str) -> list[tuple[int, list[Busy]]]:
+        """Per size, the chunks of online nodes where `service` is resident and held by running
+        calls all expected to end after now, with the last of those ends (a chunk free at the
+        pass's start, or with a holder past its expected end, is left out)."""
         got = self._busy.get(service)
         if got is None:
-            state, now_s = self.state, self.now_s
-            got = []
+            sized: dict[int, list[Busy]] = {}
+            at = 0
             for name, chunks in self.residents.of(service):
-                if f"gpu:{name}" in state.offline:
+                if f"gpu:{name}" in self.state.offline:
                     continue
-                running = state.running_in(ResourceKind.GPU, name)
+                ends = self.ends(name)
                 for chunk in chunks:
-                    ends = [
-                        state.expected_end_s.get(aid, now_s)
-                        for aid, a in running.items()
-                        if not set(a.unit_ids).isdisjoint(chunk)
-                    ]
-                    if ends and min(ends) > now_s:
-                        got.append((name, chunk, max(ends)))
-            self._busy[service] = got
+                    at += 1
+                    held = [ends[g] for g in chunk if g in ends]
+                    if held and min(lo for lo, _ in held) > self.now_s:
+                        cid = self._chunk_id((name, chunk))
+                        sized.setdefault(len(chunk), []).append((at, cid, max(hi for _, hi in held)))
+            self._busy[service] = got = list(sized.items())
+        return got
+
+    def _chunk_id(self, key: ChunkKey) -> int:
+        cid = self._chunk_ids.get(key)
+        if cid is None:
+            cid = self._chunk_ids[key] = len(self.chunk_keys)
+            self.chunk_keys.append(key)
+        return cid
+
+    def ends(self, name: str) -> dict[int, tuple[float, float]]:
+        """Per busy GPU of node `name`, the first and last expected end (s) of the running
+        calls holding it (an unknown end counts as now)."""
+        got = self._ends.get(name)
+        if got is None:
+            got = {}
+            expected, now_s = self.state.expected_end_s, self.now_s
+            for aid, alloc in self.state.running_in(ResourceKind.GPU, name).items():
+                end_s = expected.get(aid, now_s)
+                for g in alloc.unit_ids:
+                    lo, hi = got.get(g, (end_s, end_s))
+                    got[g] = (min(lo, end_s), max(hi, end_s))
+            self._ends[name] = got
         return got
