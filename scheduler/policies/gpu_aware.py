@@ -104,8 +104,9 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
     tiers = Tiers(state, now_s, residents) if any(g.host_tier for g in state.gpu.values()) else None
     out: list[tuple[int, Allocation]] = []  # (place in `actions`, allocation)
     rest: list[tuple[int, QueuedAction]] = []
+    free_gpus = sum(len(f) for f in free.values())
     for i, action in enumerate(actions):
-        if not any(free.values()):
+        if not free_gpus:
             break  # nothing left to place: the rest waits
         best = residents.fastest_free(action, free)
         if best is None and tiers is not None:
@@ -117,7 +118,8 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
             rest.append((i, action))
             continue
         _, name, chunk = best
-        free[name].difference_update(chunk)
+        free[name].difference_update(chunk)  # a free chunk: all its GPUs were free
+        free_gpus -= len(chunk)
         out.append((i, Allocation(action.action_id, ResourceKind.GPU, name, len(chunk), chunk)))
     if rest and any(free.values()):
         work = state.copy()
@@ -197,9 +199,12 @@ class Tiers:
                 cost_s = restore_s + run_s
                 if cold_s is None or cost_s < cold_s:
                     cold_s = cost_s
-        if host is None and cold_s is None:
-            return None  # nothing fits now: it waits as before
-        now_best = min(c for c in (host[0] if host else None, cold_s) if c is not None)
+        if host is None:
+            if cold_s is None:
+                return None  # nothing fits now: it waits as before
+            now_best = cold_s
+        else:
+            now_best = host[0] if cold_s is None or host[0] <= cold_s else cold_s
         wait = self._wait(action, now_best, dur_s)
         if wait is not None:
             self.queued_s[wait] = self.queued_s.get(wait, 0.0) + dur_s[len(self.chunk_keys[wait][1])]
