@@ -182,3 +182,20 @@ def test_with_every_instance_in_host_memory_no_call_loads_cold(policy: str) -> N
     full, tight = (_mopd(policy, mb) for mb in (_every_copy_mb(), 262_144))
     assert full["cold_loads"] == 0 and full["restores"] > 0
     assert tight["cold_loads"] > 0
+
+
+def test_a_budget_holding_every_instance_with_the_tier_hidden_simulates_as_unlimited() -> None:
+    """Given a host budget that holds every (service, chunk) instance, the costs charged are
+    those of unlimited host memory: with the tier hidden from the policy (`host_tier` off) the
+    run is the unlimited one, call for call. (With the tier shown, `tangram-fast` decides by
+    it: at this load it restores more and its ACT is higher; docs/simulator.md.)"""
+    cluster = ClusterSpec(cpu_nodes=0, gpus_total=8, host_memory_mb=_every_copy_mb())
+    sim = Simulator(build("mopd", {"batch": 384}, cluster=cluster), get_policy("tangram-fast"))
+    for node in sim.state.gpu.values():
+        node.host_tier = False
+    hidden = sim.run().summary()
+    unlimited = simulate(
+        build("mopd", {"batch": 384}, cluster=ClusterSpec(cpu_nodes=0, gpus_total=8)), "tangram-fast"
+    ).summary()
+    assert hidden["avg_act_s"] == unlimited["avg_act_s"]
+    assert hidden["loads_by_tier"] == unlimited["loads_by_tier"] and hidden["cold_loads"] == 0
