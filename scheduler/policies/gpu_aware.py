@@ -18,6 +18,13 @@ waiting for a busy chunk where its service is resident, when that chunk's holder
 to end sooner than the cheapest restore would take (the queue's earlier waiters for it
 counted). Without a host tier nothing of this runs: decisions are as before.
 
+Cost. A pass may look at thousands of queued calls of a few services, most of which wait for
+their busy chunk. What a pass does not change is looked up once per service (`Residents`,
+`Tiers.options`, `Tiers.busy`): residency, restore costs and running calls are fixed during a
+pass, and the free GPUs only shrink, so a chunk busy at the first look stays busy. Per call
+only the free sets and the waiters queued so far are read. `benchmarks/gpu_tiers_round.py`
+times it; `tests/unit/test_gpu_tiers_equivalence.py` holds it to the plain walk it replaced.
+
 Tried and rejected: adding the expected restore time to the DP's options. The completion-heap
 estimate of the waiting actions has no restore term, so drop-tail then over-drops (MOPD
 average ACT 6.5 s against 1.4 s without it).
