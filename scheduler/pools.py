@@ -170,13 +170,18 @@ class GpuNode:
         return counts
 
     def pick(self, units: int, service: str = "") -> tuple[int, ...] | None:
-        """A free aligned chunk of `units` GPUs, preferring one where `service` is resident."""
+        """A free aligned chunk of `units` GPUs, preferring one where `service` is resident,
+        then (with a host tier) one where it is kept in host memory (issue 38)."""
         chunks = self.aligned_free_chunks(units)
         if not chunks:
             return None
         for chunk in chunks:
             if service and service in self.resident.get(chunk, ()):
                 return chunk
+        if service and self.host_tier:
+            for chunk in chunks:
+                if service in self.host_resident.get(chunk, ()):
+                    return chunk
         return chunks[0]
 
 

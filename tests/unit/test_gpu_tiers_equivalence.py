@@ -1,5 +1,6 @@
 """`gpu_candidates` with restore tiers (issue 38) decides exactly as the plain version it
-replaced (82f1296): a node x size x chunk walk per action. The fast one works out per pass what
+replaced (82f1296, with its host placements left to the FCFS placement since): a node x size x
+chunk walk per action. The fast one works out per pass what
 a pass keeps (resident, host and cold chunks, busy chunks' ends); over random clusters, queues
 and learned costs both place the same calls on the same chunks."""
 
@@ -52,7 +53,6 @@ def _reference(
             seen.add("host" if isinstance(choice, tuple) else str(choice))
             if choice == WAIT:
                 continue
-            best = choice if isinstance(choice, tuple) else None
         if best is None:
             rest.append(action)
             continue

@@ -187,8 +187,8 @@ def test_with_every_instance_in_host_memory_no_call_loads_cold(policy: str) -> N
 def test_a_budget_holding_every_instance_with_the_tier_hidden_simulates_as_unlimited() -> None:
     """Given a host budget that holds every (service, chunk) instance, the costs charged are
     those of unlimited host memory: with the tier hidden from the policy (`host_tier` off) the
-    run is the unlimited one, call for call. (With the tier shown, `tangram-fast` decides by
-    it: at this load it restores more and its ACT is higher; docs/simulator.md.)"""
+    run is the unlimited one, call for call. (With the tier shown, `tangram-fast` waits for
+    busy resident chunks by the learned costs and restores less; docs/simulator.md.)"""
     cluster = ClusterSpec(cpu_nodes=0, gpus_total=8, host_memory_mb=_every_copy_mb())
     sim = Simulator(build("mopd", {"batch": 384}, cluster=cluster), get_policy("tangram-fast"))
     for node in sim.state.gpu.values():
