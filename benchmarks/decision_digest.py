@@ -12,7 +12,9 @@ Writes benchmarks/results/decision_digest.json (both trees' lines with `--agains
 
 It also runs a memory-short coding case (`coding-memshort`: 8 trajectories' worth of sandbox
 memory per node), whose decisions do change when memory handling changes; it is listed for
-information and left out of the comparison's verdict.
+information and left out of the comparison's verdict. And a MOPD case with a bounded host-memory
+tier (`mopd-host`: 2 TiB per node, issue 38), where the policies' tier-aware placement runs; a
+tree older than the host tier has no such case, and it is compared only where both trees ran it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ CASES = [
     ("mopd", "mopd", {{"batch": 1024}}, ClusterSpec(cpu_nodes=0, gpus_total=16)),
     ("deepsearch", "deepsearch", {{"batch": 512}}, None),
 ]
+try:  # a tree with a host tier (issue 38)
+    CASES.append(("mopd-host", "mopd", {{"batch": 1024}},
+                  ClusterSpec(cpu_nodes=0, gpus_total=16, host_memory_mb=2 * 1024 * 1024)))
+except TypeError:
+    pass
 
 class Recorder:
     def __init__(self, inner):
@@ -110,7 +117,9 @@ def main() -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
     differ = []
     write_json("decision_digest", {"runs": ours, "against": args.against, "theirs": theirs})
-    for a, b in zip(ours, theirs, strict=True):
+    keys = {(b["case"], b["policy"]) for b in theirs}
+    ours_shared = [a for a in ours if (a["case"], a["policy"]) in keys]
+    for a, b in zip(ours_shared, theirs, strict=True):
         same = (a["digest"], a["avg_act_s"]) == (b["digest"], b["avg_act_s"])
         mark = "same" if same else "DIFFERENT"
         print(
