@@ -237,8 +237,9 @@ class ReplicaManager:
         for v in offload:
             self._offload(v)
 
-    def _offload(self, name: str) -> None:
-        """A replica in OFFLOADING: its weights to host memory (HOST), or, if that fails, gone."""
+    def _offload(self, name: str, counted: bool = True) -> None:
+        """A replica in OFFLOADING: its weights to host memory (HOST), or, if that fails, gone;
+        `counted` in `evictions` and `offloads`."""
         with self._cond:
             r = self.node.replicas[name]
         try:
@@ -250,8 +251,8 @@ class ReplicaManager:
             return
         with self._cond:
             self.node.transition(name, ReplicaState.HOST)
-            self.stats["evictions"] += 1
-            self.stats["offloads"] += 1
+            self.stats["evictions"] += counted
+            self.stats["offloads"] += counted
             self._cond.notify_all()
 
     def _unload(self, names: tuple[str, ...], stat: str = "evictions") -> None:
@@ -304,7 +305,7 @@ class ReplicaManager:
             return True
         self._finish_load(plan, r, leased=False, stat="warm_loads")
         if placement.host:
-            self.retire(name)  # into the host tier at once: the device stays free
+            self.retire(name, counted=False)  # into the host tier at once: the device stays free
         return True
 
     def wait_loaded(self, replica: str, timeout_s: float = 120.0) -> bool:
@@ -322,10 +323,11 @@ class ReplicaManager:
                     return False
                 self._cond.wait(min(left, 1.0))
 
-    def retire(self, replica: str) -> bool:
+    def retire(self, replica: str, counted: bool = True) -> bool:
         """Take `replica` off the device if it is idle: offloaded to host memory with a host
         tier, else unloaded (a warm instance the load outgrew, the scheduler's
-        `warm_gpu.oversized`; an idle extra). True when it left the device."""
+        `warm_gpu.oversized`; an idle extra). True when it left the device. Not `counted`: a
+        warm-up's host placement, which is no eviction (its load is in `warm_loads`)."""
         with self._cond:
             r = self.node.replicas.get(replica)
             if r is None or not r.idle:
@@ -333,7 +335,7 @@ class ReplicaManager:
             offload = self.node.host_memory_mb > 0
             self.node.transition(replica, ReplicaState.OFFLOADING if offload else ReplicaState.UNLOADING)
         if offload:
-            self._offload(replica)
+            self._offload(replica, counted)
         else:
             self._unload((replica,))
         with self._cond:

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from tangram_celery.store import Store
 
 log = logging.getLogger("tangram.worker")
+# the longest a scheduler's warm order waits for the node's start-up warm-up
+WARM_ORDER_WAIT_S = 900.0
 
 
 class GpuHandler:
@@ -133,10 +135,14 @@ class GpuHandler:
         """Carry out the scheduler's warm placement (`wire.GpuWarm`): load the service's replica
         onto the chunk in free memory (never evicting; a load already under way is waited for),
         or unload an idle one the load outgrew; then report the node's residency, naming the
-        order (as after a warm-up load)."""
+        order (as after a warm-up load). An order that comes while the start-up warm-up runs
+        waits for it: the scheduler sees that plan's first steps (host copies loaded and put
+        away, GPUs still free) and would undo its last ones (issue 38)."""
         from reward_servers.naming import aligned_chunks, replica_name
         from reward_servers.placement import Placement
 
+        if self.warmer is not None:
+            self.warmer.join(timeout=WARM_ORDER_WAIT_S)
         manager = self.service.manager
         assert manager is not None
         error = ""

@@ -72,15 +72,17 @@ def _counter(port: int, name: str) -> float:
 
 def test_first_reward_action_after_up_finds_its_model_warm(fresh_gpu_deployment: tuple[Any, str]) -> None:
     """Given a fresh deployment whose reward model is built at first start, when `up` returns,
-    then it said it warms the services in the background; once warm, the first action for `b`
-    runs on GPU 1, where warm-up put it (the scheduler learned that from the GPU worker, not from
-    a completion), and the GPU worker loaded nothing on demand for it."""
+    then it said it warms the services in the background; once warm, `a` is on GPU 0 and `b` on
+    GPU 1, each with a copy in host memory on the other GPU (the host tier, issue 38); the first
+    action for `b` runs on GPU 1, where warm-up put it (the scheduler learned that from the GPU
+    worker, not from a completion), and the GPU worker loaded nothing on demand for it."""
     dep, out = fresh_gpu_deployment
     assert "building the tiny-seq-cls reward model 'a'" in out
     assert "warming 2 reward service(s) (a, b) on GPU node(s) g0 in the background" in out
     assert (Path(dep.cfg.reward_models[0].path) / "config.json").exists()
     status = dep.wait_warm(timeout_s=600)["g0"]
-    assert sorted(status.loaded) == ["a__dop1__g0", "b__dop1__g1"] and not status.failed
+    assert sorted(status.loaded) == ["a__dop1__g0", "a__dop1__g1", "b__dop1__g0", "b__dop1__g1"]
+    assert not status.failed
 
     from tangram_celery import RewardAction, TangramClient
 
@@ -91,8 +93,9 @@ def test_first_reward_action_after_up_finds_its_model_warm(fresh_gpu_deployment:
     assert res.ok, res.error
     assert res.node == "g0" and res.batch_size == 1
     port = dep.metrics_ports["worker-gpu-g0"]
-    assert _counter(port, "tangram_gpu_warm_loads_total") == 2
+    assert _counter(port, "tangram_gpu_warm_loads_total") == 4  # two on the GPUs, two in host memory
     assert _counter(port, "tangram_gpu_restores_total") == 0, "the first action paid a load"
+    assert _counter(port, "tangram_gpu_host_restores_total") == 0, "the first action paid a restore"
     assert _counter(port, "tangram_gpu_evictions_total") == 0
     log = Path(dep.cfg.state_dir) / "actions.jsonl"
     deadline = time.monotonic() + 30  # the scheduler flushes its action log every second
