@@ -202,16 +202,34 @@ def plan_placement(
         best = min(resident, key=lambda r: (r.in_flight, r.state is not ReplicaState.READY, r.chunk))
         return Placement(best.name, best.chunk, load=False)
     hosted = [existing[c] for c in chunks if c in existing and existing[c].state is ReplicaState.HOST]
-    restore = _cheapest(node, [r.chunk for r in hosted], memory_mb)
+    restore = _restore(node, hosted, memory_mb)
     if restore is not None:
-        c, victims = restore
-        return Placement(existing[c].name, c, load=False, victims=victims, restore=True)
+        return restore
     if hosted or any(c in existing for c in chunks):
         return None  # its replica is in host memory or on its way there: wait, then restore
-    cold = _cheapest(node, chunks, memory_mb)
-    if cold is None:
+    return _load(node, model, dop, memory_mb, chunks)
+
+
+def _restore(node: NodeReplicas, hosted: Sequence[Replica], memory_mb: int) -> Placement | None:
+    """Restoring the host-only replica of `hosted` that needs the fewest, least recently used
+    evictions; None when none fits."""
+    by_chunk = {r.chunk: r for r in hosted}
+    best = _cheapest(node, list(by_chunk), memory_mb)
+    if best is None:
         return None
-    c, victims = cold
+    c, victims = best
+    return Placement(by_chunk[c].name, c, load=False, victims=victims, restore=True)
+
+
+def _load(
+    node: NodeReplicas, model: str, dop: int, memory_mb: int, chunks: Sequence[tuple[int, ...]]
+) -> Placement | None:
+    """A cold load of (model, dop) on the cheapest of `chunks`, with the host copies it drops;
+    None when it fits on none."""
+    best = _cheapest(node, chunks, memory_mb)
+    if best is None:
+        return None
+    c, victims = best
     drops = host_drops(node, node.host_mb(memory_mb, dop), victims)
     return Placement(replica_name(model, dop, c), c, load=True, victims=victims, drops=drops)
 
@@ -384,18 +402,12 @@ def _grow_target(
         node.replicas[n].in_flight += 1
     try:
         mine = {r.chunk: r for r in node.of_service(model, dop)}
-        hosted = [c for c, r in mine.items() if r.state is ReplicaState.HOST]
-        restore = _cheapest(node, hosted, memory_mb)
+        restore = _restore(node, [r for r in mine.values() if r.state is ReplicaState.HOST], memory_mb)
         if restore is not None:
-            c, victims = restore
-            return Placement(mine[c].name, c, load=False, victims=victims, restore=True)
-        free = [c for c in aligned_chunks(node.num_gpus, dop) if c not in mine]
-        cold = _cheapest(node, free, memory_mb)
-        if cold is None:
-            return None
-        c, victims = cold
-        drops = host_drops(node, node.host_mb(memory_mb, dop), victims)
-        return Placement(replica_name(model, dop, c), c, load=True, victims=victims, drops=drops)
+            return restore
+        return _load(
+            node, model, dop, memory_mb, [c for c in aligned_chunks(node.num_gpus, dop) if c not in mine]
+        )
     finally:
         for n, v in saved.items():
             node.replicas[n].in_flight = v

@@ -144,6 +144,26 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
     return [alloc for _, alloc in out]
 
 
+def _cheapest_now(
+    options: Sequence[tuple[str, int, float, tuple[int, ...]]],
+    free: dict[str, set[int]],
+    action: QueuedAction,
+    dur_s: dict[int, float],
+) -> Choice | None:
+    """The option still free with the least restore + run seconds (the first of equals), as
+    (seconds, node, chunk); `dur_s`: the action's seconds per size, filled in as needed."""
+    best: Choice | None = None
+    for name, units, restore_s, chunk in options:
+        if free[name].issuperset(chunk):
+            run_s = dur_s.get(units)
+            if run_s is None:
+                run_s = dur_s[units] = action.duration_s(units)
+            cost_s = restore_s + run_s
+            if best is None or cost_s < best[0]:
+                best = (cost_s, name, chunk)
+    return best
+
+
 def residency_gpu_solver(problem: PoolProblem) -> Decision:
     """`tangram-dp`'s buddy DP, but a candidate placed on a resident chunk (or one where its
     service is host-resident, with a host tier) keeps that size."""
@@ -195,24 +215,9 @@ class Tiers:
         if not hosts and not colds:
             return None  # nothing fits now (or no buddy size allowed): it waits as before
         dur_s: dict[int, float] = {}  # the action's expected seconds per size, as needed
-        host: Choice | None = None
-        for name, units, restore_s, chunk in hosts:
-            if free[name].issuperset(chunk):
-                run_s = dur_s.get(units)
-                if run_s is None:
-                    run_s = dur_s[units] = action.duration_s(units)
-                cost_s = restore_s + run_s
-                if host is None or cost_s < host[0]:
-                    host = (cost_s, name, chunk)
-        cold_s: float | None = None
-        for name, units, restore_s, chunk in colds:
-            if free[name].issuperset(chunk):
-                run_s = dur_s.get(units)
-                if run_s is None:
-                    run_s = dur_s[units] = action.duration_s(units)
-                cost_s = restore_s + run_s
-                if cold_s is None or cost_s < cold_s:
-                    cold_s = cost_s
+        host = _cheapest_now(hosts, free, action, dur_s)
+        cold = _cheapest_now(colds, free, action, dur_s)
+        cold_s = cold[0] if cold is not None else None
         if host is None:
             if cold_s is None:
                 return None  # nothing fits now: it waits as before
