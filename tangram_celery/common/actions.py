@@ -39,6 +39,12 @@ ID_PATTERN = f"^{_ID}$"  # action, trajectory and test case ids
 TRAJECTORY_PATTERN = f"^({_ID})?$"  # a trajectory id between processes: "" for none
 JOB_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # reward models and APIs
+# A container image by reference (repository[:tag][@sha256:digest]), as Docker and OCI name it:
+# a name the operator's image sources resolve, never a host path.
+_IMAGE_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # Docker's grammar: no "..", no "//"
+IMAGE_PATTERN = (
+    rf"^{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$"
+)
 Priority = Annotated[int, Field(ge=-100, le=100)]
 
 # The context of a parse of what a client checked at submit (`stored_action`): the checks of
@@ -139,6 +145,13 @@ class CodeAction(_Action):
     memory_mb: int = Field(512, ge=32, le=1 << 20)  # the program's; compile: `compile_memory_mb`
     cpus: int | str = Field(1, description="an int, or a range 'min..max' for elastic tests")
     stdin: str | None = None
+    image: str | None = Field(
+        None,
+        pattern=IMAGE_PATTERN,
+        max_length=400,
+        description="the trajectory's container image (its task's repository and dependencies); "
+        "the first action of a trajectory fixes it. None: the host-toolchain sandbox",
+    )
     compile_timeout_s: float = Field(
         10.0,
         gt=0,

@@ -48,6 +48,8 @@ class ExecRequest:
     # the sandbox that name the same group, and no others ("": this occupant's only; the worker
     # names the action's job, `SandboxConfig.verifier_scope`)
     verifier_group: str = ""
+    # the trajectory's container image (None: the host-toolchain sandbox)
+    image: str | None = None
 
     @classmethod
     def of(

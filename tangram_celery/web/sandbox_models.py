@@ -48,6 +48,7 @@ class TangramExtras(BaseModel):
     cpus: int | str = Field(1, description="Tangram: cores, an int or an elastic range 'min..max'")
     job_id: str = Field("default", pattern=JOB_PATTERN, description="Tangram: training job")
     priority: int = Field(0, ge=-100, le=100, description="Tangram: job priority")
+    image: str | None = Field(None, description="Tangram: the trajectory's container image")
 
 
 class RunCodeRequest(TangramExtras):
