@@ -19,7 +19,7 @@ import traceback
 import types
 from typing import Any
 
-from tangram_runner import seccomp
+from tangram_runner import boot, seccomp
 
 RUNNER_PACKAGE = __name__.partition(".")[0]  # tangram_runner
 # The harness's modules a user process drops, noted once by the zygote before it forks (None:
@@ -154,7 +154,7 @@ def prepare_python(env: dict[str, str], workdir: str, argv0: str, preloaded: set
     sys.argv = [argv0]
     extra = [p for p in env.get("PYTHONPATH", "").split(":") if p]
     user_site = f"{workdir}/.local/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
-    sys.path[:] = [workdir, *extra, *[p for p in sys.path if p.startswith("/usr/lib")]]
+    sys.path[:] = [workdir, *extra, *boot.own_paths("/lib")]
     if os.path.isdir(user_site):
         import site
 

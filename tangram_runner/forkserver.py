@@ -13,7 +13,6 @@ import json
 import os
 import select
 import socket
-import sys
 from typing import Any
 
 from tangram_runner import boot
@@ -172,7 +171,8 @@ def fork_zygote(pristine: bool = True) -> tuple[int, socket.socket]:
                 from tangram_runner import zygote
 
                 zygote.main()
-            os.execv(sys.executable, boot.argv(sys.executable, boot.ROOT, "zygote"))
+            cmd = boot.argv(boot.python(), boot.ROOT, "zygote")
+            os.execv(cmd[0], cmd)
         finally:
             os._exit(127)
     child.close()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from tangram_runner import build, fs, langs, suite
+from tangram_runner import boot, build, fs, langs, suite
 from tangram_runner.proc import Action, Proc, Zygote, code_memfd
 from tangram_runner.protocol import Facts, PhaseFacts, RunRequest, Seat, SuiteFacts, TestFacts
 from tangram_runner.tests import run_tests
@@ -46,9 +47,7 @@ def _wait_for(act: Action, proc: Proc | None) -> bool:
 def trusted_path(req: RunRequest) -> list[str]:
     """Where the verifier imports from: the interpreter's own read-only directories and the
     host-provided tools, never the workdir or the user's site-packages."""
-    import sys
-
-    return [p for p in sys.path if p.startswith("/usr/")] + list(req.pythonpath)
+    return boot.own_paths() + list(req.pythonpath)
 
 
 def handle(
@@ -189,7 +188,7 @@ def _run_phase(
     cases or the test command, under the run's own time limit."""
     lang, code = req.language, req.code
     mem = int(req.memory_mb or 512)
-    argv = langs.run_argv(lang, req.tools, built, src, mem) if code is not None else None
+    argv = langs.run_argv(lang, req.tools, built, src, mem, req.interpreter) if code is not None else None
     act.set_deadline(float(req.timeout_s))  # the run phase's own limit starts now
     dop = max(1, len(act.req.cores))  # the action's: a resize may have come during the compile
     if req.test_command:
@@ -197,7 +196,8 @@ def _run_phase(
         channel = suite.Channel()
         held.append(channel)
         act.watch(channel.sock.fileno(), channel.on_readable)
-        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.pythonpath)]
+        python = req.interpreter or sys.executable
+        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.pythonpath, python)]
         main = act.spawn("command", req.stdin, argv=argv, extra_fd=channel.child_fd)
         _wait_for(act, main)
         channel.on_readable()  # what the last session sent just before it exited
@@ -209,7 +209,7 @@ def _run_phase(
         tests, first = run_tests(req, act, dop, code_fd, trusted_path(req), argv)
         return _facts(act, t0, first=first, tests=tests, compile_out=compile_out)
     if code is not None:
-        py = langs.UNITS["python"] if lang == "python" else None
+        py = langs.UNITS["python"] if argv is None else None
         main = act.spawn("main", req.stdin, argv=argv, python=py, code_fd=code_fd)
         _wait_for(act, main)
         return _facts(act, t0, main=main, compile_out=compile_out)

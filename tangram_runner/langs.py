@@ -114,11 +114,17 @@ def scratch(lang: str) -> list[str]:
 
 
 def run_argv(
-    lang: str, tools: dict[str, str], build: str | None, src: str, memory_mb: int
+    lang: str,
+    tools: dict[str, str],
+    build: str | None,
+    src: str,
+    memory_mb: int,
+    interpreter: str | None = None,
 ) -> list[str] | None:
-    """The command that runs a program (None: python, which the zygote runs itself)."""
+    """The command that runs a program (None: python, which the zygote runs itself, unless an
+    `interpreter` of the sandbox's image is to run it: `RunRequest.interpreter`)."""
     if lang == "python":
-        return None
+        return [interpreter, "-s", src] if interpreter else None
     if lang == "bash":
         return [tools.get("bash", "/bin/bash"), src]
     if lang == "nodejs":

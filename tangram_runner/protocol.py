@@ -53,10 +53,13 @@ class RunRequest(NamedTuple):
     verifier_group: str
     rlimits: dict[str, int] | None = None
     phase: str | None = None
+    # the Python of the sandbox's container image, by its real path there, that runs a python
+    # program and a test command's pytest (None: the runner's own: the zygote runs programs)
+    interpreter: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"v": VERSION, **self._asdict()}
-        for optional in ("rlimits", "phase"):
+        for optional in ("rlimits", "phase", "interpreter"):
             if out[optional] is None:
                 del out[optional]
         return out

@@ -28,10 +28,11 @@ def mentions_pytest(cmd: str) -> bool:
     return "pytest" in cmd or "py.test" in cmd
 
 
-def rewrite(cmd: str, dop: int, runner_dir: str, pythonpath: list[str]) -> str:
-    """Every `pytest` / `python -m pytest` becomes the bootstrap (with `-n dop` when dop > 1)."""
+def rewrite(cmd: str, dop: int, runner_dir: str, pythonpath: list[str], python: str = "") -> str:
+    """Every `pytest` / `python -m pytest` becomes the bootstrap (with `-n dop` when dop > 1),
+    run by `python` (default: this interpreter; in a container image, the image's own)."""
     boot = (
-        f"{shlex.quote(sys.executable)} -E -s {shlex.quote(os.path.join(runner_dir, 'pytest_boot.py'))}"
+        f"{shlex.quote(python or sys.executable)} -E -s {shlex.quote(os.path.join(runner_dir, 'pytest_boot.py'))}"
         f" --tangram-fd {REPORT_FD} --tangram-path {shlex.quote(':'.join(pythonpath) or ':')}"
     )
     if dop > 1 and " -n " not in cmd:
