@@ -34,6 +34,7 @@ present() {
   python3-venv) have python3 && python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ;;
   bubblewrap) have bwrap ;;
   docker.io) have dockerd ;;
+  mmdebstrap) have mmdebstrap ;;
   iproute2) have ip ;;
   chromium) have chromium ;;
   g++) have g++ && have gcc ;;
@@ -53,6 +54,8 @@ if [ "$profile" = test ]; then
   # tests: a private dockerd (Docker backend), network namespaces (multi-node test), the Flower
   # browser test, and gcc/g++ for C actions inside sandboxes
   packages+=(docker.io iproute2 chromium g++)
+  # the SWE task images' base root filesystem (tangram_celery/swe/build.py)
+  packages+=(mmdebstrap)
   # language toolchains of the sandbox languages (tangram_celery/sandbox/languages.py): the
   # per-language tests need every one; a deployment offers whichever its CPU nodes have
   packages+=(nodejs golang-go default-jdk-headless rustc)

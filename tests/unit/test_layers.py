@@ -54,6 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     "tangram_celery.workers": BASE
     | {STORE, TRANSPORT, SANDBOX, "tangram_runner", "reward_servers", "tangram_celery.apis"},
     "scheduler.service": BASE | {STORE, TRANSPORT, "reward_servers"},
+    "tangram_celery.swe": BASE | {STORE, TRANSPORT, CLIENT, SANDBOX},
 }
 ROOF = {"tangram_celery.deploy", "tangram_celery"}  # may import anything
 
