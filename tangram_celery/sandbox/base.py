@@ -95,6 +95,8 @@ class ExecResult:
     sandbox_reset: bool = False  # ran in a fresh sandbox although the trajectory had one (files gone)
     files: dict[str, str] = field(default_factory=dict)  # fetch_files: path -> base64
     cpu_s: float | None = None  # CPU seconds the sandbox used while it ran (None: not accounted)
+    # the trajectory's files came back from the layer kept when it was evicted (an image's)
+    kept_files: bool = False
 
 
 class Sandbox(Protocol):

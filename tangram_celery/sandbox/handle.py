@@ -27,6 +27,15 @@ class Handle:
     gen: str = ""  # the scheduler's generation of this trajectory sandbox ("" when not told)
     used: bool = False  # an action of this occupant reached its runner (its files may matter)
     link: RunnerLink | None = None  # the kept connection to the runner of `ref` (`call`)
+    # A container image's sandbox (`image_layers`): the image, the store's copy of it, the
+    # trajectory's layer (namespace backend), its workdir; `kept_files`: its files came back
+    # from a kept layer; `keep_files`: when it goes, its layer is kept (an eviction, not a close)
+    image: str | None = None
+    stored: Any = None
+    layer: Any = None
+    workdir: str = ""
+    kept_files: bool = False
+    keep_files: bool = False
 
     @property
     def socket_path(self) -> Path:

@@ -194,10 +194,18 @@ def build_root(spec: dict) -> None:
     """In PID 1 of the new namespaces: the sandbox's file system, then pivot into it."""
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount reaches the host
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+    image = spec.get("overlay")
+    if image:  # a container image's root file system under the trajectory's own upper layer
+        data = f"lowerdir={image['lower']},upperdir={image['upper']},workdir={image['work']},metacopy=on"
+        mount("overlay", root, "overlay", MS_NOSUID | MS_NODEV, data)
+        if image.get("own"):  # a fresh layer: the workdir's tree becomes the sandbox user's
+            own_tree(root + image["own"], int(image["uid"]))
+    else:
+        mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     for target, path in spec.get("symlinks", []):
         _mkdir(os.path.dirname(root + path))
-        os.symlink(target, root + path)
+        if not (image and os.path.islink(root + path) and os.readlink(root + path) == target):
+            os.symlink(target, root + path)  # (an image's kept layer has it from its last start)
     for src, dest in spec.get("host_binds", []):
         _mkdir(root + dest)
         bind(src, root + dest, readonly=True)
@@ -239,9 +247,22 @@ def build_root(spec: dict) -> None:
         mount(".", "/", None, MS_MOVE)
         os.chroot(".")
     os.chdir("/")
-    mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if not image:  # an image's root stays writable where its modes allow (the upper layer's quota)
+        mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     hostname = spec.get("hostname", "sandbox").encode()
     _check(libc().sethostname(hostname, len(hostname)), "sethostname")
+
+
+def own_tree(top: str, uid: int) -> None:
+    """`top` and everything below it owned by `uid` (links themselves, never followed): with
+    overlayfs' metacopy, only the inodes' metadata is copied up, not the files' data."""
+    if os.path.islink(top):
+        raise LaunchError(f"the image's workdir {top!r} is a link")
+    os.makedirs(top, mode=0o755, exist_ok=True)
+    os.lchown(top, uid, uid)
+    for d, dirs, files in os.walk(top):
+        for name in dirs + files:
+            os.lchown(os.path.join(d, name), uid, uid)
 
 
 def tmpfs_limits(size_b: int, nr_inodes: int) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.handle import Handle
+from tangram_celery.sandbox.image_layers import ImageLayers
 from tangram_celery.sandbox.limits import TOOLS_PATH, Limits
 from tangram_celery.sandbox.link import RunnerGone, RunnerTimeout, call_runner
 from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
@@ -47,6 +48,7 @@ class SandboxLifecycle(ABC):
         self.state_root = self.stage.sandboxes
         self.tools_dir = self.stage.stage_tools()
         self.pythonpath = [TOOLS_PATH] if self.tools_dir is not None else []
+        self.images = ImageLayers(cfg, self.stage.dir / "layers", cfg.docker_host)
         self._sweep_previous()  # before serving: the previous incarnation's sandboxes go
         self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
@@ -161,7 +163,8 @@ class SandboxLifecycle(ABC):
 
     def _retire_locked(self, h: Handle) -> None:
         with h.lock:  # waits for an action still running in it, if any
-            if self._recycling and not self._stop.is_set() and self._alive(h):
+            # an image's sandbox is never another occupant's: the ready pool is the host's
+            if self._recycling and h.image is None and not self._stop.is_set() and self._alive(h):
                 try:
                     fresh = self._recycle(h)
                 except Exception as e:  # any failure: destroy, never reuse
@@ -251,6 +254,11 @@ class SandboxLifecycle(ABC):
         h.drop_link()
         self._destroy(h)
         h.ref = None
+        if h.image is not None:  # its layer kept (evicted) or deleted (closed), its image released
+            try:
+                self.images.retire(h)
+            except Exception as e:  # must not raise: a teardown runs on every path out
+                log.warning("layer of %s not kept: %s", h.trajectory_id, e)
         shutil.rmtree(h.state_dir, ignore_errors=True)
 
     def _reap_loop(self) -> None:
@@ -272,6 +280,7 @@ class SandboxLifecycle(ABC):
                         if self._handles.get(h.trajectory_id) is h:
                             del self._handles[h.trajectory_id]
                     log.info("sandbox of %s idle for %.0f s: removed", h.trajectory_id, now - h.last_used_s)
+                    h.keep_files = True  # an image's files stay for its next action, within budget
                     self._teardown(h)
                 finally:
                     h.lock.release()

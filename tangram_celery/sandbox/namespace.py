@@ -41,6 +41,7 @@ from tangram_celery.common.errors import SandboxError
 from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CgroupSet
 from tangram_celery.sandbox.handle import Handle
+from tangram_celery.sandbox.image_root import host_mounts, host_python_argv
 from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.launcher import PROC_COVER
 from tangram_celery.sandbox.limits import (
@@ -57,6 +58,7 @@ from tangram_celery.sandbox.limits import (
 from tangram_celery.sandbox.pool import WarmPool
 from tangram_celery.sandbox.reaper import Reaper
 from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
+from tangram_runner import boot
 
 log = logging.getLogger(__name__)
 RUNNER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETUID", "CAP_SETGID")
@@ -292,8 +294,48 @@ class NamespaceSandbox(WarmPool):
             h.cgroups.set_pids(self.limits.pids_limit)
             h.cgroups.bind_cores(h.cores)
             procs_files = sorted({str(d / "cgroup.procs") for d in h.cgroups.dirs.values()})
-        argv = self.command(h.state_dir, procs_files, self._runner_argv())
+        if h.image is not None:
+            argv = self._image_command(h, procs_files)
+        else:
+            argv = self.command(h.state_dir, procs_files, self._runner_argv())
         h.ref = self._popen(argv, self.stage.log_path(h.state_dir.name))
+
+    def _image_command(self, h: Handle, procs_files: list[str]) -> list[str]:
+        """The host command that starts `h`'s sandbox in its container image: the image's root
+        under the trajectory's layer, the host's system directories under `HOST_DIR`, and the
+        runner on the host's interpreter (`image_root`). Only the built-in launcher builds it."""
+        if self.launcher != "builtin":
+            raise SandboxError(
+                "container images need the built-in namespace launcher (sandbox.namespace_launcher: "
+                "auto or builtin); bubblewrap cannot mount a trajectory's overlay layer here"
+            )
+        self.images.prepare(h)
+        layer, stored = h.layer, h.stored
+        spec = self._builtin_spec(h.state_dir)
+        size_b = self.limits.disk_quota_mb * 1024 * 1024
+        links, binds = host_mounts()
+        spec.update(
+            overlay={
+                "lower": str(stored.rootfs),
+                "upper": str(layer.upper),
+                "work": str(layer.work),
+                "own": h.workdir if layer.fresh else "",
+                "uid": SANDBOX_UID,
+            },
+            symlinks=[list(x) for x in links],
+            host_binds=[list(x) for x in binds],
+            tmpfs=[["/tmp", size_b, self.cfg.inodes_limit]],
+            binds=[
+                [str(self.stage.runner), RUNNER_DIR, True],
+                [str(h.state_dir), str(Path(RUNNER_SOCKET).parent), False],
+            ],
+            env=self.images.runner_env(),
+            cgroup_procs=procs_files,
+        )
+        argv = [*boot.argv(list(host_python_argv()), RUNNER_DIR, "runner"), "--socket", RUNNER_SOCKET]
+        argv += ["--uid", str(SANDBOX_UID), "--workdir", h.workdir]
+        launch = [SANDBOX_PYTHON, "-B", "-E", "-s", "-S", str(self.stage.launcher), "run"]
+        return [*launch, json.dumps(spec), "--", *argv]
 
     def _alive(self, h: Handle) -> bool:
         return h.ref is not None and h.ref.poll() is None

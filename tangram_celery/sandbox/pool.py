@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from tangram_celery.common.actions import ActionStatus
+from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
 from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.lifecycle import SandboxLifecycle
@@ -49,6 +50,9 @@ class WarmPool(SandboxLifecycle):
 
     def run(self, trajectory_id: str, request: ExecRequest) -> ExecResult:
         """Run `request` in the trajectory's warm sandbox, bound to `request.cores`."""
+        refused = self._image_refusal(trajectory_id, request)
+        if refused:
+            return ExecResult(status=ActionStatus.REJECTED, detail=refused)
         h, reset = self._acquire(trajectory_id, request)
         try:
             try:
@@ -69,9 +73,36 @@ class WarmPool(SandboxLifecycle):
             self._resizing.leave(request)
             h.last_used_s = time.monotonic()
             h.lock.release()
+        if h.kept_files:  # its files came back from its kept layer: not a reset, whatever was lost
+            res.kept_files, h.kept_files, reset = True, False, False
+        elif h.image is not None and trajectory_id in self.images.dropped:
+            res.detail = "; ".join(filter(None, [res.detail, self.images.dropped.pop(trajectory_id)]))
         if reset:
             res.sandbox_reset = True
         return res
+
+    def _image_refusal(self, tid: str, req: ExecRequest) -> str:
+        """Why `req` cannot run in `tid`'s sandbox ("" when it can): the trajectory's first
+        action fixed its image, and a later one may name only that one (or none)."""
+        if not req.image:
+            return ""
+        with self._lock:
+            h = self._handles.get(tid)
+        had = h.image if h is not None else self.images.kept_image(tid)
+        if (h is not None or had is not None) and had != req.image:
+            runs = f"image {had!r}" if had else "the host toolchain"
+            return f"trajectory {tid!r} runs in {runs}; an action of it named image {req.image!r}"
+        return ""
+
+    def fork(self, trajectory_id: str, new_ids: list[str]) -> int:
+        """Start each of `new_ids` from a copy of `trajectory_id`'s files (its image's layer, kept
+        here for their first actions); the bytes copied."""
+        with self._lock:
+            h = self._handles.get(trajectory_id)
+        if h is None:
+            raise SandboxError(f"trajectory {trajectory_id!r} has no sandbox on this node")
+        with h.lock:
+            return self.images.fork(h, new_ids)
 
     def run_once(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a sandbox of its own (a ready one if any), discarded afterwards."""
@@ -91,10 +122,12 @@ class WarmPool(SandboxLifecycle):
             self._dispose(h)
 
     def _one_shot(self, request: ExecRequest) -> Handle:
-        """A sandbox for a one-shot action: a ready one if any, else one started now."""
-        h = self.ready.take(self._bound_for(request))
+        """A sandbox for a one-shot action: a ready one if any (not for an image), else one
+        started now."""
+        h = None if request.image else self.ready.take(self._bound_for(request))
         if h is None:
             h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
+            h.image = request.image
             h.trajectory_id = f"one-shot-{h.state_dir.name}"  # unique: Docker names containers by it
             try:
                 self._start_and_wait(h)
@@ -103,14 +136,20 @@ class WarmPool(SandboxLifecycle):
                 raise
         return h
 
-    def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
+    def close_trajectory(
+        self, trajectory_id: str, generation: str | None = None, keep_files: bool = False
+    ) -> None:
         """Remove the trajectory's sandbox (in the background); with `generation`, only if it
-        is that one: a sandbox of a newer generation, started since, is kept."""
+        is that one: a sandbox of a newer generation, started since, is kept. `keep_files`: an
+        eviction, not a close: an image's layer is kept for the trajectory's next action."""
         with self._lock:
             h = self._handles.get(trajectory_id)
             if h is None or (generation and h.gen and h.gen != generation):
+                if h is None and not keep_files and self.images.kept_image(trajectory_id):
+                    self.images.retire_kept(trajectory_id)  # closed while evicted: its files go
                 return
             del self._handles[trajectory_id]
+        h.keep_files = keep_files
         self._dispose(h)
 
     def resize(self, action_id: str, cores: tuple[int, ...]) -> bool:
@@ -150,10 +189,10 @@ class WarmPool(SandboxLifecycle):
                 h = self._handles.get(tid)
             found = h is not None
             if h is None:  # a new trajectory (or one whose sandbox is gone): a ready sandbox
-                new = self.ready.take(self._bound_for(req)) or self._new_handle(
-                    tid, req.memory_mb, tuple(req.cores)
-                )
+                ready = None if req.image else self.ready.take(self._bound_for(req))
+                new = ready or self._new_handle(tid, req.memory_mb, tuple(req.cores))
                 new.trajectory_id, new.gen = tid, req.sandbox_gen
+                new.image = req.image
                 new.last_used_s = time.monotonic()  # not reaped before its first action
                 with self._lock:
                     h = self._handles.get(tid)
@@ -201,7 +240,7 @@ class WarmPool(SandboxLifecycle):
         try:
             if h.ref is not None:  # a sandbox that died while it waited
                 self._teardown_in_place(h)
-            ready = self.ready.take(self._bound_for(req))
+            ready = None if h.image else self.ready.take(self._bound_for(req))
             if ready is not None:
                 self._adopt(h, ready)
             else:
@@ -241,6 +280,9 @@ class WarmPool(SandboxLifecycle):
         cores = self._resizing.enter(h, req)  # bound: the request's cores, or a loan's since
         request = runner_request(req, self.limits, self.pythonpath, self.cfg.compile_memory_mb)
         request = request._replace(cores=list(cores))
+        if h.image is not None:  # the image's tools and Python, its environment under the caller's
+            extras = self.images.runner_extras(h, req.language)
+            request = request._replace(**{**extras, "env": {**extras["env"], **request.env}})
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
         with self._lock:

@@ -71,6 +71,9 @@ def remove_cgroups(prefix: str) -> int:
 
 def remove_stage(stage_dir: Path) -> None:
     """The incarnation's directory and lock file (its scope directory too when empty)."""
+    from tangram_celery.sandbox.mounts import unmount_under
+
+    unmount_under(stage_dir)  # trajectories' layers (tmpfs) first
     shutil.rmtree(stage_dir, ignore_errors=True)
     (stage_dir.parent / f"{stage_dir.name}.lock").unlink(missing_ok=True)
     try:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import tangram_runner
 from tangram_celery.common.errors import SandboxError
+from tangram_celery.sandbox.mounts import unmount_under
 from tangram_celery.sandbox.tools import copy_tools
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ class Stage:
 
     def remove_incarnation(self, incarnation: str) -> None:
         """Remove a dead incarnation's directories (after its sandboxes are gone)."""
+        unmount_under(self.scope_dir / incarnation)  # its trajectories' layers (tmpfs)
         shutil.rmtree(self.scope_dir / incarnation, ignore_errors=True)
         (self.scope_dir / f"{incarnation}.lock").unlink(missing_ok=True)
 
@@ -198,6 +200,7 @@ class Stage:
         """Remove this incarnation's tree and release its lock (idempotent)."""
         if self._lock_fd < 0:
             return
+        unmount_under(self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
         (self.scope_dir / f"{self.who.incarnation}.lock").unlink(missing_ok=True)
         os.close(self._lock_fd)
