@@ -98,14 +98,27 @@ class ClusterBooks:
         self.trajectory_node[trajectory_id] = node
         self.pin_base = _log(self.pin_log, self.pin_base, trajectory_id)
 
-    def close_trajectory(self, trajectory_id: str) -> None:
-        """Forget a finished (or evicted) trajectory: its node pin and its reserved memory."""
+    def close_trajectory(self, trajectory_id: str, keep_layer: bool = False) -> None:
+        """Forget a finished (or evicted) trajectory: its node pin and its reserved memory.
+
+        An image trajectory evicted for memory (`keep_layer`) keeps its copy-on-write layer on
+        its node's image store; a finished one leaves no layer anywhere."""
         node = self.trajectory_node.pop(trajectory_id, None)
         self.trajectory_used_s.pop(trajectory_id, None)
         if node is not None:
             self.unpin_base = _log(self.unpin_log, self.unpin_base, trajectory_id)
-        if node is not None and node in self.cpu:
-            self.cpu[node].trajectory_memory_mb.pop(trajectory_id, None)
+        cpu = self.cpu.get(node) if node is not None else None
+        if cpu is not None:
+            cpu.trajectory_memory_mb.pop(trajectory_id, None)
+            store = cpu.store
+            if store is not None and trajectory_id in store.users:
+                ref = store.users.pop(trajectory_id)
+                if keep_layer:
+                    store.layers[trajectory_id] = ref
+        if not keep_layer:
+            for n in self.cpu.values():
+                if n.store is not None and n.store.layers:
+                    n.store.layers.pop(trajectory_id, None)
 
 
 def _log(log: list[str], base: int, trajectory_id: str) -> int:

@@ -116,6 +116,9 @@ class ExecutionModel:
     warm_gpu: services are restored onto free GPU memory ahead of their calls while no GPU call
         waits (`scheduler.policies.warm_gpu`; `RoundPlan.warm`, `Round.retire`). Both executors
         carry them out (live: the GPU worker loads the replica on the chunk).
+    fetch_images: the round fetches the images of queued new trajectories ahead, onto nodes
+        whose stores lack them (`scheduler.round.fetch`; `RoundPlan.fetches`); every executor
+        fetches a missing image when a new sandbox needs it, whatever the policy.
     time_share: short rigid CPU actions time-share cores held by a running action, within these
         bounds (`scheduler.policies.time_share`; `RoundPlan.sharers`, `Allocation.shares`); None:
         never. Both executors carry them out with the spec's CPU weights: the simulator shares
@@ -136,6 +139,7 @@ class ExecutionModel:
     lend_cores: bool = False
     warm_gpu: bool = False
     time_share: TimeShareSpec | None = None
+    fetch_images: bool = False
 
     def live_gaps(self) -> list[str]:
         """Why the live service cannot execute this model ([] when it can)."""

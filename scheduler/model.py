@@ -104,6 +104,10 @@ class QueuedAction:
     priority: int = 0
     # never a rider: it was handed back from a batch once (live only; `cpu_batch`)
     solo: bool = False
+    # the trajectory's container image ("": the host toolchain) and its size in MB, where known
+    # (`scheduler.images`): a new sandbox in it starts once its node holds the image
+    image: str = ""
+    image_mb: int = 0
 
     def duration_s(self, units: int) -> float:
         """Expected execution time in seconds at `units` units of the key resource."""

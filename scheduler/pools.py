@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scheduler.gpu_cache import Tier
+from scheduler.images import ImageStore
 from scheduler.restore_cost import SEEDED, RestoreCosts, tier_on
 
 GPU_CHUNK_SIZES = (1, 2, 4, 8)
@@ -69,6 +70,8 @@ class CpuNode:
     # grows whenever an allocation on the node starts or ends (what caches of its running
     # allocations key on: `scheduler.policies.time_share`)
     version: int = field(default=0, compare=False, repr=False)
+    # the container images it holds and fetches (`scheduler.images`); None: it reports none
+    store: ImageStore | None = None
 
     def __post_init__(self) -> None:
         if not self.free:
@@ -244,6 +247,7 @@ def copy_cpu(n: CpuNode) -> CpuNode:
     out.sharers = dict(n.sharers)
     out.vacated = set(n.vacated)
     out.version = n.version
+    out.store = n.store.copy() if n.store is not None else None
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from scheduler.cluster_books import ClusterBooks
 from scheduler.gpu_cache import Chunk, FootprintFn, GpuCache, GpuLoad
+from scheduler.images import image_wait_s
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.pools import (
     GPU_CHUNK_SIZES,
@@ -73,7 +74,15 @@ class ClusterState(ClusterBooks):
         nodes = [
             n for n in self.cpu.values() if n.online and n.max_block() >= units and n.memory_free_mb >= need
         ]
-        # Balance memory: the node with the most free memory first.
+        # Balance memory: the node with the most free memory first (in an image: the node
+        # where its image is soonest, `scheduler.images`; nowhere it cannot come).
+        if action.image and action.cost.sandbox:
+            waits = {
+                n.name: image_wait_s(n.store, action.trajectory_id, action.image, action.image_mb, 0.0)
+                for n in nodes
+            }
+            nodes = [n for n in nodes if waits[n.name] is not None]
+            return sorted(nodes, key=lambda n: (waits[n.name] or 0.0, -n.memory_free_mb, n.name))
         return sorted(nodes, key=lambda n: (-n.memory_free_mb, n.name))
 
     def memory_extra_mb(self, action: QueuedAction) -> int:
@@ -180,6 +189,8 @@ class ClusterState(ClusterBooks):
         if tid not in self.trajectory_node:
             self.pin(tid, node.name)
             held[tid] = action.cost.memory_mb
+            if action.image:
+                self._pin_image(node, tid, action.image)
         elif held.get(tid, 0) < action.cost.memory_mb and self.trajectory_node[tid] == node.name:
             held[tid] = action.cost.memory_mb  # a later action asked for more: reserve it
         used = self.trajectory_used_s
@@ -192,7 +203,18 @@ class ClusterState(ClusterBooks):
             if self.trajectory_node.get(tid) != alloc.pool or tid in self.trajectory_running:
                 raise ValueError(f"cannot evict {tid!r} from {alloc.pool}: not an idle trajectory there")
         for tid in alloc.evict:
-            self.close_trajectory(tid)
+            self.close_trajectory(tid, keep_layer=True)
+
+    def _pin_image(self, node: CpuNode, tid: str, image: str) -> None:
+        """A new sandbox of `tid` runs in `image` on `node`: the image is in use there, and a
+        layer the trajectory kept on another node is gone (it starts over here)."""
+        for other in self.cpu.values():
+            if other.store is not None and other is not node:
+                other.store.layers.pop(tid, None)
+        if node.store is not None:
+            node.store.layers.pop(tid, None)
+            node.store.users[tid] = image
+            node.store.touch(image)
 
     def share(self, alloc: Allocation, action: QueuedAction, now_s: float = 0.0) -> None:
         """Let `action` ride on units already allocated to another action.

@@ -15,11 +15,12 @@ from scheduler.policies.dedicated_gpu import DedicatedGpu
 from scheduler.policies.fcfs_min import FcfsMin
 from scheduler.policies.fixed_dop import FixedDop
 from scheduler.policies.per_trajectory_api import PerTrajectoryApi
-from scheduler.policies.static_pod import StaticPod
+from scheduler.policies.static_pod import AllAtOnce, StaticPod
 from scheduler.policies.tangram_dp import TangramDp
 from scheduler.policies.tangram_fast import TangramFast
 
 __all__ = [
+    "AllAtOnce",
     "ColdStart",
     "DedicatedGpu",
     "FcfsMin",

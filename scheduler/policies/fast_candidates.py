@@ -16,6 +16,7 @@ from scheduler.policies.common import PoolKey
 from scheduler.policies.elastic import Known
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.policies.gpu_aware import gpu_candidates
+from scheduler.policies.image_places import ImagePlaces
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
 
@@ -30,7 +31,7 @@ def fast_candidates(
     trajectories as `fcfs_prefix` does (`scheduler.eviction`). Also returns each candidate's
     action, and its pool where the pass knows it (CPU).
     """
-    cpu = _CpuPass(queue, state)
+    cpu = _CpuPass(queue, state, now_s)
     gpu: list[QueuedAction] = []
     api: list[QueuedAction] = []
     blocked = False  # a CPU action did not fit: no CPU action behind it starts (FCFS)
@@ -70,7 +71,7 @@ class _CpuPass:
     """`fast_candidates`' CPU side: one pass's views of the free cores and memory, and what it
     picked. `place` takes the CPU actions in FCFS order."""
 
-    def __init__(self, queue: Sequence[QueuedAction], state: ClusterState) -> None:
+    def __init__(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float = 0.0) -> None:
         self.queue, self.state = queue, state
         self.groups = _LazyGroups(state)
         self.mem_free: dict[str, int] = {}
@@ -83,6 +84,7 @@ class _CpuPass:
         self.waiting_for_memory: set[str] = set()  # trajectories whose earlier action waits for memory
         self.ev: Evictions | None = None
         self.walk = _Walk(queue, state)
+        self.images = ImagePlaces(state, now_s)
 
     def place(self, action: QueuedAction) -> bool:
         """Pick cores for CPU `action`, or let it wait; False when it does not fit (no CPU
@@ -168,16 +170,24 @@ class _CpuPass:
         evict: tuple[str, ...] = ()
         need = action.cost.memory_mb if sandbox else 0
         order = mem_free if len(mem_free) == 1 else sorted(mem_free, key=lambda n: (-mem_free[n], n))
+        if sandbox and action.image:  # the node where it starts soonest (`image_order`)
+            order = self.images.order(action, order)
         for name in order:
             if mem_free[name] < need:
+                if action.image:
+                    continue  # not sorted by memory
                 break
             gi = _best_group(groups[name], units, elastic)
             if gi >= 0:
+                if action.image and sandbox and self.images.waits(action, name):
+                    return None  # its image is sooner where cores come back: it waits there
                 node = name
                 if sandbox:
                     self.pins[tid] = name
                     self.held_now[tid] = need
                     mem_free[name] -= need
+                    if action.image:
+                        self.images.placed(action, name)
                 break
         if node is None and sandbox and need > 0:
             ev = self._evictions()

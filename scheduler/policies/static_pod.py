@@ -18,7 +18,9 @@ What a pod costs to create is part of its execution model (`ExecutionModel.pod_s
 the scheduler binds pods at most `bind_qps` per second after a burst of `bind_burst` (its API
 client's QPS 50 / burst 100), and a bound pod starts in a lognormal time with median
 `start_p50_s` and 99th percentile `start_p99_s` (the scalability SLO: p99 <= 5 s, images
-pre-pulled).
+pre-pulled; a pod whose node lacks its image pulls it first, `scheduler.images`).
+A pod in a container image is also scored by ImageLocality at its defaults (weight 1 beside
+NodeResourcesFit's; `image_locality_score`). `all-at-once` is the same without admission.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from scheduler.policies.base import register
 from scheduler.policies.fcfs_min import fcfs_prefix
 from scheduler.resources import ClusterState
 
+MB = 1024 * 1024
+IMAGE_MIN_BYTES = 23 * MB  # imagelocality's minThreshold
+IMAGE_MAX_BYTES = 1000 * MB  # its maxContainerThreshold, times the pod's one container
 PACKINGS = ("spread", "binpack")  # kube-scheduler's LeastAllocated / MostAllocated scoring
 MAX_NODE_SCORE = 100  # framework.MaxNodeScore
 
@@ -131,6 +136,8 @@ class StaticPod:
                 self._score(cpu_req * 1000, node.cores * 1000)
                 + self._score(mem_used[n] + mem, node.memory_mb)
             ) // 2
+            if action.image:  # ImageLocality, weight 1 beside NodeResourcesFit's
+                score += image_locality_score(state, n, action.image)
             # selectHost picks at random among the top-scored nodes: a hash keeps it reproducible
             tie = zlib.crc32(f"{action.trajectory_id}/{n}".encode())
             if best is None or (score, tie) > best[:2]:
@@ -149,3 +156,43 @@ class StaticPod:
         if self.packing == "spread":
             return int((capacity - requested) * MAX_NODE_SCORE // capacity)
         return int(requested * MAX_NODE_SCORE // capacity)
+
+
+def image_locality_score(state: ClusterState, node: str, image: str) -> int:
+    """kube-scheduler's ImageLocality score (0-100) of `node` for a one-container pod in
+    `image` (pkg/scheduler/framework/plugins/imagelocality): the image's size, if the node holds
+    it, scaled by the share of nodes that hold it (against "node heating"), clamped to 23 MB ..
+    1000 MB and normalised. A node holds what its store holds (not what it is still fetching:
+    the kubelet reports pulled images)."""
+    store = state.cpu[node].store
+    if store is None or image not in store.held:
+        return 0
+    total = len(state.cpu)
+    having = sum(1 for n in state.cpu.values() if n.store is not None and image in n.store.held)
+    scaled = int(store.held[image] * MB * (having / total))
+    clamped = min(max(scaled, IMAGE_MIN_BYTES), IMAGE_MAX_BYTES)
+    return MAX_NODE_SCORE * (clamped - IMAGE_MIN_BYTES) // (IMAGE_MAX_BYTES - IMAGE_MIN_BYTES)
+
+
+@register("all-at-once")
+class AllAtOnce(StaticPod):
+    """Every trajectory's sandbox at once, every action started when it comes, all of them
+    time-sharing the nodes' cores under CFS (processor sharing, each action at most `cap_cores`):
+    what a SandboxFusion deployment or a plain harness does (the live A/B's `pod_all`). Its
+    sandboxes are placed as `static-pod` places pods (spread, ImageLocality), but nothing limits
+    how many a node takes (only its memory), and there is no API binding or kubelet start-up:
+    a sandbox takes `start_s` to start (a cold `docker run`, the simulator's generic sandbox
+    start), after the pull of an image its node lacks."""
+
+    name = "all-at-once"
+
+    def __init__(self, cap_cores: int = 4, packing: str = "spread", start_s: float = 0.3) -> None:
+        super().__init__(
+            request_cores=1e-9,
+            cap_cores=cap_cores,
+            packing=packing,
+            max_pods=None,
+            bind_qps=None,
+            start_p50_s=start_s,
+            start_p99_s=start_s,
+        )

@@ -129,7 +129,9 @@ class TangramFast:
     `warm`: GPU services are restored onto free GPU memory ahead of demand
     (`scheduler.policies.warm_gpu`); `share`: short rigid CPU actions time-share cores held by
     a running action under saturation (`scheduler.policies.time_share`; True: the default
-    bounds, or a `TimeShareSpec`; False: never).
+    bounds, or a `TimeShareSpec`; False: never). New trajectories in an image go where their
+    image is soonest (`scheduler.policies.image_places`), and the images of queued ones are
+    fetched ahead (`scheduler.round.fetch`).
     """
 
     name = "tangram-fast"
@@ -148,7 +150,7 @@ class TangramFast:
         self.warm = warm
         spec = TimeShareSpec() if share is True else share or None
         self.share = spec
-        self.execution = ExecutionModel(lend_cores=lend, warm_gpu=warm, time_share=spec)
+        self.execution = ExecutionModel(lend_cores=lend, warm_gpu=warm, time_share=spec, fetch_images=True)
 
     def decide(self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float) -> list[Allocation]:
         cands, known = fast_candidates(queue, state, now_s)

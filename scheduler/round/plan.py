@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from scheduler.execution import GpuResidency, execution_of
 from scheduler.fairshare import order_queue
 from scheduler.gpu_cache import GpuLoad
+from scheduler.images import ImageFetch
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.base import Policy
 from scheduler.policies.cpu_batch import CpuBatchSpec, Observed, cpu_riders, short_leads
@@ -20,6 +21,7 @@ from scheduler.policies.time_share import HostCache, time_sharers
 from scheduler.policies.warm_gpu import GpuDemand, Instance, oversized, warm_placements
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
+from scheduler.round.fetch import has_stores, image_fetches
 from scheduler.round.loans import Loans
 from scheduler.round.steps import MaxBatch, gpu_loads, one_per_sandbox, riders
 
@@ -45,7 +47,8 @@ class RoundPlan:
     is evicted from (released by the `apply` of the allocation naming it); `gpu_loads`: GPU
     allocation id -> its load (`ClusterState.load_gpu`); `lends`: borrower -> (its node, every
     core lent to it now), for the borrowers whose loan changed this round (an empty set: all
-    taken back); `decision_s`: seconds the fair ordering and the policy took (with the loans,
+    taken back); `fetches`: images to bring onto CPU nodes, before the allocations (those
+    they need, then those fetched ahead: `scheduler.round.fetch`); `decision_s`: seconds the fair ordering and the policy took (with the loans,
     sharers and warm placements, when it made any).
     """
 
@@ -56,6 +59,7 @@ class RoundPlan:
     gpu_loads: dict[str, GpuLoad] = field(default_factory=dict)
     lends: Lent = field(default_factory=dict)
     warm: list[GpuLoad] = field(default_factory=list)
+    fetches: list[ImageFetch] = field(default_factory=list)
     decision_s: float = 0.0
 
     @property
@@ -133,7 +137,9 @@ class Round:
             out.decision_s = time.perf_counter() - t0
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)
-        if out.lends or out.warm:
+        if self.execution.fetch_images and has_stores(state):
+            out.fetches = image_fetches(out.started, queue, state, now_s)
+        if out.lends or out.warm or out.fetches:
             out.decision_s = time.perf_counter() - t0  # loans and placements are decisions too
         if out.started:
             self._settle(out, queue, state, now_s)

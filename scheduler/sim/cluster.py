@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.images import ImageStore
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 
 
@@ -37,6 +38,10 @@ class ClusterSpec:
     gpu_memory_mb: int = 81_920  # 80 GB Hopper
     host_memory_mb: int | None = None
     apis: dict[str, ApiSpec] = field(default_factory=dict)
+    # each CPU node's image store (`scheduler.images`): its disk budget (MB; None: unbounded)
+    # and its link's fetch rate (MB/s); 0: no store, as before images
+    image_store_mb: int | None = None
+    image_mb_per_s: float = 0.0
 
     def gpu_node_sizes(self) -> list[int]:
         full, rest = divmod(self.gpus_total, self.gpus_per_node)
@@ -50,6 +55,9 @@ class ClusterSpec:
             )
             for i in range(self.cpu_nodes)
         }
+        if self.image_mb_per_s > 0:
+            for node in cpu.values():
+                node.store = ImageStore(self.image_store_mb, self.image_mb_per_s)
         gpu = {
             f"gpu{i}": GpuNode(f"gpu{i}", n, self.gpu_memory_mb) for i, n in enumerate(self.gpu_node_sizes())
         }

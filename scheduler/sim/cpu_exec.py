@@ -7,7 +7,7 @@ A base class of `scheduler.sim.engine.Simulator` (see its module doc for the mod
 from __future__ import annotations
 
 from scheduler.model import Allocation, QueuedAction, ResourceKind
-from scheduler.sim.running import FINISH, JOIN, Running, SimBase
+from scheduler.sim.running import FETCHED, FINISH, JOIN, Running, SimBase
 from scheduler.sim.workload import SimAction
 
 
@@ -15,11 +15,47 @@ class CpuExecution(SimBase):
     """Carrying CPU allocations, riders and sharers out on the simulated nodes."""
 
     def _evicted(self, alloc: Allocation) -> None:
-        """Memory is a cache: the sandboxes of the trajectories `alloc` evicted are gone."""
+        """Memory is a cache: the sandboxes of the trajectories `alloc` evicted are gone (an
+        image trajectory's copy-on-write layer stays on the node, `scheduler.images`)."""
         for victim in alloc.evict:
             self.sandboxes.discard(victim)
             self.evicted.add(victim)
             self.result.evictions += 1
+            self.layer_node[victim] = alloc.pool
+
+    def _fetch(
+        self, now: float, node: str, image: str, size_mb: int, evict: tuple[str, ...] | None = None
+    ) -> float:
+        """Bring `image` onto `node` (a fetch order, or a new sandbox's need): seconds until it
+        is there (0: held)."""
+        store = self.state.cpu[node].store
+        if store is None:
+            return 0.0
+        if store.has(image):
+            return max(0.0, store.fetch(image, size_mb, now) - now)
+        ready = store.fetch(image, size_mb, now, evict)
+        self.result.image_fetches += 1
+        self.result.image_fetch_mb += size_mb
+        self._push(ready, FETCHED, (node, image))
+        return ready - now
+
+    def _fetched(self, node: str, image: str) -> bool:
+        """A fetch ended: the image is held (a round may now place by it)."""
+        store = self.state.cpu[node].store
+        if store is not None:
+            store.arrived(image)
+        return True
+
+    def _sandbox_image_s(self, now: float, qa: QueuedAction, node: str) -> float:
+        """A new sandbox of an image trajectory: seconds it waits for its image (none where its
+        kept layer is: it resumes losslessly)."""
+        tid = qa.trajectory_id
+        if self.layer_node.pop(tid, None) == node and tid in self.evicted:
+            self.evicted.discard(tid)
+            self.result.layer_resumes += 1
+        wait = self._fetch(now, node, qa.image, qa.image_mb)
+        self.result.image_wait_s += wait
+        return wait
 
     def _begin_cpu(self, now: float, run: Running, sa: SimAction) -> None:
         """A CPU action starts on its cores now: its sandbox (or pod) first when its
@@ -28,11 +64,12 @@ class CpuExecution(SimBase):
         pod_delay_s = 0.0
         if qa.cost.sandbox and qa.trajectory_id not in self.sandboxes:
             self.sandboxes.add(qa.trajectory_id)
+            image_s = self._sandbox_image_s(now, qa, alloc.pool) if qa.image else 0.0
             if self.pods is not None:  # a pod is created and bound, then starts
-                pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id)
+                pod_delay_s = self.pods.ready_delay_s(now, qa.trajectory_id) + image_s
                 run.setup_s += pod_delay_s
-            else:
-                run.setup_s += self.params.sandbox_start_s  # a fresh one, after an eviction too
+            else:  # a fresh one, after an eviction too
+                run.setup_s += self.params.sandbox_start_s + image_s
             if qa.trajectory_id in self.evicted:
                 self.evicted.discard(qa.trajectory_id)
                 self.result.sandbox_resets += 1

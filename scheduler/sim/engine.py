@@ -43,7 +43,7 @@ from scheduler.sim.gpu_exec import GpuExecution
 from scheduler.sim.gpu_share import BatchedGroup
 from scheduler.sim.pods import PodStarts
 from scheduler.sim.results import ActionRecord, SimResult
-from scheduler.sim.running import FINISH, JOIN, SHARED, SUBMIT, Pending, Running
+from scheduler.sim.running import FETCHED, FINISH, JOIN, SHARED, SUBMIT, Pending, Running
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
 
@@ -99,6 +99,7 @@ class Simulator(CpuExecution, GpuExecution):
         self.running: dict[str, Running] = {}
         self.sandboxes: set[str] = set()  # trajectories with a live sandbox
         self.evicted: set[str] = set()  # trajectories whose sandbox was evicted, not yet restarted
+        self.layer_node: dict[str, str] = {}  # evicted trajectory -> its node (`scheduler.images`)
         self.result = SimResult(policy=self.policy.name, scenario=sc.name)
         batch = self.params.max_batch
         chunks = {s: (1, 2, 4, 8) for s in sc.model_mb}  # every scenario's calls take buddy chunks
@@ -178,6 +179,9 @@ class Simulator(CpuExecution, GpuExecution):
             assert isinstance(data, str)
             self._join_shared(now, data)
             return False
+        if kind == FETCHED:
+            assert isinstance(data, tuple)
+            return self._fetched(*data)
         self._wakes.discard(now)
         return True
 
@@ -186,6 +190,8 @@ class Simulator(CpuExecution, GpuExecution):
         sa = traj.steps[step_i].action
         aid = retry_of or f"{traj.trajectory_id}/{step_i}"
         qa = QueuedAction(aid, traj.trajectory_id, sa.cost(), now, kind=sa.kind, target=sa.target)
+        if sa.image:
+            qa.image, qa.image_mb = sa.image, sa.image_mb
         assert self.estimator is not None
         self.estimator.annotate(qa)
         self.queue.append(qa)
@@ -230,6 +236,8 @@ class Simulator(CpuExecution, GpuExecution):
                 self._riding.setdefault(lead[(r.kind, r.pool, r.unit_ids)], []).append(r)
             else:
                 behind.append(r)
+        for f in plan.fetches:
+            self._fetch(now, f.node, f.image, f.size_mb, f.evict)
         for alloc in plan.allocs:
             self._start(now, self.queue.pop(alloc.action_id), alloc, plan.gpu_loads.get(alloc.action_id))
         for r in behind:  # after every allocation, as the live dispatch applies them

@@ -60,6 +60,10 @@ class SimResult:
     unloads: int = 0  # instances unloaded by a keep-alive expiry or to make room (cold-start)
     evictions: int = 0  # idle trajectories whose sandbox was evicted to make room (memory)
     sandbox_resets: int = 0  # actions that found their trajectory's sandbox evicted: a fresh one
+    image_fetches: int = 0  # images fetched onto CPU nodes (`scheduler.images`)
+    image_fetch_mb: int = 0
+    image_wait_s: float = 0.0  # seconds new sandboxes waited for their images, summed
+    layer_resumes: int = 0  # evicted image trajectories resumed on their kept layer (no reset)
     time_shared: int = 0  # actions started time-sharing cores held by a running action
     makespan_s: float = 0.0
     wall_s: float = 0.0
@@ -102,6 +106,7 @@ class SimResult:
             "loads_by_tier": {"device": self.device_hits, "host": self.restores, "cold": self.cold_loads},
             "evictions": self.evictions,
             "sandbox_resets": self.sandbox_resets,
+            **self._image_summary(),
             "makespan_s": self.makespan_s,
             "avg_trajectory_end_s": (
                 statistics.fmean(self.trajectory_end_s.values()) if self.trajectory_end_s else float("nan")
@@ -131,3 +136,14 @@ class SimResult:
         for r in self.records:
             buckets.setdefault(int(r.ended_s // bucket_s), []).append(r.act_s)
         return [((b + 1) * bucket_s, statistics.fmean(v)) for b, v in sorted(buckets.items())]
+
+    def _image_summary(self) -> dict[str, Any]:
+        """The image figures, for runs that fetched images (none otherwise: as before images)."""
+        if not (self.image_fetches or self.layer_resumes):
+            return {}
+        return {
+            "image_fetches": self.image_fetches,
+            "image_fetch_mb": self.image_fetch_mb,
+            "image_wait_s": self.image_wait_s,
+            "layer_resumes": self.layer_resumes,
+        }

@@ -25,7 +25,7 @@ from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
 from scheduler.sim.workload import SimAction
 
-FINISH, SHARED, SUBMIT, WAKE, JOIN = 0, 1, 2, 3, 4
+FINISH, SHARED, SUBMIT, WAKE, JOIN, FETCHED = 0, 1, 2, 3, 4, 5
 DEFAULT_MODEL_MB = 16_000
 
 
@@ -76,6 +76,7 @@ class SimBase:
     groups: dict[tuple[str, tuple[int, ...]], BatchedGroup]
     sandboxes: set[str]
     evicted: set[str]
+    layer_node: dict[str, str]  # evicted trajectory -> the node that keeps its layer
     time_shared: SharedCores | None
     _next_cpu: dict[str, list[tuple[QueuedAction, Allocation]]]
     _ready_at: dict[tuple[str, tuple[int, ...], str], float]

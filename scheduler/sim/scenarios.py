@@ -233,8 +233,73 @@ def deepsearch(p: DeepSearchParams | None = None, cluster: ClusterSpec | None = 
     return Scenario("deepsearch", trajs, spec, priors, {"judge": p.judge_model_mb})
 
 
-PARAMS: dict[str, type] = {"coding": CodingParams, "mopd": MopdParams, "deepsearch": DeepSearchParams}
-GENERATORS = {"coding": coding, "mopd": mopd, "deepsearch": deepsearch}
+@dataclass(frozen=True)
+class SweImagesParams:
+    """SWE-style coding in per-task container images (issue 36): `tasks` distinct images, each
+    the environment of `group` trajectories (GRPO: n rollouts of one task), the turns of
+    `CodingParams` (its defaults), on nodes that fetch images over their link into a store with
+    a disk budget (LRU eviction of unused images, `scheduler.images`).
+
+    Sources for the image figures:
+    - SWE-bench Verified: 500 task instances over 12 repositories, one Docker image each; pulled
+      from Docker Hub they are "more than 100 GiB of compressed layers" expanding into 240 GiB of
+      local storage, and the pull "takes anywhere from half an hour to several hours" even with
+      a fast connection (LogicStar, "How We Made SWE-Bench 50x Smaller",
+      https://logicstar.ai/blog/how-we-made-swe-bench-50x-smaller). inspect_evals issue #926
+      puts the Verified split at ~280 GB of images (and SWE-Lancer at ~14 GB per image).
+    - The SWE-bench harness builds ~60 environment images, "100GB of images" (SWE-bench
+      docs/20240627_docker/README.md): ~1.7 GB per environment, the bulk of what a node without
+      the task's layers must fetch. Hence image sizes: lognormal, mean `image_mean_mb` 1,700 MB,
+      log-space sigma 0.5 (task images of one repository differ little, repositories differ).
+    - Fetch rate: 100 GiB of compressed layers in half an hour is ~57 MB/s compressed, ~135 MB/s
+      of image on disk; `image_mb_per_s` 125 MB/s per node (1 Gbit/s, the image's size on
+      disk), one fetch at a time per node (the kubelet's default `serializeImagePulls`).
+    - Store budget: `image_store_mb` 100 GB per node (the SWE-bench harness asks for ~120 GB
+      free for its images), below the 64 tasks' ~109 GB, so nodes cannot hold every image.
+    """
+
+    tasks: int = 64
+    group: int = 8
+    image_mean_mb: float = 1_700.0
+    image_sigma: float = 0.5
+    image_store_mb: int = 100_000
+    image_mb_per_s: float = 125.0
+    cpu_nodes: int = 8
+    cores_per_node: int = 64
+    seed: int = 5
+
+
+def swe_images(p: SweImagesParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    """`coding`'s trajectories (its defaults, `tasks * group` of them), trajectory i in the image
+    of task i // group, on `cpu_nodes` nodes with image stores."""
+    p = p or SweImagesParams()
+    rng = random.Random(p.seed)
+    sizes = [max(1, round(lognormal(rng, p.image_mean_mb, p.image_sigma))) for _ in range(p.tasks)]
+    spec = cluster or ClusterSpec(
+        cpu_nodes=p.cpu_nodes,
+        cores_per_node=p.cores_per_node,
+        image_store_mb=p.image_store_mb,
+        image_mb_per_s=p.image_mb_per_s,
+    )
+    base = coding(CodingParams(batch=p.tasks * p.group, seed=p.seed), spec)
+    trajs = []
+    for i, t in enumerate(base.trajectories):
+        k = i // p.group
+        image = f"swe/task{k:03d}:latest"
+        steps = tuple(
+            Step(s.think_s, dataclasses.replace(s.action, image=image, image_mb=sizes[k])) for s in t.steps
+        )
+        trajs.append(SimTrajectory(t.trajectory_id, t.start_s, steps))
+    return Scenario("swe-images", trajs, spec, base.priors)
+
+
+PARAMS: dict[str, type] = {
+    "coding": CodingParams,
+    "mopd": MopdParams,
+    "deepsearch": DeepSearchParams,
+    "swe-images": SweImagesParams,
+}
+GENERATORS = {"coding": coding, "mopd": mopd, "deepsearch": deepsearch, "swe-images": swe_images}
 
 
 def build(name: str, overrides: dict[str, Any] | None = None, cluster: ClusterSpec | None = None) -> Scenario:

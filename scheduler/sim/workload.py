@@ -28,6 +28,8 @@ class SimAction:
     api_quota: int = 0
     gpu_memory_mb: int = 0  # weights of the GPU service it calls (all shards)
     malleable: bool = False  # may take (and give back) cores while it runs (`CostVector.malleable`)
+    image: str = ""  # its trajectory's container image ("": the host toolchain; `scheduler.images`)
+    image_mb: int = 0
 
     def cost(self) -> CostVector:
         return CostVector(
@@ -98,6 +100,8 @@ def action_to_dict(a: SimAction) -> dict[str, Any]:
     }
     if a.malleable:  # omitted otherwise: older traces read the same
         out["malleable"] = True
+    if a.image:
+        out["image"], out["image_mb"] = a.image, a.image_mb
     return out
 
 
@@ -113,6 +117,8 @@ def action_from_dict(d: dict[str, Any]) -> SimAction:
         api_quota=int(d.get("api_quota", 0)),
         gpu_memory_mb=int(d.get("gpu_memory_mb", 0)),
         malleable=bool(d.get("malleable", False)),
+        image=str(d.get("image", "")),
+        image_mb=int(d.get("image_mb", 0)),
     )
 
 

@@ -1,0 +1,94 @@
+"""Where a new trajectory in a container image starts soonest (issue 36, `scheduler.images`).
+
+One round's view for `tangram-fast`'s candidate pass (`fast_candidates`): the seconds until a
+node can start a new sandbox in the action's image, the cost model being the fetch's wait
+added to the expected start (the pass only places on nodes whose cores are free now). A node
+where the trajectory kept its copy-on-write layer (evicted for memory) comes first, then nodes
+holding the image, then those fetching it, then the rest by how long their link needs. An image
+that the pass already sent to a node costs what it cost the first trajectory there (the
+trajectories of one task gather where its image comes), and a fetch the pass chose delays the
+fetches behind it on the same link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler.images import image_wait_s
+from scheduler.model import QueuedAction, ResourceKind
+from scheduler.resources import ClusterState
+
+
+class ImagePlaces:
+    """The image costs of one pass's placements on `state` at `now_s`."""
+
+    def __init__(self, state: ClusterState, now_s: float) -> None:
+        self.state, self.now_s = state, now_s
+        self.chosen: dict[tuple[str, str], float] = {}  # (node, image) -> its wait when first sent there
+        self.link_s: dict[str, float] = {}  # node -> seconds of fetches this pass queued on its link
+
+    def cost_s(self, action: QueuedAction, node: str) -> float | None:
+        """Seconds of fetching before `action`'s new sandbox can start on `node` (-1: its kept
+        layer is there); None where its image cannot come."""
+        store = self.state.cpu[node].store
+        if (
+            store is not None
+            and (node, action.image) in self.chosen
+            and action.trajectory_id not in store.layers
+        ):
+            return self.chosen[(node, action.image)]
+        wait = image_wait_s(store, action.trajectory_id, action.image, action.image_mb, self.now_s)
+        if wait is not None and wait > 0 and store is not None and not store.has(action.image):
+            wait += self.link_s.get(node, 0.0)
+        return wait
+
+    def order(self, action: QueuedAction, nodes: Iterable[str]) -> list[str]:
+        """`nodes` (in their order of preference without images) where `action`'s image can
+        come, soonest first."""
+        costed = []
+        for i, n in enumerate(nodes):
+            c = self.cost_s(action, n)
+            if c is not None:
+                costed.append((c, not self._comes(action.image, n), i, n))
+        costed.sort()  # at equal waits, a node the image comes to anyway: one fetch, not two
+        return [n for *_, n in costed]
+
+    def _comes(self, image: str, node: str) -> bool:
+        """The image is on `node`, on its way, or sent there this pass."""
+        store = self.state.cpu[node].store
+        return (node, image) in self.chosen or (store is not None and store.has(image))
+
+    def waits(self, action: QueuedAction, node: str) -> bool:
+        """True when `action` should rather wait for cores on a node where its image (or its
+        layer) is than fetch it onto `node`, the soonest node with free cores: the cores there
+        are expected back (the earliest expected end of a running action) sooner than the
+        fetch onto `node` ends. It waits at most as long as that fetch would take."""
+        cost = self.cost_s(action, node)
+        if cost is None or cost <= 0 or self.now_s - action.submitted_s >= cost:
+            return False
+        state = self.state
+        for name, cpu in state.cpu.items():
+            if name == node or not cpu.online or not self._comes(action.image, name):
+                continue
+            there = self.cost_s(action, name)
+            if there is None or there >= cost:
+                continue
+            ends = [
+                state.expected_end_s.get(aid, self.now_s)
+                for g in range(len(cpu.numa))
+                for aid in state.running_in(ResourceKind.CPU, name, g)
+            ]
+            if ends and max(min(ends) - self.now_s, there) < cost:
+                return True
+        return False
+
+    def placed(self, action: QueuedAction, node: str) -> None:
+        """`action`'s new sandbox goes to `node`: its image comes there (if it is not there)."""
+        store = self.state.cpu[node].store
+        key = (node, action.image)
+        if store is None or key in self.chosen or action.trajectory_id in store.layers:
+            return
+        wait = self.cost_s(action, node)
+        self.chosen[key] = wait if wait is not None else 0.0
+        if not store.has(action.image):
+            self.link_s[node] = self.link_s.get(node, 0.0) + action.image_mb / store.mb_per_s
