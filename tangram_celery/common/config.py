@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from scheduler.pools import numa_split
 from tangram_celery.common.config_front import HttpConfig, LimitsConfig, StrictModel, expand_env
+from tangram_celery.common.config_images import ImagesConfig
 from tangram_celery.common.config_scheduler import (
     CpuBatchConfig,
     FairShareConfig,
@@ -265,6 +266,10 @@ class SandboxConfig(StrictModel):
         "tests; no user code runs in it) may serve: 'job': later trajectories and one-shot actions of "
         "the same job_id too, so a new trajectory needs no verifier of its own; 'occupant': only the "
         "one it first judged for (killed at the next scrub). docs/sandbox.md, Verifier scope",
+    )
+    images: ImagesConfig = Field(
+        default_factory=ImagesConfig,
+        description="the namespace backend's per-node image store (docs/images.md, Image store)",
     )
 
 
