@@ -124,12 +124,13 @@ class Sender:
             kwargsrepr="{}",
         )
 
-    def close(self, node: str, tid: str, gen: str) -> None:
+    def close(self, node: str, tid: str, gen: str, keep: bool = False) -> None:
         """Have the worker of CPU `node` remove `tid`'s sandbox of generation `gen` (only that
-        one: a newer sandbox of the same trajectory, started since, is kept)."""
-        self.close_many([(node, tid, gen)])
+        one: a newer sandbox of the same trajectory, started since, is kept); `keep`: the
+        caller may come back (idle past its TTL): an image's files are kept."""
+        self.close_many([(node, tid, gen)], keep)
 
-    def close_many(self, closes: Iterable[tuple[str, str, str]]) -> None:
+    def close_many(self, closes: Iterable[tuple[str, str, str]], keep: bool = False) -> None:
         """`close` for each (node, trajectory, generation), pipelined into one round trip."""
         closes = list(closes)
         if not closes:
@@ -138,7 +139,7 @@ class Sender:
             for node, tid, gen in closes:
                 self.app.send_task(
                     TASK_CLOSE,
-                    args=[tid, gen],
+                    args=[tid, gen, keep] if keep else [tid, gen],
                     queue=queue_name("cpu", node),
                     producer=producer,
                     ignore_result=True,

@@ -127,7 +127,7 @@ class TrajectoryBook:
         resets = {tid: book.reset[tid]} if tid in book.reset else None
         self.store.update_pins({}, [tid], resets, [] if resets else [tid])
         if node is not None and remove:
-            self.sender.close(node, tid, gen)
+            self.sender.close(node, tid, gen, keep=lost)
 
     def unpin_undone(self, tid: str, *, reset: bool) -> None:
         """The action that pinned `tid` was cancelled before it was sent: as if it never was (the

@@ -119,6 +119,7 @@ class AsyncTangramClient:
         now = time.monotonic()
         if self.core.wants_languages(now):
             self.core.saw_languages(await self.store.run(ops.languages()), now)
+            self.core.saw_images(await self.store.run(ops.images()))
         return self.core.langs
 
     async def _checked_view(self) -> PoolView | None:

@@ -39,6 +39,7 @@ class ClientCore:
         self.langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
         self._langs_read_s = float("-inf")
         self._checked: tuple[PoolView, dict[str, list[str]], PoolView] | None = None
+        self.images: dict[str, set[str]] = {}  # CPU node -> images it holds or can fetch
 
     def wants_view(self) -> bool:
         """Whether to read the published pools (`client_ops.pool_view`) and `saw_view` them."""
@@ -53,6 +54,21 @@ class ClientCore:
 
     def saw_languages(self, langs: dict[str, list[str]], now_s: float) -> None:
         self.langs, self._langs_read_s = langs, now_s
+
+    def saw_images(self, images: dict[str, set[str]]) -> None:
+        """CPU node -> the images it holds or can fetch (read with the languages)."""
+        self.images = images
+
+    def check_image(self, action: AnyAction) -> None:
+        """ActionRejected for a code action whose image no CPU node reported (none reported
+        yet: the worker refuses it then)."""
+        image = getattr(action, "image", None)
+        if image and self.images and not any(image in refs for refs in self.images.values()):
+            raise ActionRejected(
+                f"image {image!r} is not on any CPU node and no node's image sources have it "
+                f"(checked: {', '.join(sorted(self.images))}); build or load it on the nodes, or "
+                "list its OCI layout in sandbox.images.oci_dirs"
+            )
 
     def checked_view(self) -> PoolView | None:
         """The pool view with the reported languages (rebuilt only when either changes)."""
@@ -76,6 +92,7 @@ class ClientCore:
             if action.id in seen:
                 raise ActionRejected(f"action id {action.id!r} appears twice in one submit")
             seen.add(action.id)
+            self.check_image(action)
             items.append(admit(action, view, limits, now_s))
             trajectories.append(action.trajectory_id or "")
         return Batch(

@@ -79,6 +79,7 @@ class TangramClient:
         now = time.monotonic()
         if self.core.view is not None and self.core.wants_languages(now):
             self.core.saw_languages(self.store.languages(), now)
+            self.core.saw_images(self.store.run(ops.images()))
 
     # ---- submit ----------------------------------------------------------------------------
     def submit(self, action: AnyAction | dict[str, Any]) -> ActionHandle:

@@ -158,6 +158,18 @@ class CodeAction(_Action):
         le=3600,
         description="limit of the compile phase (compiled languages); `timeout_s` starts after it",
     )
+    session: bool = Field(
+        False,
+        description="bash in a trajectory only: run the code in the trajectory's persistent shell "
+        "session, whose working directory, variables and functions carry over to its next session "
+        "action (docs/sandbox.md, 'Shell sessions')",
+    )
+    fork_to: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="new trajectory ids that each start from a copy of this trajectory's files "
+        "once this action ran (a trajectory in an image; GRPO's n samples of one prepared state)",
+    )
 
     @field_validator("files", "binary_files")
     @classmethod
@@ -192,6 +204,14 @@ class CodeAction(_Action):
                 raise ValueError(f"fetch_files path {path!r}: {why}")
         return v
 
+    @field_validator("image")
+    @classmethod
+    def _image_tag(cls, v: str | None) -> str | None:
+        """`name` is `name:latest`, as Docker and OCI read it (one image, one spelling)."""
+        if v is None or ":" in v.rsplit("/", 1)[-1] or "@" in v:
+            return v
+        return f"{v}:latest"
+
     @field_validator("cpus")
     @classmethod
     def _cpus(cls, v: int | str) -> int | str:
@@ -206,6 +226,20 @@ class CodeAction(_Action):
             return self
         if self.code is None and not self.files and not self.binary_files and not self.test_command:
             raise ValueError("a code action needs code, files or a test_command")
+        if self.fork_to and (self.one_shot or self.trajectory_id in self.fork_to):
+            raise ValueError("fork_to needs a trajectory of its own, and new ids other than it")
+        return self
+
+    @model_validator(mode="after")
+    def _session(self, info: ValidationInfo) -> CodeAction:
+        if _stored(info) or not self.session:
+            return self
+        if self.language != "bash":
+            raise ValueError(f"session needs language 'bash', not {self.language!r}")
+        if self.one_shot:
+            raise ValueError("session needs a trajectory_id (and not ephemeral): a one-shot action has no session")
+        if self.code is None or self.test_cases or self.test_command:
+            raise ValueError("a session action runs code only: run test_cases or a test_command in an action without session")
         return self
 
     @property

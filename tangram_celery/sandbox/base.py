@@ -50,6 +50,8 @@ class ExecRequest:
     verifier_group: str = ""
     # the trajectory's container image (None: the host-toolchain sandbox)
     image: str | None = None
+    # bash code run in the trajectory's persistent shell session (tangram_runner/session.py)
+    session: bool = False
 
     @classmethod
     def of(
@@ -119,9 +121,16 @@ class Sandbox(Protocol):
         action runs, the cores are kept for its start. True when the runner took it."""
         ...
 
-    def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
+    def close_trajectory(
+        self, trajectory_id: str, generation: str | None = None, keep_files: bool = False
+    ) -> None:
         """Destroy the trajectory's sandbox and its files (idempotent); with `generation`, only
-        a sandbox of that generation (a newer one started since is kept)."""
+        a sandbox of that generation (a newer one started since is kept); `keep_files`: an
+        eviction: an image's files are kept for the trajectory's next action."""
+        ...
+
+    def fork(self, trajectory_id: str, new_ids: list[str]) -> int:
+        """Have each of `new_ids` start from a copy of the trajectory's files (in an image)."""
         ...
 
     def start_prewarm(self) -> None:

@@ -159,6 +159,18 @@ class ImageLayers:
             self.store.release(h.image)
             h.stored = None
 
+    def report(self) -> dict[str, Any] | None:
+        """{"held": [[ref, bytes], ...], "fetchable": [ref, ...], "layers": [trajectory, ...]},
+        or None when the store cannot be opened here."""
+        try:
+            store = self.store
+            sizes = getattr(store, "sizes", dict)()  # ref -> bytes unpacked, where the store says
+            held = [[ref, int(sizes.get(ref, 0))] for ref in store.held()]
+            return {"held": held, "fetchable": sorted(store.fetchable()), "layers": sorted(self.kept())}
+        except Exception as e:
+            log.debug("no image report: %s", e)
+            return None
+
     def retire_kept(self, tid: str) -> None:
         """`tid` was closed while evicted: its kept layer goes."""
         self._forget_spill(tid)

@@ -25,6 +25,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.errors import SandboxError
@@ -93,6 +94,11 @@ class WarmPool(SandboxLifecycle):
             runs = f"image {had!r}" if had else "the host toolchain"
             return f"trajectory {tid!r} runs in {runs}; an action of it named image {req.image!r}"
         return ""
+
+    def images_report(self) -> dict[str, Any] | None:
+        """This node's images (held with their sizes, fetchable) and kept layers; None when no
+        image source is configured or reachable here."""
+        return self.images.report()
 
     def fork(self, trajectory_id: str, new_ids: list[str]) -> int:
         """Start each of `new_ids` from a copy of `trajectory_id`'s files (its image's layer, kept

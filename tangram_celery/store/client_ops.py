@@ -24,6 +24,7 @@ from tangram_celery.store.keys import (
     CONFIG,
     EVENTS,
     GROUP,
+    IMAGES,
     INTAKE,
     LANGS,
     READ_TTL_S,
@@ -103,6 +104,24 @@ def languages_of(raw: dict[Any, Any]) -> dict[str, list[str]]:
 def languages() -> Call[dict[str, list[str]]]:
     """CPU node -> the languages its sandboxes run, as its worker reported them."""
     return Call("read languages", "hgetall", (LANGS,), languages_of)
+
+
+def images_of(raw: dict[Any, Any]) -> dict[str, set[str]]:
+    """The `tangram:images` hash decoded: CPU node -> the images it holds or can fetch."""
+    out: dict[str, set[str]] = {}
+    for node, value in raw.items():
+        try:
+            report = json.loads(value)
+            refs = {str(r[0]) for r in report.get("held", [])} | {str(r) for r in report.get("fetchable", [])}
+        except (ValueError, TypeError, AttributeError, IndexError):
+            continue
+        out[node.decode() if isinstance(node, bytes) else str(node)] = refs
+    return out
+
+
+def images() -> Call[dict[str, set[str]]]:
+    """CPU node -> the images its worker reported it holds or can fetch."""
+    return Call("read images", "hgetall", (IMAGES,), images_of)
 
 
 def queued_count() -> Call[int]:

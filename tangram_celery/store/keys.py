@@ -19,6 +19,8 @@ SANDBOXES = P + "sandboxes"  # CPU worker name -> JSON {"seq", "held": [[traject
 RESETS = P + "reset"  # trajectory -> when its sandbox was lost (its next result says so)
 WARM = P + "warm"  # GPU node -> warm-up status (JSON)
 LANGS = P + "languages"  # CPU node -> JSON list of the languages its sandboxes run
+# CPU node -> JSON {"held": [[ref, bytes], ...], "fetchable": [ref, ...], "layers": [trajectory, ...]}
+IMAGES = P + "images"
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from tangram_celery.common.records import SandboxReport, WarmStatus
 from tangram_celery.common.wire import ActionMeta, Chunk, Completion, GpuWarm, ResidencyReport, residency
 from tangram_celery.store.base import StoreBase
-from tangram_celery.store.keys import EVENTS, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
+from tangram_celery.store.keys import EVENTS, IMAGES, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
 
 
 class Claim(NamedTuple):
@@ -129,6 +129,11 @@ class WorkerSide(StoreBase):
         """Record the languages CPU `node`'s sandboxes run (its toolchains), for clients to
         refuse actions in any other language at submit."""
         self.retrying("languages", lambda: self.r.hset(LANGS, node, json.dumps(list(languages))))
+
+    def report_images(self, node: str, report: dict[str, Any]) -> None:
+        """CPU `node`'s images (held, fetchable) and kept trajectory layers, for clients to
+        refuse an unknown image at submit and for the scheduler to place by them."""
+        self.retrying("images", lambda: self.r.hset(IMAGES, node, json.dumps(report)))
 
     def warm_status(self) -> dict[str, WarmStatus]:
         """GPU node -> its warm-up status (`state`: warming or done)."""

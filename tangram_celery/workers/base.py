@@ -74,6 +74,8 @@ class WorkerRuntime:
         self.seq = 0
         self._seq_lock = threading.Lock()
         self.held: Callable[[], list[tuple[str, str]]] | None = None
+        self.images: Callable[[], dict[str, Any] | None] | None = None  # a CPU node's image report
+        self._images_reported: dict[str, Any] | None = None
         # (CPU workers) removes a trajectory's sandbox of a generation: closes an order carries
         self.closer: Callable[[str, str], None] | None = None
         # a CPU batch running this long hands its riders not yet started back (0: never)
@@ -110,6 +112,20 @@ class WorkerRuntime:
         if force or self._reported != (seq, held) or now - self._reported_at >= every_s:
             self.store.report_sandboxes(self.name, seq, held)
             self._reported, self._reported_at = (seq, held), now
+            self._report_images()
+
+    def _report_images(self) -> None:
+        """The node's images and kept layers, when they changed."""
+        if self.images is None:
+            return
+        try:
+            report = self.images()
+        except Exception as e:  # a store that cannot be read must not stop the heartbeats
+            log.warning("image report not made: %s", e)
+            return
+        if report is not None and report != self._images_reported:
+            self.store.report_images(self.pool_key.split(":", 1)[1], report)
+            self._images_reported = report
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,7 +11,7 @@ from typing import Any
 from tangram_celery.common.actions import ActionStatus, CodeAction, RewardAction, stored_action
 from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.wire import ActionResult, CoreLoan, SandboxOrder, TaskOrder, wire_trajectory
-from tangram_celery.sandbox import ExecRequest, Sandbox
+from tangram_celery.sandbox import ExecRequest, ExecResult, Sandbox
 from tangram_celery.workers.loans import CoreLoans
 
 log = logging.getLogger("tangram.worker")
@@ -79,6 +79,8 @@ class CpuHandler:
             res = self.sandbox.run_once(req)
         else:
             res = self.sandbox.run(action.trajectory_id, req)
+            if action.fork_to and res.status is ActionStatus.OK:
+                res = self._fork(action.trajectory_id, action.fork_to, res)
         return ActionResult(
             action_id=action_id,
             status=res.status,
@@ -89,7 +91,8 @@ class CpuHandler:
             compile=res.compile,
             exec_s=res.exec_s,
             files=res.files,
-            sandbox_reset=res.sandbox_reset or sandbox.reset,
+            # files kept in an image's layer through an eviction are not a reset
+            sandbox_reset=res.sandbox_reset or (sandbox.reset and not res.kept_files),
             cpu_s=res.cpu_s,
             detail=res.detail,
             # an infrastructure failure says what failed (the runner lost, a runner error)
@@ -110,8 +113,31 @@ class CpuHandler:
             action_id=action_id, status=ActionStatus.OK, output=verify(rule, dict(action.inputs))
         )
 
-    def close_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
-        self.sandbox.close_trajectory(trajectory_id, generation)
+    def _fork(self, tid: str, new_ids: list[str], res: ExecResult) -> ExecResult:
+        """After `tid`'s action: each of `new_ids` starts from a copy of its files here."""
+        from tangram_celery.common.errors import SandboxError
+
+        try:
+            size = self.sandbox.fork(tid, list(new_ids))
+        except SandboxError as e:
+            res.status, res.detail = ActionStatus.FAILED, f"fork not made: {e}"
+            return res
+        res.detail = "; ".join(filter(None, [res.detail, f"forked to {len(new_ids)} ({size >> 10} KiB)"]))
+        return res
+
+    def close_trajectory(
+        self, trajectory_id: str, generation: str | None = None, keep_files: bool = False
+    ) -> None:
+        self.sandbox.close_trajectory(trajectory_id, generation, keep_files)
+
+    def evict_trajectory(self, trajectory_id: str, generation: str | None = None) -> None:
+        """Evicted for memory: the sandbox goes, an image's files stay for the next action."""
+        self.sandbox.close_trajectory(trajectory_id, generation, keep_files=True)
+
+    def images_report(self) -> dict[str, Any] | None:
+        """What this node's image store holds and can fetch, and the layers it keeps."""
+        report = getattr(self.sandbox, "images_report", None)
+        return report() if report is not None else None
 
     def held(self) -> list[tuple[str, str]]:
         """The trajectory sandboxes this worker holds, for its report to the scheduler."""

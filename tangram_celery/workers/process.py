@@ -142,7 +142,8 @@ def _serve_cpu(
     runtime.store.set_languages(name, handler.languages)
     tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend)
     runtime.held = handler.held  # reported next to the heartbeats
-    runtime.closer = handler.close_trajectory  # evictions carried by the task orders
+    runtime.closer = handler.evict_trajectory  # evictions carried by the task orders
+    runtime.images = handler.images_report  # reported next to the heartbeats
     runtime.batch_hand_back_s = cfg.scheduler.cpu_batch.hand_back_after_ms / 1000
     # One thread per core for the actions (the scheduler never sends more than the node's
     # cores can run: a batch of riders is one message), one more per core for the next

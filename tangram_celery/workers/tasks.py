@@ -59,8 +59,8 @@ def register(
     if close is not None:
 
         @app.task(name=TASK_CLOSE, ignore_result=True)
-        def close_trajectory(trajectory_id: str, generation: str | None = None) -> None:
-            close(trajectory_id, generation)
+        def close_trajectory(trajectory_id: str, generation: str | None = None, keep: bool = False) -> None:
+            close(trajectory_id, generation, keep)  # keep: idle past its TTL, not closed
 
     _control(app, TASK_LEND, lend, CoreLoan)
     _control(app, TASK_WARM, warm, GpuWarm)
