@@ -256,6 +256,9 @@ class SweImagesParams:
       disk), one fetch at a time per node (the kubelet's default `serializeImagePulls`).
     - Store budget: `image_store_mb` 100 GB per node (the SWE-bench harness asks for ~120 GB
       free for its images), below the 64 tasks' ~109 GB, so nodes cannot hold every image.
+    - Scale: 64 tasks x 8 rollouts = 512 trajectories (a GRPO step over 64 of Verified's 500
+      tasks) on 8 nodes of 128 cores: 2 cores per trajectory (the paper's testbed has 3, 1280
+      trajectories on 15 x 256 cores). Nodes start with no image (a fresh step's cold cluster).
     """
 
     tasks: int = 64
@@ -265,7 +268,7 @@ class SweImagesParams:
     image_store_mb: int = 100_000
     image_mb_per_s: float = 125.0
     cpu_nodes: int = 8
-    cores_per_node: int = 64
+    cores_per_node: int = 128
     seed: int = 5
 
 
