@@ -56,12 +56,16 @@ class RunRequest(NamedTuple):
     # the Python of the sandbox's container image, by its real path there, that runs a python
     # program and a test command's pytest (None: the runner's own: the zygote runs programs)
     interpreter: str | None = None
+    # bash code run in the sandbox's persistent shell session (`session`), not a process of its own
+    session: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = {"v": VERSION, **self._asdict()}
         for optional in ("rlimits", "phase", "interpreter"):
             if out[optional] is None:
                 del out[optional]
+        if not out["session"]:
+            del out["session"]
         return out
 
     @classmethod

@@ -164,6 +164,12 @@ class CodeAction(_Action):
         "session, whose working directory, variables and functions carry over to its next session "
         "action (docs/sandbox.md, 'Shell sessions')",
     )
+    session: bool = Field(
+        False,
+        description="bash in a trajectory only: run the code in the trajectory's persistent shell "
+        "session, whose working directory, variables and functions carry over to its next session "
+        "action (docs/sandbox.md, 'Shell sessions')",
+    )
     fork_to: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(
         default_factory=list,
         max_length=256,
@@ -240,6 +246,18 @@ class CodeAction(_Action):
             raise ValueError("session needs a trajectory_id (and not ephemeral): a one-shot action has no session")
         if self.code is None or self.test_cases or self.test_command:
             raise ValueError("a session action runs code only: run test_cases or a test_command in an action without session")
+        return self
+
+    @model_validator(mode="after")
+    def _session(self, info: ValidationInfo) -> CodeAction:
+        if _stored(info) or not self.session:
+            return self
+        if self.language != "bash":
+            raise ValueError(f"session needs language 'bash', not {self.language!r}")
+        if self.one_shot:
+            raise ValueError("session needs a trajectory_id, not ephemeral: a one-shot action has no session")
+        if self.code is None or self.test_cases or self.test_command:
+            raise ValueError("a session action runs code only: give tests to an action without session")
         return self
 
     @property

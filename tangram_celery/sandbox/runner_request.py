@@ -43,4 +43,5 @@ def runner_request(
         key=req.action_id,  # what the host's resize names (tangram_runner.control)
         verifier_group=req.verifier_group,
         rlimits=rlimits,
+        session=req.session,
     )
