@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from tangram_celery.sandbox.oci import ImageCorrupt
 
@@ -248,9 +248,9 @@ def _tar_stream(raw: _Hashing, what: str, media_type: str) -> tuple[IO[bytes], _
         raise ImageCorrupt(f"{what}: zstd-compressed layers are not supported (use gzip or none)")
     inner: IO[bytes] = buffered
     if head[:2] == b"\x1f\x8b":
-        inner = gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[assignment]
+        inner = cast(IO[bytes], gzip.GzipFile(fileobj=buffered, mode="rb"))
     plain = _Hashing(inner)
-    return io.BufferedReader(plain, _CHUNK), plain  # type: ignore[return-value]
+    return io.BufferedReader(plain, _CHUNK), plain
 
 
 def unpack_layer(

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, cast
 
 from tangram_celery.common.errors import SandboxError
 
@@ -330,7 +330,7 @@ def _opened_tar(path: Path) -> Iterator[tuple[IO[bytes], bool]]:
         raw.seek(0)
         if gz:
             with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                yield f, True
+                yield cast(IO[bytes], f), True
         else:
             yield raw, False
 
@@ -389,7 +389,9 @@ def _write_locked(layout_dir: Path, ref: str, layers: list[Path], spec: ImageSpe
     }
     mdigest, msize = _put_blob(layout_dir, json.dumps(manifest, sort_keys=True).encode())
     index_path = layout_dir / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"schemaVersion": 2}
+    index: dict[str, Any] = (
+        json.loads(index_path.read_text()) if index_path.exists() else {"schemaVersion": 2}
+    )
     kept = [m for m in index.get("manifests") or [] if ref not in _refs_of(m)]
     kept.append({"mediaType": MANIFEST, "digest": mdigest, "size": msize, "annotations": {REF_NAME: ref}})
     index.update(mediaType=INDEX, manifests=kept)

@@ -425,3 +425,17 @@ def test_gzip_layers_and_docker_archives_in_an_oci_dir_are_read(env: Env) -> Non
     assert image.spec == ImageSpec({"A": "1"}, "/w", "")
     assert image.digest == "sha256:" + hashlib.sha256(config).hexdigest()
     assert gzip  # gzip layers: covered by the whiteout test's upper layer
+
+
+def test_an_oci_archive_and_a_layout_in_a_sub_directory_are_sources(env: Env, tmp_path: Path) -> None:
+    """`*.tar` OCI archives and layouts one level down in an OCI dir are read in place."""
+    layout = tmp_path / "build"
+    write_layout(layout, "arch/one:1", [env.layer([("in-archive", "f", "1")])], ImageSpec())
+    write_layout(env.oci / "sub", "sub/two:2", [env.layer([("in-sub", "f", "2")])], ImageSpec())
+    with tarfile.open(env.oci / "images.tar", "w") as tf:
+        for name in ("oci-layout", "index.json", "blobs"):
+            tf.add(layout / name, arcname=name)
+    store = env.store()
+    assert store.fetchable() == ["arch/one:1", "sub/two:2"]
+    assert (store.acquire("arch/one:1").rootfs / "in-archive").read_text() == "1"
+    assert (store.acquire("sub/two:2").rootfs / "in-sub").read_text() == "2"
