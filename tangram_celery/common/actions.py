@@ -164,12 +164,6 @@ class CodeAction(_Action):
         "session, whose working directory, variables and functions carry over to its next session "
         "action (docs/sandbox.md, 'Shell sessions')",
     )
-    session: bool = Field(
-        False,
-        description="bash in a trajectory only: run the code in the trajectory's persistent shell "
-        "session, whose working directory, variables and functions carry over to its next session "
-        "action (docs/sandbox.md, 'Shell sessions')",
-    )
     fork_to: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(
         default_factory=list,
         max_length=256,
@@ -234,18 +228,6 @@ class CodeAction(_Action):
             raise ValueError("a code action needs code, files or a test_command")
         if self.fork_to and (self.one_shot or self.trajectory_id in self.fork_to):
             raise ValueError("fork_to needs a trajectory of its own, and new ids other than it")
-        return self
-
-    @model_validator(mode="after")
-    def _session(self, info: ValidationInfo) -> CodeAction:
-        if _stored(info) or not self.session:
-            return self
-        if self.language != "bash":
-            raise ValueError(f"session needs language 'bash', not {self.language!r}")
-        if self.one_shot:
-            raise ValueError("session needs a trajectory_id (and not ephemeral): a one-shot action has no session")
-        if self.code is None or self.test_cases or self.test_command:
-            raise ValueError("a session action runs code only: run test_cases or a test_command in an action without session")
         return self
 
     @model_validator(mode="after")

@@ -52,8 +52,6 @@ class ExecRequest:
     image: str | None = None
     # bash code run in the trajectory's persistent shell session (tangram_runner/session.py)
     session: bool = False
-    # bash code run in the trajectory's persistent shell session (tangram_runner/session.py)
-    session: bool = False
 
     @classmethod
     def of(
