@@ -154,3 +154,14 @@ def image_wait_s(
     if trajectory_id in store.layers:
         return -1.0
     return store.wait_s(ref, size_mb, now_s)
+
+
+def size_mb(stores: Iterable[ImageStore | None], ref: str, given_mb: int = 0) -> int:
+    """An image's size: `given_mb` when the action says it (the simulator), else what a node
+    holding it reports (live: clients name images, workers measure them); 0 when unknown."""
+    if given_mb:
+        return given_mb
+    for store in stores:
+        if store is not None and ref in store.held:
+            return store.held[ref]
+    return 0

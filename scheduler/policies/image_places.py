@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduler.images import image_wait_s
+from scheduler.images import image_wait_s, size_mb
 from scheduler.model import QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
 
@@ -26,6 +26,7 @@ class ImagePlaces:
         self.state, self.now_s = state, now_s
         self.chosen: dict[tuple[str, str], float] = {}  # (node, image) -> its wait when first sent there
         self.link_s: dict[str, float] = {}  # node -> seconds of fetches this pass queued on its link
+        self._sizes: dict[str, int] = {}
 
     def cost_s(self, action: QueuedAction, node: str) -> float | None:
         """Seconds of fetching before `action`'s new sandbox can start on `node` (-1: its kept
@@ -37,7 +38,7 @@ class ImagePlaces:
             and action.trajectory_id not in store.layers
         ):
             return self.chosen[(node, action.image)]
-        wait = image_wait_s(store, action.trajectory_id, action.image, action.image_mb, self.now_s)
+        wait = image_wait_s(store, action.trajectory_id, action.image, self.size_mb(action), self.now_s)
         if wait is not None and wait > 0 and store is not None and not store.has(action.image):
             wait += self.link_s.get(node, 0.0)
         return wait
@@ -57,6 +58,14 @@ class ImagePlaces:
         """The image is on `node`, on its way, or sent there this pass."""
         store = self.state.cpu[node].store
         return (node, image) in self.chosen or (store is not None and store.has(image))
+
+    def size_mb(self, action: QueuedAction) -> int:
+        """The size of `action`'s image (`scheduler.images.size_mb`), once per pass."""
+        known = self._sizes.get(action.image)
+        if known is None:
+            stores = (n.store for n in self.state.cpu.values())
+            known = self._sizes[action.image] = size_mb(stores, action.image, action.image_mb)
+        return known
 
     def waits(self, action: QueuedAction, node: str) -> bool:
         """True when `action` should rather wait for cores on a node where its image (or its
@@ -91,4 +100,4 @@ class ImagePlaces:
         wait = self.cost_s(action, node)
         self.chosen[key] = wait if wait is not None else 0.0
         if not store.has(action.image):
-            self.link_s[node] = self.link_s.get(node, 0.0) + action.image_mb / store.mb_per_s
+            self.link_s[node] = self.link_s.get(node, 0.0) + self.size_mb(action) / store.mb_per_s

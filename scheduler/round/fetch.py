@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler.images import ImageFetch, ImageStore
+from scheduler.images import ImageFetch, ImageStore, size_mb
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState
@@ -47,12 +47,13 @@ def image_fetches(
             continue
         if qa.trajectory_id in state.trajectory_node or qa.trajectory_id in store.layers:
             continue
-        out.append(ImageFetch(a.pool, qa.image, qa.image_mb))
+        mb = size_mb(_stores(state), qa.image, qa.image_mb)
+        out.append(ImageFetch(a.pool, qa.image, mb))
         sent.add((a.pool, qa.image))
-        link_s[a.pool] = link_s.get(a.pool, 0.0) + qa.image_mb / store.mb_per_s
+        link_s[a.pool] = link_s.get(a.pool, 0.0) + mb / store.mb_per_s
     wanted = _wanted(queue, state, started_ids, scan)
     keep = set(wanted)
-    for image, size_mb in wanted.items():
+    for image, need_mb in wanted.items():
         if any(s.has(image) for s in _stores(state)) or any(img == image for _, img in sent):
             continue
         best: tuple[float, int, str, tuple[str, ...]] | None = None
@@ -62,20 +63,20 @@ def image_fetches(
                 continue
             if store.fetchable is not None and image not in store.fetchable:
                 continue
-            victims = store.victims(size_mb, keep)
+            victims = store.victims(need_mb, keep)
             if victims is None:
                 continue
-            wait = max(0.0, store.busy_until_s - now_s) + link_s.get(name, 0.0) + size_mb / store.mb_per_s
+            wait = max(0.0, store.busy_until_s - now_s) + link_s.get(name, 0.0) + need_mb / store.mb_per_s
             key = (wait, -len(node.free), name, tuple(victims))
             if best is None or key[:3] < best[:3]:
                 best = key
         if best is not None:
             node_name = best[2]
-            out.append(ImageFetch(node_name, image, size_mb, best[3]))
+            out.append(ImageFetch(node_name, image, need_mb, best[3]))
             sent.add((node_name, image))
             store = state.cpu[node_name].store
             assert store is not None
-            link_s[node_name] = link_s.get(node_name, 0.0) + size_mb / store.mb_per_s
+            link_s[node_name] = link_s.get(node_name, 0.0) + need_mb / store.mb_per_s
     return out
 
 
@@ -94,5 +95,5 @@ def _wanted(
         if i >= scan:
             break
         if qa.image and qa.action_id not in started and qa.trajectory_id not in pinned:
-            wanted.setdefault(qa.image, qa.image_mb)
+            wanted.setdefault(qa.image, size_mb(_stores(state), qa.image, qa.image_mb))
     return wanted

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.images import ImageStore
 from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 from scheduler.restore_cost import RestoreCosts
@@ -9,6 +13,8 @@ from scheduler.service.sandboxes import one_shot_key
 from tangram_celery.common.actions import compile_memory_mb
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.wire import ActionMeta, AllocationWire
+
+IMAGE_MB_PER_S = 125.0  # a node's fetch rate when its report names none (1 Gbit/s)
 
 
 def build_cluster(cfg: TangramConfig, restore_costs: RestoreCosts | None = None) -> ClusterState:
@@ -91,7 +97,33 @@ def to_queued(meta: ActionMeta, cfg: TangramConfig) -> QueuedAction:
         target=target,
         job_id=meta.job_id,
         priority=meta.priority,
+        image=meta.image or "",  # its size: what the nodes report (`scheduler.policies.image_places`)
     )
+
+
+def learn_images(state: ClusterState, reports: Mapping[str, Mapping[str, Any]]) -> None:
+    """What each CPU node's worker reports in `tangram:images` (held images with their
+    sizes in bytes, the images it can fetch, the trajectories whose layers it keeps) becomes
+    the node's image store (`scheduler.images`); a node that reports nothing keeps none, and is
+    placed on as before images. An unreadable report is left out."""
+    for node, report in reports.items():
+        cpu = state.cpu.get(node)
+        try:
+            held = {str(r): max(1, int(b) // 1_000_000) for r, b in report.get("held", [])}
+            fetchable = report.get("fetchable")
+            can = None if fetchable is None else frozenset(map(str, fetchable)) | frozenset(held)
+            layers = {str(t) for t in report.get("layers", [])}
+            mb_per_s = float(report.get("fetch_mb_per_s", IMAGE_MB_PER_S))
+            budget = report.get("budget_bytes")
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if cpu is None:
+            continue
+        if cpu.store is None:
+            cpu.store = ImageStore(None, mb_per_s)
+        cpu.store.mb_per_s = mb_per_s
+        cpu.store.budget_mb = None if budget is None else int(budget) // 1_000_000
+        cpu.store.learn(held, can, layers)
 
 
 def alloc_to_wire(alloc: Allocation) -> AllocationWire:

@@ -39,7 +39,7 @@ from scheduler.queue import WaitingQueue
 from scheduler.restore_cost import RestoreCosts
 from scheduler.round import FairShareSpec, Round
 from scheduler.service.books import ActionBook
-from scheduler.service.cluster import build_cluster
+from scheduler.service.cluster import build_cluster, learn_images
 from scheduler.service.dispatch import Dispatcher
 from scheduler.service.events import Events
 from scheduler.service.faults import Faults
@@ -323,6 +323,7 @@ class SchedulerService:
         running = {aid: state.running[aid] for aid in ids}
         plan = assess(self.liveness, server_now, workers, running, owners, self.clock())
         self.faults.apply(plan, store.sandbox_reports())
+        learn_images(state, store.image_reports())  # issue 36: the nodes' image stores
 
     def _snapshot(self) -> None:
         self.recorder.snapshot(self.waiting, self.state, self.state.offline)

@@ -27,6 +27,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from tangram_celery.common.actions import (
     ID_PATTERN,
+    IMAGE_PATTERN,
     JOB_PATTERN,
     NAME_PATTERN,
     TRAJECTORY_PATTERN,
@@ -84,6 +85,7 @@ class ActionMeta(_Wire):
     memory_mb: int | None = Field(None, ge=1)
     has_tests: bool = False
     language: str | None = Field(None, max_length=32)  # code actions (absent in older records)
+    image: str | None = Field(None, pattern=IMAGE_PATTERN, max_length=400)  # code: its trajectory's
     model: str | None = Field(None, pattern=_NAME)
     api: str | None = Field(None, pattern=_NAME)
 
@@ -93,8 +95,8 @@ class ActionMeta(_Wire):
         for name in need:
             if getattr(self, name) is None:
                 raise ValueError(f"a {self.type} action's metadata needs {name}")
-        optional = {"language"} if self.type == "code" else set()
-        for name in {"cpus", "memory_mb", "model", "api", "language"} - set(need) - optional:
+        optional = {"language", "image"} if self.type == "code" else set()
+        for name in {"cpus", "memory_mb", "model", "api", "language", "image"} - set(need) - optional:
             if getattr(self, name) is not None:
                 raise ValueError(f"a {self.type} action's metadata has no {name}")
         if self.cpus is not None and not 1 <= self.cpus[0] <= self.cpus[1]:
@@ -122,6 +124,7 @@ class ActionMeta(_Wire):
                 memory_mb=action.memory_mb,
                 has_tests=has_tests,
                 language=action.language,
+                image=action.image,
             )
         if isinstance(action, RewardAction):
             return cls(**common, model=action.model)

@@ -3,6 +3,7 @@ workers' heartbeats and sandbox reports, and taking actions back from lost worke
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from tangram_celery.store.keys import (
     DEAD_MAXLEN,
     EVENTS,
     GROUP,
+    IMAGES,
     INTAKE,
     RESETS,
     RUNNING,
@@ -245,6 +247,20 @@ class SchedulerSide(StoreBase):
     def sandbox_reports(self) -> dict[str, SandboxReport]:
         """Each CPU worker's report of the sandboxes it holds (an unreadable one left out)."""
         return _parsed(SandboxReport, self.r.hgetall(SANDBOXES), "sandbox report")
+
+    def image_reports(self) -> dict[str, dict[str, Any]]:
+        """Each CPU node's image report (`IMAGES`: held, fetchable, layers); an unreadable one
+        is logged and left out, a node with none is absent."""
+        out: dict[str, dict[str, Any]] = {}
+        for node, raw in self.r.hgetall(IMAGES).items():
+            try:
+                report = json.loads(raw)
+            except ValueError as e:
+                log.error("ignored the unreadable image report of %s: %s", node, e)
+                continue
+            if isinstance(report, dict):
+                out[node.decode() if isinstance(node, bytes) else str(node)] = report
+        return out
 
     def workers(self) -> tuple[float, dict[str, tuple[float, str]]]:
         """(Redis server time, {worker: (last heartbeat, pool key)})."""

@@ -12,7 +12,9 @@ from scheduler.policies.static_pod import image_locality_score
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import Round
+from scheduler.service.cluster import learn_images
 from scheduler.sim import build, simulate
+from tangram_celery.common.wire import ActionMeta
 
 pytestmark = pytest.mark.unit
 
@@ -112,3 +114,29 @@ def test_swe_images_tangram_fast_fetches_less_and_beats_the_pod_baselines() -> N
     for base in ("static-pod", "all-at-once"):
         assert fast.image_fetches <= res[base].image_fetches
         assert fast.avg_act_s() < res[base].avg_act_s()
+
+
+def test_the_service_learns_each_nodes_images_from_its_workers_report() -> None:
+    """Given reports for n0 (held, fetchable, a kept layer) and an unreadable one for n1, when
+    the service learns them, then n0's store holds them and n1 and n2 keep no store."""
+    state = ClusterState(cpu={f"n{i}": CpuNode.uniform(f"n{i}", 4, 8_000) for i in range(3)})
+    learn_images(
+        state,
+        {
+            "n0": {"held": [["swe/a:1", 2_000_000_000]], "fetchable": ["swe/b:1"], "layers": ["t1"]},
+            "n1": {"held": "garbage"},
+        },
+    )
+    store = state.cpu["n0"].store
+    assert store is not None and store.held == {"swe/a:1": 2_000}
+    assert store.fetchable == {"swe/a:1", "swe/b:1"} and "t1" in store.layers
+    assert state.cpu["n1"].store is None and state.cpu["n2"].store is None
+
+
+def test_action_metadata_carries_the_image_to_the_queued_action() -> None:
+    """Given a code action in an image, then its metadata and its queued action name it; a
+    reward action's metadata cannot."""
+    meta = ActionMeta(id="a1", type="code", submitted_s=0.0, cpus=(1, 1), memory_mb=64, image="swe/a:1")
+    assert ActionMeta.model_validate_json(meta.dumps()).image == "swe/a:1"
+    with pytest.raises(ValueError):
+        ActionMeta(id="a2", type="reward", submitted_s=0.0, model="rm", image="swe/a:1")
