@@ -39,6 +39,7 @@ OPAQUE = ".wh..wh..opq"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_CACHED_FDS = 128  # directory fds a layer's unpack keeps open (a worker may have only 1024)
 
 
 class _Hashing(io.RawIOBase):
@@ -80,6 +81,7 @@ class _Layer:
     dirs: list[tuple[tuple[str, ...], tarfile.TarInfo]] = field(default_factory=list)
     dropped_suid: list[str] = field(default_factory=list)
     devices: int = 0
+    fds: dict[tuple[str, ...], int] = field(default_factory=dict)  # open directories
 
 
 def _parts(name: str, what: str) -> tuple[str, ...]:
@@ -89,40 +91,56 @@ def _parts(name: str, what: str) -> tuple[str, ...]:
     return parts
 
 
+def _dir_fd(st: _Layer, dparts: tuple[str, ...], full: tuple[str, ...], create: bool) -> int | None:
+    """An fd (cached for the layer; not the caller's to close) of the directory `dparts`, walked
+    with O_NOFOLLOW from the rootfs: a symlink or a file on the way is refused. None when absent
+    and not `create`."""
+    if not dparts:
+        return st.root_fd
+    cached = st.fds.get(dparts)
+    if cached is not None:
+        return cached
+    parent = _dir_fd(st, dparts[:-1], full, create)
+    if parent is None:
+        return None
+    comp = dparts[-1]
+    try:
+        fd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        if not create:
+            return None
+        os.mkdir(comp, 0o755, dir_fd=parent)
+        fd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise ImageCorrupt(
+            f"{st.what}: {'/'.join(full)!r} passes through {comp!r}, a symlink or not a directory"
+        ) from None
+    st.fds[dparts] = fd
+    return fd
+
+
 @contextlib.contextmanager
-def _parent(root_fd: int, parts: tuple[str, ...], what: str, create: bool) -> Iterator[int | None]:
-    """An fd of the directory holding `parts` (None when absent and not `create`), walked with
-    O_NOFOLLOW: a symlink or a file on the way is refused."""
-    fd = os.dup(root_fd)
-    try:
-        for comp in parts[:-1]:
-            try:
-                nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    yield None
-                    return
-                os.mkdir(comp, 0o755, dir_fd=fd)
-                nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                raise ImageCorrupt(
-                    f"{what}: {'/'.join(parts)!r} passes through {comp!r}, a symlink or not a directory"
-                ) from None
-            os.close(fd)
-            fd = nfd
-        yield fd
-    finally:
-        os.close(fd)
+def _parent(st: _Layer, parts: tuple[str, ...], create: bool) -> Iterator[int | None]:
+    """The fd of the directory holding `parts` (see `_dir_fd`)."""
+    yield _dir_fd(st, parts[:-1], parts, create)
 
 
-def _remove(fd: int, name: str) -> None:
+def _forget_fds(st: _Layer, below: tuple[str, ...] = ()) -> None:
+    """Close the cached fds of `below` and the directories under it (all by default)."""
+    for key in [k for k in st.fds if k[: len(below)] == below]:
+        os.close(st.fds.pop(key))
+
+
+def _remove(st: _Layer, dparts: tuple[str, ...], fd: int, name: str) -> None:
+    """Remove `name` (anything) from the directory `dparts` open at `fd`."""
     try:
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(info.st_mode):
+        _forget_fds(st, (*dparts, name))
         shutil.rmtree(name, dir_fd=fd)
     else:
         os.unlink(name, dir_fd=fd)
@@ -137,19 +155,19 @@ def _is_dir(fd: int, name: str) -> bool:
 
 def _whiteout(st: _Layer, parts: tuple[str, ...]) -> None:
     base = parts[-1]
-    with _parent(st.root_fd, parts, st.what, create=False) as fd:
+    with _parent(st, parts, create=False) as fd:
         if fd is None:
             return
         if base == OPAQUE:
             for child in os.listdir(fd):
                 if (*parts[:-1], child) not in st.created:
-                    _remove(fd, child)
+                    _remove(st, parts[:-1], fd, child)
         elif not base.startswith(WHITEOUT * 2):  # `.wh..wh.*` other than opq: aufs bookkeeping
             target = base[len(WHITEOUT) :]
             if target in ("", ".", "..") or "/" in target:
                 raise ImageCorrupt(f"{st.what}: bad whiteout {'/'.join(parts)!r}")
             if (*parts[:-1], target) not in st.created:
-                _remove(fd, target)
+                _remove(st, parts[:-1], fd, target)
 
 
 def _mode(st: _Layer, m: tarfile.TarInfo, path: str) -> int:
@@ -179,7 +197,7 @@ def _link(st: _Layer, m: tarfile.TarInfo, fd: int, name: str) -> None:
     target = _parts(m.linkname, st.what)
     if not target:
         raise ImageCorrupt(f"{st.what}: hard link {m.name!r} to the root directory")
-    with _parent(st.root_fd, target, st.what, create=False) as sfd:
+    with _parent(st, target, create=False) as sfd:
         try:
             if sfd is None:
                 raise FileNotFoundError(m.linkname)
@@ -189,6 +207,8 @@ def _link(st: _Layer, m: tarfile.TarInfo, fd: int, name: str) -> None:
 
 
 def _apply(st: _Layer, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+    if len(st.fds) > MAX_CACHED_FDS:  # here, where no fd of the cache is in use
+        _forget_fds(st)
     parts = _parts(m.name, st.what)
     if not parts:
         return  # the root directory itself: the store owns its mode
@@ -199,16 +219,16 @@ def _apply(st: _Layer, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         st.devices += 1
         return
     path = "/" + "/".join(parts)
-    with _parent(st.root_fd, parts, st.what, create=True) as fd:
+    with _parent(st, parts, create=True) as fd:
         assert fd is not None
         name = parts[-1]
         if m.isdir():
             if not _is_dir(fd, name):
-                _remove(fd, name)
+                _remove(st, parts[:-1], fd, name)
                 os.mkdir(name, 0o700, dir_fd=fd)
             st.dirs.append((parts, m))  # owner and mode once the layer is in: a 0555 dir stays writable
         else:
-            _remove(fd, name)
+            _remove(st, parts[:-1], fd, name)
             if m.issym():
                 os.symlink(m.linkname, name, dir_fd=fd)
                 if st.as_root:
@@ -224,7 +244,9 @@ def _apply(st: _Layer, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
 
 def _finish_dirs(st: _Layer) -> None:
     for parts, m in reversed(st.dirs):  # children first: a parent's mode may forbid what follows
-        with _parent(st.root_fd, parts, st.what, create=False) as fd:
+        if len(st.fds) > MAX_CACHED_FDS:
+            _forget_fds(st)
+        with _parent(st, parts, create=False) as fd:
             if fd is None:
                 continue
             try:
@@ -277,6 +299,8 @@ def unpack_layer(
             pass
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise ImageCorrupt(f"{what}: not a readable layer tar: {e}") from None
+    finally:
+        _forget_fds(st)
     if digest is not None and raw.digest() != digest:
         raise ImageCorrupt(f"{what}: blob digest {raw.digest()} is not the manifest's {digest}")
     if plain.digest() != diff_id:

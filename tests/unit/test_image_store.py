@@ -439,3 +439,22 @@ def test_an_oci_archive_and_a_layout_in_a_sub_directory_are_sources(env: Env, tm
     assert store.fetchable() == ["arch/one:1", "sub/two:2"]
     assert (store.acquire("arch/one:1").rootfs / "in-archive").read_text() == "1"
     assert (store.acquire("sub/two:2").rootfs / "in-sub").read_text() == "2"
+
+
+def test_directories_replaced_in_upper_layers_are_never_written_through(env: Env) -> None:
+    """Many directories (past the unpacker's fd cache), one replaced by a symlink to / and
+    written through: refused; one whited out and made again: only the new entries."""
+    lower = [e for i in range(300) for e in ((f"d{i}", "d"), (f"d{i}/f", "f", str(i)))]
+    env.image(
+        "dirs/ok",
+        lower,
+        [("d8/.wh.f", "f", ""), ("d9", "l", "d8"), ("d8/new", "f", "n"), ("d10/g", "f", "g")],
+    )
+    image = env.store().acquire("dirs/ok")
+    assert sorted(os.listdir(image.rootfs / "d8")) == ["new"] and os.readlink(image.rootfs / "d9") == "d8"
+    assert len(os.listdir(image.rootfs)) == 300 and (image.rootfs / "d299/f").read_text() == "299"
+    escaped = str(env.tmp / "escaped").lstrip("/")
+    env.image("dirs/bad", lower, [("d7", "l", "/"), (f"d7/{escaped}", "f", "x")])
+    with pytest.raises(ImageCorrupt, match="passes through 'd7'"):
+        env.store().acquire("dirs/bad")
+    assert not (env.tmp / "escaped").exists()
