@@ -34,6 +34,25 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_in_place(path: Path, obj: Any) -> None:
+    """Overwrite a small JSON file read only under the store's lock with one write (a rename
+    costs ms on some file systems; a write() is whole or not at all when its process dies),
+    padded with spaces to the old length."""
+    data = json.dumps(obj, sort_keys=True).encode()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        old = os.fstat(fd).st_size
+        if old > 4 * len(data) + 4096:  # shrink now and then
+            os.close(fd)
+            fd = -1
+            write_json(path, obj)
+            return
+        os.pwrite(fd, data + b" " * (old - len(data)), 0)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def read_json(path: Path, default: Any) -> Any:
     try:
         return json.loads(path.read_text())
@@ -49,6 +68,8 @@ class StoreIndex:
     holds: dict[str, dict[str, int]]  # process token -> digest -> count
     fetching: dict[str, dict[str, int]]  # process token -> unpack in progress -> bytes
     layers: int  # bytes reserved for trajectory layers, node-wide (they outlive a process)
+    used: dict[str, float] = field(default_factory=dict)  # digest -> last acquire or release, epoch s
+    gen: int = 0  # moves on whenever a meta.json changes
     dirty: bool = False
     metas: dict[str, dict[str, Any]] = field(default_factory=dict)  # hex -> meta.json
 
@@ -59,4 +80,13 @@ class StoreIndex:
         return self.layers + sum(n for per in self.fetching.values() for n in per.values())
 
     def state(self) -> dict[str, Any]:
-        return {"holds": self.holds, "fetching": self.fetching, "layers": self.layers}
+        return {
+            "holds": self.holds,
+            "fetching": self.fetching,
+            "layers": self.layers,
+            "used": self.used,
+            "gen": self.gen,
+        }
+
+    def last_used(self, meta: dict[str, Any]) -> float:
+        return self.used.get(meta["digest"], meta["last_used"])

@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from tangram_celery.common.config_images import ImagesConfig
-from tangram_celery.sandbox.image_index import StoreIndex, alive, proc_token, read_json, write_json
+from tangram_celery.sandbox.image_index import (
+    StoreIndex,
+    alive,
+    proc_token,
+    read_json,
+    write_in_place,
+    write_json,
+)
 from tangram_celery.sandbox.image_paths import resolve_in
 from tangram_celery.sandbox.image_sources import ImageSource, sources
 from tangram_celery.sandbox.image_unpack import tree_bytes, unpack_layer
@@ -90,6 +97,8 @@ class ImageStore:
         self._ref_locks: dict[str, threading.Lock] = {}
         self._held: dict[str, list[str]] = {}  # ref -> digests this process holds under it
         self._checked: set[str] = set()  # refs resolved against the sources by this process
+        self._metas_cache: dict[str, dict[str, Any]] | None = None  # as of _metas_key
+        self._metas_key = (-1, -1)
         self._prepare()
 
     # ---- the store directory and its lock
@@ -126,19 +135,33 @@ class ImageStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 state = read_json(self.root / "state.json", {})
+                # meta.json files change only under this lock, and then `gen` moves on
+                key = (int(state.get("gen", 0)), os.stat(self.root / "images").st_mtime_ns)
+                metas = (
+                    self._metas_cache
+                    if key == self._metas_key and self._metas_cache is not None
+                    else self._metas()
+                )
                 ix = StoreIndex(
                     refs=read_json(self.root / "refs.json", {}),
                     holds=self._live(state.get("holds", {})),
                     fetching=self._live(state.get("fetching", {})),
                     layers=int(state.get("layers", 0)),
-                    metas=self._metas(),
+                    used={d: t for d, t in state.get("used", {}).items() if d.partition(":")[2] in metas},
+                    metas=metas,
+                    gen=key[0],
                 )
                 refs, before = dict(ix.refs), json.dumps(state, sort_keys=True)  # ix shares inner dicts
                 yield ix
                 if ix.dirty or refs != ix.refs:
                     write_json(self.root / "refs.json", ix.refs)
                 if json.dumps(ix.state(), sort_keys=True) != before:
-                    write_json(self.root / "state.json", ix.state())
+                    write_in_place(self.root / "state.json", ix.state())
+                self._metas_cache = ix.metas
+                self._metas_key = (ix.gen, os.stat(self.root / "images").st_mtime_ns)
+            except BaseException:
+                self._metas_cache = None
+                raise
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
@@ -178,8 +201,9 @@ class ImageStore:
         meta = ix.metas[hexa]
         if ref not in meta["refs"]:
             meta["refs"] = sorted({*meta["refs"], ref})
-        meta["last_used"] = time.time()
-        write_json(self._image_dir(digest) / "meta.json", meta)
+            ix.gen += 1
+            write_json(self._image_dir(digest) / "meta.json", meta)
+        ix.used[digest] = time.time()
         ix.refs[ref] = digest
         per = ix.holds.setdefault(self._me, {})
         per[digest] = per.get(digest, 0) + 1
@@ -243,8 +267,7 @@ class ImageStore:
                 del per[digest]
             meta = ix.metas.get(digest.partition(":")[2])
             if meta is not None:
-                meta["last_used"] = time.time()
-                write_json(self._image_dir(digest) / "meta.json", meta)
+                ix.used[digest] = time.time()
 
     # ---- fetching
 
@@ -328,6 +351,7 @@ class ImageStore:
                     raise self._full(ix, ref, size)
                 os.rename(staged, self._image_dir(entry.digest))
                 ix.metas[hexa] = meta
+                ix.gen += 1
             image = self._hold(ix, ref, entry.digest)
         log.info(
             "image %s: %s, %.0f MB, ready in %.1f s",
@@ -361,9 +385,7 @@ class ImageStore:
         if over <= 0:
             return True
         held = ix.held_digests()
-        unused = sorted(
-            (m for m in ix.metas.values() if m["digest"] not in held), key=lambda m: m["last_used"]
-        )
+        unused = sorted((m for m in ix.metas.values() if m["digest"] not in held), key=ix.last_used)
         if sum(m["size_bytes"] for m in unused) < over:
             return False
         for meta in unused:
@@ -379,6 +401,7 @@ class ImageStore:
         gone = self.root / "tmp" / f"{self._me}-evicted-{hexa[:12]}-{uuid.uuid4().hex[:6]}"
         os.rename(self._image_dir(digest), gone)  # gone from the store at once; removed below
         del ix.metas[hexa]
+        ix.gen += 1
         for ref in [r for r, d in ix.refs.items() if d == digest]:
             del ix.refs[ref]
             self._checked.discard(ref)
@@ -387,7 +410,7 @@ class ImageStore:
             ",".join(meta["refs"]),
             digest[:19],
             meta["size_bytes"] / 1e6,
-            time.strftime("%H:%M:%S", time.localtime(meta["last_used"])),
+            time.strftime("%H:%M:%S", time.localtime(ix.last_used(meta))),
             why,
         )
         shutil.rmtree(gone, ignore_errors=True)

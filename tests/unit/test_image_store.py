@@ -458,3 +458,41 @@ def test_directories_replaced_in_upper_layers_are_never_written_through(env: Env
     with pytest.raises(ImageCorrupt, match="passes through 'd7'"):
         env.store().acquire("dirs/bad")
     assert not (env.tmp / "escaped").exists()
+
+
+CHILD = """
+import sys, time
+from tangram_celery.common.config_images import ImagesConfig
+from tangram_celery.sandbox.image_store import ImageStore
+store = ImageStore(ImagesConfig(store_dir=sys.argv[1], store_mb=0, docker=False, oci_dirs=[sys.argv[2]]))
+image = store.acquire(sys.argv[3])
+print(image.rootfs, flush=True)
+time.sleep(60)
+"""
+
+
+def test_processes_of_a_node_share_one_unpack_and_a_dead_ones_holds_go(env: Env) -> None:
+    """Two processes acquiring one ref at once: one unpack; killed, their holds no longer count."""
+    import subprocess
+    import sys
+
+    big(env, "proc/one", 200)
+    env.image("proc/two", [("other", "f", "o")])
+    store = env.store(store_mb=1)  # this process: made the store first
+    argv = [sys.executable, "-c", CHILD, str(env.tmp / "store"), str(env.oci)]
+    procs = [
+        subprocess.Popen([*argv, ref], stdout=subprocess.PIPE, text=True)
+        for ref in ("proc/one", "proc/one:latest")
+    ]
+    try:
+        rootfs = {p.stdout.readline().strip() for p in procs if p.stdout}
+        assert len(rootfs) == 1 and len(os.listdir(env.tmp / "store" / "images")) == 1
+        assert store.held() == ["proc/one:latest"]
+        holds = json.loads((env.tmp / "store" / "state.json").read_text())["holds"]
+        assert sorted(sum(h.values()) for h in holds.values()) == [1, 1]
+        assert not store.reserve(900 * KiB)  # held by the children: not evictable
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert store.reserve(900 * KiB) and store.held() == []  # the dead children's holds went
