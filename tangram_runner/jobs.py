@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tangram_runner import boot, build, fs, langs, suite
+from tangram_runner import boot, build, fs, langs, session, suite
 from tangram_runner.proc import Action, Proc, Zygote, code_memfd
 from tangram_runner.protocol import Facts, PhaseFacts, RunRequest, Seat, SuiteFacts, TestFacts
 from tangram_runner.tests import run_tests
@@ -154,6 +154,10 @@ def _run(req: RunRequest, act: Action, held: list[Any]) -> Facts:
     why = fs.write_files(req, act.seat)
     if why is not None:
         return _facts(act, t0, setup_error=why)
+    if req.session:  # bash in the sandbox's shell session (`session`)
+        main, info = session.SESSION.run(act, req.tools.get("bash", "/bin/bash"))
+        why = None if main is not None else act.spawn_error or "the session shell did not start"
+        return _facts(act, t0, main=main, setup_error=why)._replace(session=info)
     code_fd = None
     if lang == "python":  # without code, tests still run an (empty) main module
         code_fd = code_memfd(act, code or "", langs.UNITS["python"])

@@ -18,6 +18,7 @@ from tangram_runner.proc import Zygote, prime
 from tangram_runner.protocol import RunRequest, Seat
 from tangram_runner.reaping import kill_all, strays
 from tangram_runner.scrub import scrub
+from tangram_runner.session import SESSION
 
 
 def serve(sock_path: str, uid: int, workdir: str, started: tuple[int, socket.socket]) -> None:
@@ -99,7 +100,8 @@ def _answer(
             if msg.get("prime"):  # a ready sandbox: warm, before the host offers it
                 _prime(msg["prime"], seat, zygote, fresh=True)
             out = {"pong": True}
-        elif msg.get("op") == "scrub":  # between occupants (scrub)
+        elif msg.get("op") == "scrub":  # between occupants (scrub); the session ends first
+            SESSION.close()
             out = scrub(seat, zygote, kill_all, reset_tops, strays)
             primed = msg.get("prime") if out["scrubbed"] else None
         elif msg.get("op") == "dop":  # for an action that is not running (any more)

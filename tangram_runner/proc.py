@@ -27,7 +27,7 @@ from tangram_runner.launch import (
     user_limits,
     verifier_spec,
 )
-from tangram_runner.reaping import kill_all, reap_orphans, strays
+from tangram_runner.reaping import KEPT, kill_all, kill_others, reap_orphans, stop_kept, strays
 from tangram_runner.spawn import Zygote
 from tangram_runner.verifiers import Verifier
 
@@ -412,7 +412,11 @@ class Action:
             elif not waiting:  # only killed verifiers left: their pidfds tell their end
                 pool.wait_dying(0.5)
         reap_orphans()
-        if not strays({1, os.getpid(), self.zygote.pid, *pool.pids()}):
+        stop_kept()
+        keep = {1, os.getpid(), self.zygote.pid, *pool.pids(), *KEPT}
+        if not strays(keep):
+            return False
+        if KEPT and kill_others(keep):  # the session's shell stays: no kill(-1)
             return False
         kill_all()
         self.zygote.lost()

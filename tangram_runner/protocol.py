@@ -141,6 +141,9 @@ class Facts(NamedTuple):
     rolled_back: tuple[str, ...] | None = None
     files: dict[str, str] | None = None
     runner_error: str | None = None
+    # a session action's (`session`): "cwd" the shell's working directory after it, "restarted"
+    # why its shell is a new one, "ended" why the shell ended during it ("": not so)
+    session: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = self._asdict()
@@ -148,7 +151,7 @@ class Facts(NamedTuple):
         out["compile"] = None if self.compile is None else self.compile._asdict()
         out["suite"] = None if self.suite is None else self.suite._asdict()
         out["rolled_back"] = None if self.rolled_back is None else list(self.rolled_back)
-        for optional in ("suite", "rolled_back", "files", "runner_error"):
+        for optional in ("suite", "rolled_back", "files", "runner_error", "session"):
             if out[optional] is None:
                 del out[optional]
         return out

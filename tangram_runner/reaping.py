@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+
+# processes that outlive the actions (the shell of the sandbox's session, `session`), pid ->
+# pidfd: an action's end stops them (`stop_kept`), spares them and kills the rest by pid instead
+# of `kill(-1)`
+KEPT: dict[int, int] = {}
+KILL_ROUNDS = 200
 
 
 def reap_orphans() -> None:
@@ -47,3 +54,40 @@ def kill_all() -> None:
             os.waitpid(-1, 0)
         except ChildProcessError:
             return
+
+
+def stop_kept() -> None:
+    """SIGSTOP the processes kept between actions: nothing of theirs runs until the next action
+    that continues them (another process of the sandbox uid may have sent them SIGCONT)."""
+    for pidfd in KEPT.values():
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+        except OSError:
+            pass
+
+
+def kill_others(keep: set[int | None], rounds: int = KILL_ROUNDS) -> bool:
+    """SIGKILL (by pidfd) every process but those in `keep`, and reap orphans, until none is
+    left (what a fork bomb forks while a round runs goes in the next one); False if some were
+    still alive after `rounds`."""
+    for i in range(rounds):
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                fd = os.pidfd_open(int(name))
+            except OSError:
+                continue
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                found = True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        reap_orphans()
+        if not found or not strays(keep):
+            return True
+        time.sleep(0.001 * min(i, 10))
+    return not strays(keep)

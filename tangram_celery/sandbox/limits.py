@@ -95,6 +95,9 @@ def to_result(facts: Facts, delta: dict[str, int], req: ExecRequest) -> ExecResu
         details.append(f"{suite.deselected} test(s) deselected")
     if facts.setup_error:
         details.append(str(facts.setup_error))
+    for key, what in (("restarted", "session restarted"), ("ended", "session ended")):
+        if facts.session and facts.session.get(key):  # `tangram_runner.session`
+            details.append(f"{what}: {facts.session[key]}")
     return ExecResult(
         status=status,
         exit_code=facts.exit_code,

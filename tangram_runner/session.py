@@ -1,0 +1,423 @@
+"""The sandbox's shell session (stdlib only): bash code of a trajectory run in one long-lived
+shell, so that its working directory, variables, functions and aliases carry over from one
+session action to the next (what SWE-ReX and ROCK offer). See docs/sandbox.md, "Shell sessions".
+
+The shell is an interactive `bash` (`--noprofile --norc --noediting -i`, no terminal) of the
+sandbox uid, forked by the zygote like every user process, with the limits and the environment
+of the action that started it. Its descriptors are the harness's, fixed for its life:
+0 the command lines the runner writes (one per action), 1 and 2 pipes the runner reads, 3 what
+an action brings (a sync mark, its code, stdin, variables and, last, a fresh random nonce,
+NUL-separated: the mark lets the shell skip what an interrupted action left unread),
+4 the reports the shell writes back (`nonce status cwd`, NUL-terminated). An action's code is
+sourced at the shell's top level from a pipe (not a function: `declare` stays global), with
+fd 3 and 4 out of its reach and its stdin its own; the nonce is read only after the code ran,
+so the shell's own code never held it, and a report without the action's nonce never counts.
+Stdout carries nothing but output.
+
+Between actions nothing runs: once an action's report is in, the runner stops the shell
+(SIGSTOP, which nothing can catch), kills every other process of the sandbox (what the command
+left in the background) and reads the pipes dry; the next session action continues it. A
+command past its deadline or over the output cap is interrupted: SIGUSR1, which the shell
+traps into a SIGINT to itself (an interactive bash abandons the command and returns to its
+prompt), while the runner kills every other process (so a foreground child ends) and asks for
+an acknowledgement; a shell that does not give one within `INTERRUPT_GRACE_S` (it trapped or
+ignored the signals, or is stuck) is killed, and the next session action starts a new one. So
+is a shell that exited (`exit`, `exec`, `set -e`) or was killed: the next action's result says
+"session restarted" and why, and the working directory is the workdir again.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import selectors
+import signal
+import time
+from typing import Any
+
+from tangram_runner.forkserver import SpawnFailed, exited
+from tangram_runner.launch import Launch, Proc
+from tangram_runner.proc import Action
+from tangram_runner.reaping import KEPT, kill_others, reap_orphans
+
+START_TIMEOUT_S = 5.0  # the shell's start, within the action's own deadline
+INTERRUPT_GRACE_S = 2.0  # an interrupted command's shell has this long to come back
+ACK_EVERY_S = 0.25
+_WRITE_CHUNK = 1 << 16
+
+# What the runner types into a new shell before its first action. `__tangram_pre` takes the
+# action's code, stdin and variables off fd 3; the code is sourced at top level; `__tangram_post`
+# reads the nonce (after the code ran) and reports. PS1/PS2 empty: no prompts in the output.
+DRIVER = r"""PS1= PS2= PS3= PS4='+ '; set +o history; unset HISTFILE PROMPT_COMMAND MAIL MAILPATH
+__tangram_pre() {
+  local __tangram_n __tangram_kv
+  while IFS= read -r -d '' -u 3 __tangram_kv && [[ $__tangram_kv != *"$1" ]]; do :; done
+  IFS= read -r -d '' -u 3 __tangram_code; IFS= read -r -d '' -u 3 __tangram_stdin
+  IFS= read -r -d '' -u 3 __tangram_n
+  while (( __tangram_n-- > 0 )); do IFS= read -r -d '' -u 3 __tangram_kv; export "$__tangram_kv"; done
+}
+__tangram_post() {
+  local __tangram_nonce; IFS= read -r -d '' -u 3 __tangram_nonce
+  printf '%s %d %s\0' "$__tangram_nonce" "$1" "$PWD" >&4; unset __tangram_code __tangram_stdin
+}
+__tangram_ack() { printf '%s ack\0' "$1" >&4; }
+trap 'kill -s INT $$' USR1
+"""
+# {sync}: where this action's part of fd 3 starts (what an interrupted one left there is skipped)
+RUN_LINE = (
+    '__tangram_pre {sync}; source /dev/fd/3 3< <(printf %s "$__tangram_code")'
+    ' < <(printf %s "$__tangram_stdin") 4>&-; __tangram_post $?\n'
+)
+
+
+def _nonce() -> str:
+    return os.urandom(12).hex()
+
+
+class Shell:
+    """One session shell: its process (pid, pidfd), the runner's ends of its descriptors, the
+    limits it was started with."""
+
+    def __init__(self, pid: int, pidfd: int, fds: dict[str, int], limits: dict[str, Any]) -> None:
+        self.pid, self.pidfd, self.limits = pid, pidfd, limits
+        self.cmd, self.code, self.rep, self.out, self.err = (
+            fds["cmd"],
+            fds["code"],
+            fds["rep"],
+            fds["out"],
+            fds["err"],
+        )
+        self.reports: dict[str, tuple[int | None, str]] = {}  # nonce -> (status, cwd)
+        self._buf = b""
+        self.rep_open = True
+
+    def signal(self, sig: int) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            pass
+
+    def dead(self) -> bool:
+        return exited(self.pidfd)
+
+    def read_reports(self) -> None:
+        """Take what the shell reported (records `nonce status cwd` or `nonce ack`)."""
+        while self.rep_open:
+            try:
+                chunk = os.read(self.rep, 4096)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.rep_open = False  # the shell is gone (or closed its report pipe)
+                return
+            self._buf += chunk
+            *records, self._buf = self._buf.split(b"\0")
+            for rec in records:
+                nonce, _, rest = rec.decode("utf-8", "replace").partition(" ")
+                status, _, cwd = rest.partition(" ")
+                self.reports[nonce] = (int(status) if status.lstrip("-").isdigit() else None, cwd)
+
+    def close_fds(self) -> None:
+        for fd in (self.cmd, self.code, self.rep, self.out, self.err, self.pidfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class Session:
+    """The session of the sandbox's occupant: at most one shell, started on its first session
+    action, kept (stopped) between actions, ended by `close` (the scrub between occupants)."""
+
+    def __init__(self) -> None:
+        self.shell: Shell | None = None
+        self.had = False  # a shell ran for this occupant: a new one is a restart
+        self.why = ""  # why the last one ended
+        self._gone: list[Shell] = []  # shells ended whose pipes are still to be read and closed
+
+    # -- life -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """End the session (the sandbox changes occupant): the shell is killed and collected."""
+        self._drop("closed")
+        self._bury()
+        self.had, self.why = False, ""
+
+    def _bury(self) -> None:
+        for sh in self._gone:
+            sh.close_fds()
+        self._gone.clear()
+
+    def _drop(self, why: str, zygote: Any = None) -> None:
+        sh = self.shell
+        if sh is None:
+            return
+        self.shell = None
+        KEPT.pop(sh.pid, None)
+        sh.signal(signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while not sh.dead() and time.monotonic() < deadline:
+            select.select([sh.pidfd], [], [], 0.05)
+        self.why = self.why or why
+        if zygote is not None:
+            _collect(zygote, sh.pid)
+        reap_orphans()
+        self._gone.append(sh)
+
+    def _ended(self, zygote: Any) -> None:
+        """The shell died on its own: say how, for the next action's result."""
+        sh = self.shell
+        assert sh is not None
+        status = _collect(zygote, sh.pid)
+        if status is None:
+            self.why = "the shell ended"
+        elif status < 0:
+            self.why = f"the shell was killed (signal {-status})"
+        else:
+            self.why = f"the shell exited with status {status}"
+        self._drop(self.why)  # collected above
+
+    def _start(self, act: Action, bash: str) -> Shell | None:
+        """A new shell with `act`'s limits and environment, its driver typed in and answered."""
+        fds: dict[str, int] = {}
+        cmd_r, fds["cmd"] = os.pipe()
+        fds["out"], out_w = os.pipe()
+        fds["err"], err_w = os.pipe()
+        code_r, fds["code"] = os.pipe()
+        fds["rep"], rep_w = os.pipe()
+        limits = act.limits()
+        ln = Launch("session", {**limits, "env": dict(act.env)}, user=True)
+        ln.send = [cmd_r, out_w, err_w, code_r, rep_w]
+        ln.mine = list(ln.send)
+        ln.spec.update(fds=5, mode="exec", argv=[bash, "--noprofile", "--norc", "--noediting", "-i"])
+        try:
+            started, errors = act.zygote.spawn([ln.spec], ln.send)
+        except SpawnFailed as e:
+            started, errors = [None], [str(e)]
+        finally:
+            for fd in ln.mine:
+                os.close(fd)
+        if started[0] is None:
+            act.fork_failed, act.spawn_error = True, (errors or ["the session shell did not start"])[0]
+            for fd in fds.values():
+                os.close(fd)
+            return None
+        for name in ("out", "err", "rep", "code"):
+            os.set_blocking(fds[name], False)
+        sh = Shell(started[0][0], started[0][1], fds, limits)
+        KEPT[sh.pid] = sh.pidfd
+        self.shell = sh
+        ready = _nonce()
+        os.write(sh.cmd, DRIVER.encode() + f"__tangram_ack {ready}\n".encode())
+        until = min(act.deadline, time.monotonic() + START_TIMEOUT_S)
+        _pump(act, sh, None, lambda: ready in sh.reports or sh.dead(), until)
+        _drain(act, sh, None)  # bash's notes on the missing terminal, the first prompt
+        if ready not in sh.reports:
+            act.spawn_error = "the session shell did not start"
+            self._drop("it did not start", act.zygote)
+            self.why = ""
+            return None
+        return sh
+
+    def _ready(self, act: Action, bash: str) -> tuple[Shell | None, str]:
+        """The live shell for this action (started if need be), and why it is a new one after
+        an earlier one ended ("" otherwise)."""
+        self._bury()
+        sh = self.shell
+        if sh is not None and sh.dead():
+            self._ended(act.zygote)
+        elif sh is not None and sh.limits != act.limits():  # the rlimit fallback: limits per process
+            self._drop("the action's limits differ from the shell's", act.zygote)
+        restarted = self.why if self.had and self.shell is None else ""
+        if self.shell is None:
+            self.why = ""
+            if self._start(act, bash) is None:
+                return None, restarted
+            self.had = True
+        return self.shell, restarted
+
+    # -- one action ---------------------------------------------------------------------------
+    def run(self, act: Action, bash: str) -> tuple[Proc | None, dict[str, str]]:
+        """Run `act`'s request (bash code) in the session: the action's process record (its
+        output, and the command's exit status as its returncode; None when the shell could not
+        start) and the session's facts (`cwd`, `restarted`)."""
+        req = act.req
+        code, stdin = req.code or "", req.stdin or ""
+        act.set_deadline(float(req.timeout_s))
+        sh, restarted = self._ready(act, bash)
+        info = {"cwd": "", "restarted": restarted, "ended": ""}
+        if sh is None or "\0" in code or "\0" in stdin:
+            if sh is not None:
+                act.spawn_error = "a session action's code and stdin cannot hold NUL characters"
+            return None, info
+        proc = Proc(sh.pid, None, "session", {sh.out: "out", sh.err: "err"}, user=True)
+        if restarted:  # the command's stderr starts with it: a caller reading output sees it
+            proc.bufs["err"] += f"tangram: session restarted ({restarted})\n".encode()
+        nonce, sync = _nonce(), _nonce()
+        env = [f"{k}={v}" for k, v in req.env.items()]
+        payload = "\0".join([f"sync:{sync}", code, stdin, str(len(env)), *env, nonce]) + "\0"
+        sh.signal(signal.SIGCONT)
+        os.write(sh.cmd, RUN_LINE.format(sync=f"sync:{sync}").encode())
+        _pump(act, sh, proc, lambda: nonce in sh.reports or sh.dead(), act.deadline, payload.encode())
+        status: int | None = None
+        if nonce in sh.reports:
+            status, info["cwd"] = sh.reports.pop(nonce)
+        elif sh.dead():
+            self._ended(act.zygote)
+            status = _died_status(self.why)
+        else:  # the deadline or the output cap: the command goes, the shell stays if it can
+            proc.killed_by_runner = True
+            if not self._interrupt(act, sh, proc):
+                self._drop("an interrupted command did not give the shell back", act.zygote)
+        if self.shell is not None:
+            sh.signal(signal.SIGSTOP)  # before the others go: a trap of the shell's cannot react
+        kill_others({1, os.getpid(), act.zygote.pid, *act.zygote.verifiers.pids(), *KEPT})
+        _drain(act, sh, proc)
+        if self.shell is None:
+            info["ended"] = self.why
+        else:
+            sh.reports.clear()
+        # the facts read it as the action's main process: set, so that the action's end
+        # neither kills nor closes anything of it
+        proc.returncode = -signal.SIGKILL if status is None else status
+        act.procs.append(proc)
+        self._bury()
+        return proc, info
+
+    def _interrupt(self, act: Action, sh: Shell, proc: Proc) -> bool:
+        """Abandon the running command (deadline or output cap): True once the shell is back at
+        its prompt, False if it did not come back within the grace."""
+        sh.signal(signal.SIGUSR1)
+        keep = {1, os.getpid(), act.zygote.pid, *act.zygote.verifiers.pids(), *KEPT}
+        acks: set[str] = set()
+        until = time.monotonic() + INTERRUPT_GRACE_S
+        while time.monotonic() < until:
+            kill_others(keep, rounds=1)  # the command's foreground child ends: the trap can run
+            acks.add(_nonce())
+            os.write(sh.cmd, f"__tangram_ack {sorted(acks)[-1]}\n".encode())
+            step = min(until, time.monotonic() + ACK_EVERY_S)
+            _pump(act, sh, proc, lambda: bool(acks & sh.reports.keys()) or sh.dead(), step, force=True)
+            if acks & sh.reports.keys():
+                return True
+            if sh.dead():
+                self._ended(act.zygote)
+                return True  # gone all the same; the next action starts a new one
+        return False
+
+
+def _died_status(why: str) -> int | None:
+    """The exit status of a command that ended its shell (`exit 3`), from `Session.why`."""
+    tail = why.rsplit(" ", 1)[-1].rstrip(")")
+    if why.startswith("the shell exited with status") and tail.isdigit():
+        return int(tail)
+    if why.startswith("the shell was killed") and tail.isdigit():
+        return -int(tail)
+    return None
+
+
+def _collect(zygote: Any, pid: int) -> int | None:
+    """The exit status the zygote reports for `pid` (None if it does not within a second)."""
+    deadline = time.monotonic() + 1.0
+    while pid not in zygote.exits and time.monotonic() < deadline:
+        if not zygote.poll(0.05):
+            break
+    return zygote.exits.pop(pid, None)
+
+
+def _read(act: Action, proc: Proc | None, fd: int) -> bool | None:
+    """Read what `fd` holds into `proc`'s stream (capped as any user process's; None: dropped);
+    False once nothing more is there now, None at its end (or once it is closed)."""
+    try:
+        chunk = os.read(fd, 65536)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    if not chunk:
+        return None
+    if proc is None:
+        return True
+    buf = proc.bufs[proc.fds[fd]]
+    room = act.cap_b - len(buf)
+    buf += chunk[: max(room, 0)]
+    if len(chunk) > room:
+        act.output_capped = True
+    return True
+
+
+def _drain(act: Action, sh: Shell, proc: Proc | None) -> None:
+    """Read the shell's pipes dry (nothing writes to them any more, or it is stopped)."""
+    for fd in (sh.out, sh.err):
+        while _read(act, proc, fd):
+            pass
+    sh.read_reports()
+
+
+class _Feed:
+    """What is left to write of an action's part of fd 3 (non-blocking, as the shell reads)."""
+
+    def __init__(self, fd: int, payload: bytes) -> None:
+        self.fd, self.view = fd, memoryview(payload)
+
+    def write(self) -> bool:
+        """Write what the pipe takes now; False once all is written (or the shell is gone)."""
+        try:
+            self.view = self.view[os.write(self.fd, self.view[:_WRITE_CHUNK]) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # the shell is gone
+            self.view = self.view[len(self.view) :]
+        return bool(self.view)
+
+
+def _serve(act: Action, sh: Shell, proc: Proc | None, key: Any, feed: _Feed) -> None:
+    """One descriptor `_pump` found ready."""
+    if key.fd == sh.code:
+        if not feed.write():
+            act.sel.unregister(sh.code)
+    elif key.fd == sh.rep:
+        sh.read_reports()
+        if not sh.rep_open:
+            act.sel.unregister(sh.rep)
+    elif key.fd in (sh.out, sh.err):
+        if _read(act, proc, key.fd) is None:  # the shell and all holding the pipe are gone
+            act.sel.unregister(key.fd)
+    elif key.fd == sh.pidfd:  # it ended: `done` sees it
+        act.sel.unregister(sh.pidfd)
+    elif callable(key.data):  # the action's own watches (the host's `dop` requests)
+        key.data()
+
+
+def _pump(
+    act: Action,
+    sh: Shell,
+    proc: Proc | None,
+    done: Any,
+    until: float,
+    payload: bytes = b"",
+    force: bool = False,
+) -> None:
+    """Feed `payload` to the shell's fd 3 and read its output and reports until `done()`, the
+    time `until`, or (unless `force`: an interrupt) the output cap. Reaching the action's
+    deadline times the action out (unless `force`)."""
+    mine = {sh.out, sh.err, sh.pidfd, *([sh.rep] if sh.rep_open else [])}
+    for fd in mine:
+        act.sel.register(fd, selectors.EVENT_READ, None)
+    feed = _Feed(sh.code, payload)
+    if payload:
+        act.sel.register(sh.code, selectors.EVENT_WRITE, None)
+    try:
+        while not done() and (force or not act.output_capped):
+            left = until - time.monotonic()
+            if left <= 0:
+                if until >= act.deadline and not force:
+                    act.timed_out = True
+                return
+            for key, _ in act.sel.select(min(left, 1.0)):
+                _serve(act, sh, proc, key, feed)
+    finally:
+        for fd in (*mine, sh.code):
+            if fd in act.sel.get_map():
+                act.sel.unregister(fd)
+
+
+SESSION = Session()  # the runner's one session (a sandbox has one occupant at a time)
