@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,19 @@ def read_json(path: Path, default: Any) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return default
+
+
+def read_metas(images: Path) -> dict[str, dict[str, Any]]:
+    """Every image's meta.json: hex of its digest -> meta. A directory without one was never
+    renamed in (meta.json is written first): it is not the store's, and goes."""
+    out = {}
+    for d in images.iterdir():
+        meta = read_json(d / "meta.json", None)
+        if meta is None:
+            shutil.rmtree(d, ignore_errors=True)
+            continue
+        out[d.name] = meta
+    return out
 
 
 @dataclass

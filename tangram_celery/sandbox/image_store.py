@@ -42,6 +42,7 @@ from tangram_celery.sandbox.image_index import (
     alive,
     proc_token,
     read_json,
+    read_metas,
     write_in_place,
     write_json,
 )
@@ -140,7 +141,7 @@ class ImageStore:
                 metas = (
                     self._metas_cache
                     if key == self._metas_key and self._metas_cache is not None
-                    else self._metas()
+                    else read_metas(self.root / "images")
                 )
                 ix = StoreIndex(
                     refs=read_json(self.root / "refs.json", {}),
@@ -167,16 +168,6 @@ class ImageStore:
 
     def _live(self, per_process: dict[str, Any]) -> dict[str, Any]:
         return {t: v for t, v in per_process.items() if t == self._me or alive(t)}
-
-    def _metas(self) -> dict[str, dict[str, Any]]:
-        out = {}
-        for d in (self.root / "images").iterdir():
-            meta = read_json(d / "meta.json", None)
-            if meta is None:  # never made by a rename (meta.json is written first): not ours
-                shutil.rmtree(d, ignore_errors=True)
-                continue
-            out[d.name] = meta
-        return out
 
     @contextlib.contextmanager
     def _ref_lock(self, ref: str) -> Iterator[None]:
