@@ -43,7 +43,21 @@ def main() -> None:
     started = fork_zygote()  # before the runner's own modules: see fork_zygote
     from tangram_runner.loop import serve  # the runner's own modules, now
 
+    if args.get("--own"):  # a container image's workdir, handed to the sandbox user once
+        own_tree(args["--workdir"], int(args["--uid"]))
     serve(args["--socket"], int(args["--uid"]), args["--workdir"], started)
+
+
+def own_tree(top: str, uid: int) -> None:
+    """`top` (created if missing) and everything below it owned by `uid`: links themselves,
+    never followed; a link at `top` is refused."""
+    if os.path.islink(top):
+        raise SystemExit(f"tangram runner: the workdir {top!r} is a link")
+    os.makedirs(top, mode=0o755, exist_ok=True)
+    os.lchown(top, uid, uid)
+    for d, dirs, files in os.walk(top):
+        for name in dirs + files:
+            os.lchown(os.path.join(d, name), uid, uid)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ what a previous incarnation of the same deployment and node left.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
 import os
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,10 @@ from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
+from tangram_celery.sandbox.docker_images import DockerImages, host_volumes
 from tangram_celery.sandbox.handle import Handle
+from tangram_celery.sandbox.image_layers import ImageLayers
+from tangram_celery.sandbox.image_root import host_python_argv
 from tangram_celery.sandbox.languages import extra_ro_paths
 from tangram_celery.sandbox.limits import (
     HOST_RO_PATHS,
@@ -43,6 +48,7 @@ from tangram_celery.sandbox.limits import (
 from tangram_celery.sandbox.pool import WarmPool
 from tangram_celery.sandbox.reaper import Reaper
 from tangram_celery.sandbox.stage import SandboxScope, reset_private_dir
+from tangram_runner import boot
 
 log = logging.getLogger(__name__)
 # root inside the container only needs to own files and signal/setuid to the sandbox uid
@@ -107,6 +113,7 @@ class DockerSandbox(WarmPool):
         ensure_image(self.client, cfg.image)
         self._exit_reaper: Reaper | None = None
         super().__init__(cfg, limits, scope)
+        self.images: Any = DockerImages(self.client, self.who.prefix.rstrip("-") or "w")
         self._start_reaper()
 
     def _start_reaper(self) -> None:
@@ -138,6 +145,8 @@ class DockerSandbox(WarmPool):
         super()._sweep_previous()
 
     def _start(self, h: Handle) -> None:
+        if h.image is not None and self._restart_kept(h):
+            return
         reset_private_dir(h.state_dir)
         quota = f"rw,exec,nosuid,nodev,size={self.limits.disk_quota_mb}m,nr_inodes={self.cfg.inodes_limit}"
         volumes = {
@@ -147,19 +156,27 @@ class DockerSandbox(WarmPool):
         volumes[str(h.state_dir)] = {"bind": str(Path(RUNNER_SOCKET).parent), "mode": "rw"}
         if self.tools_dir is not None:
             volumes[str(self.tools_dir)] = {"bind": TOOLS_PATH, "mode": "ro"}
-        cmd = [
-            *RUNNER_ARGV,
-            "--socket",
-            RUNNER_SOCKET,
-            "--uid",
-            str(SANDBOX_UID),
-            "--workdir",
-            WORKDIR,
-        ]
+        image, workdir, env = self.cfg.image, WORKDIR, {}
+        python: list[str] | tuple[str, ...] = RUNNER_ARGV[:1]
+        tmpfs = {WORKDIR: quota, "/tmp": quota}
+        if h.image is not None:  # the trajectory's image: the host's system under HOST_DIR
+            self.images.prepare(h)
+            image, workdir, python = self.images.start_image(h), h.workdir, host_python_argv()
+            volumes = {
+                k: v for k, v in volumes.items() if v["bind"] in (RUNNER_DIR, str(Path(RUNNER_SOCKET).parent))
+            }
+            volumes.update(host_volumes())
+            env, tmpfs = ImageLayers.runner_env(), {"/tmp": quota}
+        cmd = [*boot.argv(list(python), RUNNER_DIR, "runner"), "--socket", RUNNER_SOCKET]
+        cmd += ["--uid", str(SANDBOX_UID), "--workdir", workdir]
+        if h.image is not None and not h.kept_files:
+            cmd += ["--own", "1"]  # the image's workdir becomes the sandbox user's
         try:
             h.ref = self.client.containers.run(
-                self.cfg.image,
-                cmd,
+                image,
+                cmd[1:],
+                entrypoint=cmd[:1],  # never the image's own entrypoint or user
+                user="0:0",
                 detach=True,
                 name=container_name(self.who, h.trajectory_id),
                 labels={
@@ -168,8 +185,8 @@ class DockerSandbox(WarmPool):
                     TRAJECTORY_LABEL: h.trajectory_id[:1000],
                 },
                 network_mode="none" if not self.limits.network else "host",
-                read_only=True,
-                tmpfs={WORKDIR: quota, "/tmp": quota},
+                read_only=h.image is None,  # an image's root is the trajectory's layer
+                tmpfs=tmpfs,
                 volumes=volumes,
                 cap_drop=["ALL"],
                 cap_add=RUNNER_CAPS,
@@ -181,11 +198,41 @@ class DockerSandbox(WarmPool):
                 cpu_period=CPU_PERIOD_US,
                 cpu_quota=CPU_PERIOD_US * len(h.cores),
                 hostname="sandbox",
-                environment={},
+                environment=env,
+                working_dir="/",
             )
             h.ref.reload()
         except Exception as e:
             raise SandboxError(f"cannot start sandbox container: {e}") from None
+        self._adopt_pid(h)
+
+    def _restart_kept(self, h: Handle) -> bool:
+        """Start the trajectory's kept (stopped) container again, if it has one here: its files
+        are intact (`docker_images`)."""
+        self.images.prepare(h)
+        kept = self.images.kept_container(h.trajectory_id)
+        if kept is None:
+            return False
+        container, state_dir = kept
+        if state_dir != h.state_dir:  # the container binds its first state directory
+            shutil.rmtree(h.state_dir, ignore_errors=True)
+            h.state_dir = state_dir
+        h.state_dir.mkdir(mode=0o700, exist_ok=True)  # removed with the handle that left it
+        reset_private_dir(h.state_dir)
+        try:
+            container.start()
+            container.reload()
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+            self.images.dropped[h.trajectory_id] = f"its kept container did not start again: {e}"
+            return False
+        h.ref, h.kept_files = container, True
+        self._adopt_pid(h)
+        return True
+
+    def _adopt_pid(self, h: Handle) -> None:
+        """The runner's host pid: shielded from the OOM killer, its cgroups read directly."""
         pid = int(h.ref.attrs["State"]["Pid"])
         try:  # user code raises its own score to 1000 anyway; lowering needs CAP_SYS_RESOURCE
             Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
@@ -233,13 +280,19 @@ class DockerSandbox(WarmPool):
     def _destroy(self, h: Handle) -> None:
         if h.ref is None:
             return
+        if h.image is not None and self.images.retire(h):
+            return  # stopped and kept for the trajectory's next action
         try:
             h.ref.remove(force=True)
         except Exception as e:
             log.debug("remove container of %s: %s", h.trajectory_id, e)
 
+    def _release_image(self, h: Handle) -> None:
+        """Nothing more: `_destroy` kept or removed the container."""
+
     def close(self) -> None:
         super().close()
+        self.images.close()
         try:  # anything of ours a crashed action may have left behind
             for c in self.client.containers.list(
                 all=True, ignore_removed=True, filters={"label": f"{LABEL}={self.owner}"}

@@ -164,7 +164,7 @@ class ImageLayers:
         or None when the store cannot be opened here."""
         try:
             store = self.store
-            sizes = getattr(store, "sizes", dict)()  # ref -> bytes unpacked, where the store says
+            sizes: dict[str, int] = getattr(store, "sizes", dict)()  # ref -> bytes, where the store says
             held = [[ref, int(sizes.get(ref, 0))] for ref in store.held()]
             return {"held": held, "fetchable": sorted(store.fetchable()), "layers": sorted(self.kept())}
         except Exception as e:

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from tangram_celery.common.errors import SandboxError
+from tangram_celery.sandbox.image_paths import resolve_in
 from tangram_celery.sandbox.languages import TOOLS
 from tangram_celery.sandbox.limits import HOST_RO_PATHS, SANDBOX_PYTHON
 from tangram_celery.sandbox.mounts import mount, unmount
@@ -62,7 +63,7 @@ def host_python_argv() -> tuple[str, ...]:
     """The command that runs the host's python3 inside an image sandbox: its loader and its
     library directories, all under `HOST_DIR`."""
     python = os.path.realpath(SANDBOX_PYTHON)
-    loader = elf_interpreter(python)
+    loader = os.path.realpath(elf_interpreter(python))  # a real path: no link need be mounted
     arch = getattr(sys.implementation, "_multiarch", "")
     dirs = [d for d in (f"/usr/lib/{arch}", f"/lib/{arch}", "/usr/lib64", "/usr/lib") if os.path.isdir(d)]
     libs = ":".join(dict.fromkeys(HOST_DIR + os.path.realpath(d) for d in dirs))
@@ -79,41 +80,6 @@ def host_mounts() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         elif os.path.isdir(p):
             binds.append((p, HOST_DIR + p))
     return links, binds
-
-
-def resolve_in(rootfs: Path, command: str, search: str = "/usr/local/bin:/usr/bin:/bin") -> str | None:
-    """The real path, inside the image, of `command` (a name looked up on `search`, or an
-    absolute path), following links without leaving `rootfs`; None unless an executable file."""
-    candidates = [command] if command.startswith("/") else [f"{d}/{command}" for d in search.split(":")]
-    for cand in candidates:
-        real = _confined_realpath(rootfs, cand)
-        if real is None:
-            continue
-        host = rootfs / real.lstrip("/")
-        if host.is_file() and not host.is_symlink() and os.access(host, os.X_OK):
-            return real
-    return None
-
-
-def _confined_realpath(rootfs: Path, path: str, depth: int = 0) -> str | None:
-    parts = [p for p in path.split("/") if p and p != "."]
-    done: list[str] = []
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            if done:
-                done.pop()
-            continue
-        host = rootfs.joinpath(*done, name)
-        if host.is_symlink():
-            if depth > 40:
-                return None
-            target = os.readlink(host)
-            rest = "/".join(parts)
-            joined = target if target.startswith("/") else "/".join(["", *done, target])
-            return _confined_realpath(rootfs, f"{joined}/{rest}" if rest else joined, depth + 1)
-        done.append(name)
-    return "/" + "/".join(done)
 
 
 def tools_in(rootfs: Path, language: str) -> dict[str, str]:

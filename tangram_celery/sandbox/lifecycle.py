@@ -250,13 +250,17 @@ class SandboxLifecycle(ABC):
         h.ref = None
         h.cgroups = None
 
+    def _release_image(self, h: Handle) -> None:
+        """After an image sandbox's teardown: keep or delete its layer (namespace backend)."""
+        self.images.retire(h)
+
     def _teardown(self, h: Handle) -> None:
         h.drop_link()
         self._destroy(h)
         h.ref = None
         if h.image is not None:  # its layer kept (evicted) or deleted (closed), its image released
             try:
-                self.images.retire(h)
+                self._release_image(h)
             except Exception as e:  # must not raise: a teardown runs on every path out
                 log.warning("layer of %s not kept: %s", h.trajectory_id, e)
         shutil.rmtree(h.state_dir, ignore_errors=True)

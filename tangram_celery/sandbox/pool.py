@@ -40,6 +40,7 @@ from tangram_celery.sandbox.limits import (
     to_result,
 )
 from tangram_celery.sandbox.link import RunnerGone, RunnerTimeout, RunnerUnreachable
+from tangram_celery.sandbox.oci import ImageError, ImageNotFound
 from tangram_celery.sandbox.runner_request import runner_request
 from tangram_runner.protocol import Facts, RunRequest
 
@@ -54,7 +55,10 @@ class WarmPool(SandboxLifecycle):
         refused = self._image_refusal(trajectory_id, request)
         if refused:
             return ExecResult(status=ActionStatus.REJECTED, detail=refused)
-        h, reset = self._acquire(trajectory_id, request)
+        try:
+            h, reset = self._acquire(trajectory_id, request)
+        except ImageError as e:  # this action's image: never the worker's failure
+            return image_failure(e)
         try:
             try:
                 res = self._exec(h, request, retry=True)
@@ -112,7 +116,10 @@ class WarmPool(SandboxLifecycle):
 
     def run_once(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a sandbox of its own (a ready one if any), discarded afterwards."""
-        h = self._one_shot(request)
+        try:
+            h = self._one_shot(request)
+        except ImageError as e:
+            return image_failure(e)
         try:
             try:
                 return self._exec(h, request, retry=True)
@@ -351,3 +358,11 @@ class WarmPool(SandboxLifecycle):
         if facts.runner_error is None:
             facts = facts._replace(compile=first.compile, exec_s=float(first.exec_s) + float(facts.exec_s))
         return facts
+
+
+def image_failure(e: ImageError) -> ExecResult:
+    """The result of an action whose image could not be had: an unknown image is the caller's
+    (rejected); a full store, a corrupt image or a failed fetch is the node's (an error)."""
+    log.warning("image not available: %s", e)
+    status = ActionStatus.REJECTED if isinstance(e, ImageNotFound) else ActionStatus.ERROR
+    return ExecResult(status=status, detail=str(e))
