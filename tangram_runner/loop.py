@@ -101,7 +101,7 @@ def _answer(
                 _prime(msg["prime"], seat, zygote, fresh=True)
             out = {"pong": True}
         elif msg.get("op") == "scrub":  # between occupants (scrub); the session ends first
-            SESSION.close()
+            SESSION.close(zygote)
             out = scrub(seat, zygote, kill_all, reset_tops, strays)
             primed = msg.get("prime") if out["scrubbed"] else None
         elif msg.get("op") == "dop":  # for an action that is not running (any more)

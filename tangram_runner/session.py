@@ -41,7 +41,7 @@ from tangram_runner.proc import Action
 from tangram_runner.reaping import KEPT, kill_others, reap_orphans
 
 START_TIMEOUT_S = 5.0  # the shell's start, within the action's own deadline
-INTERRUPT_GRACE_S = 2.0  # an interrupted command's shell has this long to come back
+INTERRUPT_GRACE_S = 1.5  # an interrupted command's shell has this long to come back
 ACK_EVERY_S = 0.25
 _WRITE_CHUNK = 1 << 16
 
@@ -136,9 +136,10 @@ class Session:
         self._gone: list[Shell] = []  # shells ended whose pipes are still to be read and closed
 
     # -- life -----------------------------------------------------------------------------
-    def close(self) -> None:
-        """End the session (the sandbox changes occupant): the shell is killed and collected."""
-        self._drop("closed")
+    def close(self, zygote: Any = None) -> None:
+        """End the session (the sandbox changes occupant): the shell is killed and collected
+        (by the `zygote`, its parent, when given)."""
+        self._drop("closed", zygote)
         self._bury()
         self.had, self.why = False, ""
 
@@ -154,7 +155,7 @@ class Session:
         self.shell = None
         KEPT.pop(sh.pid, None)
         sh.signal(signal.SIGKILL)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 1.0
         while not sh.dead() and time.monotonic() < deadline:
             select.select([sh.pidfd], [], [], 0.05)
         self.why = self.why or why
@@ -315,8 +316,8 @@ def _died_status(why: str) -> int | None:
 
 
 def _collect(zygote: Any, pid: int) -> int | None:
-    """The exit status the zygote reports for `pid` (None if it does not within a second)."""
-    deadline = time.monotonic() + 1.0
+    """The exit status the zygote reports for `pid` (None if it does not within 0.5 s)."""
+    deadline = time.monotonic() + 0.5
     while pid not in zygote.exits and time.monotonic() < deadline:
         if not zygote.poll(0.05):
             break
