@@ -35,6 +35,21 @@ class ImagesConfig(StrictModel):
         "and sub-directories that are layouts; asked before the Docker engine",
     )
 
+    prewarm: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="ready sandboxes kept per image for its next new trajectories, on each CPU node "
+        "that ran it (0: none; a new trajectory then waits for its sandbox to start)",
+    )
+    warm_images: int = Field(
+        4,
+        ge=0,
+        le=256,
+        description="images kept warm (`prewarm` each) on a node: the ones its new trajectories used "
+        "last; an older one's ready sandboxes are removed",
+    )
+
     @field_validator("store_dir")
     @classmethod
     def _store_dir(cls, v: str) -> str:

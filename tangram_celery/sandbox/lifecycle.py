@@ -21,6 +21,7 @@ from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.image_layers import ImageLayers
+from tangram_celery.sandbox.image_ready import ImageReady
 from tangram_celery.sandbox.limits import TOOLS_PATH, Limits
 from tangram_celery.sandbox.link import RunnerGone, RunnerTimeout, call_runner
 from tangram_celery.sandbox.prewarm import BACKGROUND_DELAY_S, Disposer, ReadyPool
@@ -49,6 +50,9 @@ class SandboxLifecycle(ABC):
         self.tools_dir = self.stage.stage_tools()
         self.pythonpath = [TOOLS_PATH] if self.tools_dir is not None else []
         self.images = ImageLayers(cfg, self.stage.dir / "layers", cfg.docker_host)
+        self.image_ready = ImageReady(
+            cfg.images.prewarm, cfg.images.warm_images, self._start_ready_image, self._teardown, self._alive
+        )
         self._sweep_previous()  # before serving: the previous incarnation's sandboxes go
         self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
@@ -129,6 +133,19 @@ class SandboxLifecycle(ABC):
         h.trajectory_id = f"ready-{h.state_dir.name}"
         try:
             self._start_and_wait(h, prime=True)
+        except BaseException:
+            self._teardown(h)
+            raise
+        return h
+
+    def _start_ready_image(self, image: str) -> Handle:
+        """A started sandbox of `image` with a fresh layer, for the image's next new trajectory
+        (`image_ready`), on the cores the last taker asked for."""
+        cores = self._taken_cores or (self._prewarm_cores[self._started % len(self._prewarm_cores)],)
+        h = self._new_handle("ready", self.cfg.default_memory_mb, cores)
+        h.trajectory_id, h.image = f"ready-{h.state_dir.name}", image
+        try:
+            self._start_and_wait(h)
         except BaseException:
             self._teardown(h)
             raise

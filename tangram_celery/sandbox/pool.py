@@ -86,6 +86,15 @@ class WarmPool(SandboxLifecycle):
             res.sandbox_reset = True
         return res
 
+    def _ready_for(self, tid: str, req: ExecRequest) -> Handle | None:
+        """A ready sandbox for a new trajectory: the host's, or one of its image (none when the
+        trajectory's own files are kept here: it resumes them)."""
+        if not req.image:
+            return self.ready.take(self._bound_for(req))
+        if self.images.kept_image(tid) is not None:
+            return None
+        return self.image_ready.take(req.image, self._bound_for(req))
+
     def _image_refusal(self, tid: str, req: ExecRequest) -> str:
         """Why `req` cannot run in `tid`'s sandbox ("" when it can): the trajectory's first
         action fixed its image, and a later one may name only that one (or none)."""
@@ -137,7 +146,8 @@ class WarmPool(SandboxLifecycle):
     def _one_shot(self, request: ExecRequest) -> Handle:
         """A sandbox for a one-shot action: a ready one if any (not for an image), else one
         started now."""
-        h = None if request.image else self.ready.take(self._bound_for(request))
+        bound = self._bound_for(request)
+        h = self.image_ready.take(request.image, bound) if request.image else self.ready.take(bound)
         if h is None:
             h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
             h.image = request.image
@@ -182,6 +192,7 @@ class WarmPool(SandboxLifecycle):
     def close(self) -> None:
         self._stop.set()
         self.ready.close()
+        self.image_ready.close()
         with self._lock:
             handles = list(self._handles.values())
             self._handles.clear()
@@ -202,7 +213,7 @@ class WarmPool(SandboxLifecycle):
                 h = self._handles.get(tid)
             found = h is not None
             if h is None:  # a new trajectory (or one whose sandbox is gone): a ready sandbox
-                ready = None if req.image else self.ready.take(self._bound_for(req))
+                ready = self._ready_for(tid, req)
                 new = ready or self._new_handle(tid, req.memory_mb, tuple(req.cores))
                 new.trajectory_id, new.gen = tid, req.sandbox_gen
                 new.image = req.image
