@@ -170,6 +170,13 @@ class CodeAction(_Action):
         description="new trajectory ids that each start from a copy of this trajectory's files "
         "once this action ran (a trajectory in an image; GRPO's n samples of one prepared state)",
     )
+    grade: bool = Field(
+        False,
+        description="judge the trajectory's files: its test_command runs in a fresh sandbox of its "
+        "image holding only the trajectory's changes that are not test infrastructure, then `files` "
+        "(the hidden tests); its own sandbox is left as it is (docs/sandbox.md, 'Grading a "
+        "trajectory in an image')",
+    )
 
     @field_validator("files", "binary_files")
     @classmethod
@@ -240,6 +247,21 @@ class CodeAction(_Action):
             raise ValueError("session needs a trajectory_id, not ephemeral: a one-shot action has no session")
         if self.code is None or self.test_cases or self.test_command:
             raise ValueError("a session action runs code only: give tests to an action without session")
+        return self
+
+    @model_validator(mode="after")
+    def _grade(self, info: ValidationInfo) -> CodeAction:
+        if _stored(info) or not self.grade:
+            return self
+        if self.one_shot:
+            raise ValueError("grade needs a trajectory_id, not ephemeral: it judges a trajectory's files")
+        if not self.test_command or "pytest" not in self.test_command:
+            raise ValueError("grade needs a test_command that runs pytest (the harness's verdict)")
+        if self.code is not None or self.test_cases or self.session or self.fork_to:
+            raise ValueError(
+                "a grade action runs its files and test_command only (no code, test_cases, "
+                "session or fork_to)"
+            )
         return self
 
     @property

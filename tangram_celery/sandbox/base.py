@@ -52,6 +52,8 @@ class ExecRequest:
     image: str | None = None
     # bash code run in the trajectory's persistent shell session (tangram_runner/session.py)
     session: bool = False
+    # judge the trajectory's files in a fresh sandbox of its image (`Sandbox.grade`)
+    grade: bool = False
 
     @classmethod
     def of(
@@ -113,6 +115,12 @@ class Sandbox(Protocol):
     def run_once(self, request: ExecRequest) -> ExecResult:
         """Run `request` in a fresh sandbox of its own (a ready one when there is one), which is
         discarded afterwards (a one-shot action)."""
+        ...
+
+    def grade(self, trajectory_id: str, request: ExecRequest) -> ExecResult:
+        """Run `request` (a test_command and its files) in a fresh one-shot sandbox of the
+        trajectory's image holding the trajectory's changes that are not test infrastructure
+        (`grading`); the trajectory's own sandbox is left as it is."""
         ...
 
     def resize(self, action_id: str, cores: tuple[int, ...]) -> bool:

@@ -91,6 +91,12 @@ class DockerImages:
             return fork[0]
         return str(h.image)
 
+    def kept_ref(self, tid: str) -> Any:
+        """`tid`'s stopped container, left where it is (None when none is kept)."""
+        with self._lock:
+            kept = self._kept.get(tid)
+        return None if kept is None else kept[0]
+
     def kept_image(self, tid: str) -> str | None:
         with self._lock:
             if tid in self._kept:

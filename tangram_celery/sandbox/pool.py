@@ -21,6 +21,7 @@ none (lost with a restarted worker) or a dead one gets a fresh one with `sandbox
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -30,6 +31,13 @@ from typing import Any
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.base import ExecRequest, ExecResult
+from tangram_celery.sandbox.grading import (
+    Changes,
+    GradeRefused,
+    seed_after_start,
+    seed_before_start,
+    trajectory_changes,
+)
 from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.lifecycle import SandboxLifecycle
 from tangram_celery.sandbox.limits import (
@@ -143,17 +151,50 @@ class WarmPool(SandboxLifecycle):
             self._resizing.leave(request)
             self._dispose(h)
 
-    def _one_shot(self, request: ExecRequest) -> Handle:
+    def grade(self, trajectory_id: str, request: ExecRequest) -> ExecResult:
+        """Judge the trajectory's files in a fresh one-shot sandbox of its image holding only its
+        changes that are not test infrastructure; its own sandbox is left as it is (`grading`)."""
+        refused = self._image_refusal(trajectory_id, request)
+        if refused:
+            return ExecResult(status=ActionStatus.REJECTED, detail=refused)
+        with self._lock:
+            h = self._handles.get(trajectory_id)
+        try:
+            with h.lock if h is not None else contextlib.nullcontext():  # no action writes meanwhile
+                image, changes = trajectory_changes(
+                    self.images, h, trajectory_id, self.limits.disk_quota_mb << 20
+                )
+            request = dataclasses.replace(request, image=image)
+            h = self._one_shot(request, changes)
+        except GradeRefused as e:
+            return ExecResult(status=ActionStatus.REJECTED, detail=str(e))
+        except ImageError as e:
+            return image_failure(e)
+        except (SandboxError, OSError) as e:
+            return ExecResult(status=ActionStatus.ERROR, detail=f"cannot grade {trajectory_id!r}: {e}")
+        try:
+            return self._exec(h, request)
+        finally:
+            self._resizing.leave(request)
+            self._dispose(h)
+
+    def _one_shot(self, request: ExecRequest, changes: Changes | None = None) -> Handle:
         """A sandbox for a one-shot action: a ready one if any (not for an image), else one
-        started now."""
+        started now (a grade's: holding `changes`)."""
         bound = self._bound_for(request)
-        h = self.image_ready.take(request.image, bound) if request.image else self.ready.take(bound)
+        h = None  # a grade's sandbox starts from its files: never a ready one
+        if changes is None:
+            h = self.image_ready.take(request.image, bound) if request.image else self.ready.take(bound)
         if h is None:
             h = self._new_handle("one-shot", request.memory_mb, tuple(request.cores))
             h.image = request.image
             h.trajectory_id = f"one-shot-{h.state_dir.name}"  # unique: Docker names containers by it
             try:
+                if changes is not None:
+                    seed_before_start(self.images, h, changes)
                 self._start_and_wait(h)
+                if changes is not None:
+                    seed_after_start(self.images, h, changes)
             except BaseException:
                 self._teardown(h)
                 raise

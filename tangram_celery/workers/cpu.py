@@ -75,7 +75,9 @@ class CpuHandler:
         # its generation, whether this action starts it, whether the caller lost the last one.
         sandbox = order.sandbox or SandboxOrder()
         req = ExecRequest.of(action, order, cores, self.cfg.verifier_scope)
-        if action.one_shot or action.trajectory_id is None:
+        if action.grade and action.trajectory_id is not None:  # a fresh sandbox of its files
+            res = self.sandbox.grade(action.trajectory_id, req)
+        elif action.one_shot or action.trajectory_id is None:
             res = self.sandbox.run_once(req)
         else:
             res = self.sandbox.run(action.trajectory_id, req)
