@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 import tangram_celery.store.client_ops as ops
-from tangram_celery.client.core import ClientCore
+from tangram_celery.client.core import ClientCore, fork_action, forked
 from tangram_celery.common.actions import new_id
 from tangram_celery.common.admission import AnyAction, cancelled_result
 from tangram_celery.common.config import TangramConfig, load_config
@@ -307,6 +307,13 @@ class AsyncTangramClient:
         its result has status `cancelled`. False: already dispatched, finished, or unknown."""
         result_json = cancelled_result(action_id, reason)
         return await self.store.run(ops.cancel(action_id, result_json)) == "cancelled"
+
+    async def fork(
+        self, trajectory_id: str, n: int = 0, ids: list[str] | None = None, timeout: float | None = 600.0
+    ) -> list[str]:
+        """`TangramClient.fork`: new trajectories from a copy of one's files; their ids."""
+        action, new = fork_action(trajectory_id, n, ids)
+        return forked(trajectory_id, new, await self.run(action, timeout))
 
     async def close_trajectory(self, trajectory_id: str) -> None:
         """The trajectory is finished: its sandbox and reserved memory are released once its

@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tangram_celery.common.actions import ActionStatus, CodeAction, new_id
 from tangram_celery.common.admission import LANGUAGES_TTL_S, AnyAction, admit, coerce_action, limits_from_view
 from tangram_celery.common.config import TangramConfig
-from tangram_celery.common.errors import ActionRejected
-from tangram_celery.common.wire import PoolView
+from tangram_celery.common.errors import ActionRejected, TangramError
+from tangram_celery.common.wire import ActionResult, PoolView
 from tangram_celery.store.client_ops import Item
 
 
@@ -102,3 +103,28 @@ class ClientCore:
             admit_memory_fraction=view.admit_memory_fraction if view else 0.8,
             queued_ttl_s=limits.queued_ttl_s,
         )
+
+
+MAX_FORKS = 256
+
+
+def fork_action(trajectory_id: str, n: int = 0, ids: list[str] | None = None) -> tuple[CodeAction, list[str]]:
+    """The action that forks `trajectory_id` into `ids` (or `n` new ids), and those ids: a
+    no-op in the trajectory's sandbox, ordered after its earlier actions, after which each new
+    trajectory starts from a copy of its files on its node (`CodeAction.fork_to`)."""
+    new = list(ids) if ids else [f"{trajectory_id[:96]}.f{i}-{new_id()[:8]}" for i in range(n)]
+    if not 1 <= len(new) <= MAX_FORKS:
+        raise ActionRejected(f"a fork makes 1 to {MAX_FORKS} trajectories, not {len(new)}")
+    try:
+        action = CodeAction(trajectory_id=trajectory_id, language="bash", code="true", fork_to=new)
+    except ValueError as e:
+        raise ActionRejected(f"cannot fork {trajectory_id!r}: {e}") from None
+    return action, new
+
+
+def forked(trajectory_id: str, new: list[str], result: ActionResult) -> list[str]:
+    """The new ids once the fork's action succeeded; TangramError saying why otherwise."""
+    if result.status is not ActionStatus.OK:
+        why = result.detail or result.error or result.stderr
+        raise TangramError(f"fork of {trajectory_id!r} failed ({result.status.value}): {why}")
+    return new

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import tangram_celery.store.client_ops as ops
-from tangram_celery.client.core import ClientCore
+from tangram_celery.client.core import ClientCore, fork_action, forked
 from tangram_celery.common.admission import AnyAction, cancelled_result
 from tangram_celery.common.config import TangramConfig, load_config
 from tangram_celery.common.errors import ResultTimeout
@@ -112,6 +112,16 @@ class TangramClient:
         """Submit and await the result without blocking the event loop."""
         handle = self.submit(action)
         return await asyncio.get_running_loop().run_in_executor(None, handle.result, timeout)
+
+    def fork(
+        self, trajectory_id: str, n: int = 0, ids: list[str] | None = None, timeout: float | None = 600.0
+    ) -> list[str]:
+        """Start `n` new trajectories (or the given `ids`) from a copy of the files of
+        `trajectory_id`, a trajectory in a container image, once its earlier actions ran: each
+        then goes its own way (GRPO's n samples of one prepared task state). Returns their ids;
+        TangramError when the fork was not made."""
+        action, new = fork_action(trajectory_id, n, ids)
+        return forked(trajectory_id, new, self.submit(action).result(timeout))
 
     def close_trajectory(self, trajectory_id: str) -> None:
         """The trajectory is finished: its sandbox and reserved memory are released once its

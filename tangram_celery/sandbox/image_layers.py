@@ -65,7 +65,8 @@ class ImageLayers:
 
     # -- the spilled layers --------------------------------------------------------------------
     def _spill_path(self, tid: str) -> Path:
-        return Path(self.store.layers_dir()) / spill_name(tid)
+        """Where `tid`'s kept layer is (the store's layer directory; no store is opened)."""
+        return Path(self.cfg.images.store_dir) / "layers" / spill_name(tid)
 
     def kept_image(self, tid: str) -> str | None:
         """The image of `tid`'s kept layer on this node, if one is kept."""

@@ -63,6 +63,12 @@ class WarmPool(SandboxLifecycle):
         refused = self._image_refusal(trajectory_id, request)
         if refused:
             return ExecResult(status=ActionStatus.REJECTED, detail=refused)
+        if not request.image:  # a later action of an evicted (or forked) image trajectory
+            with self._lock:
+                live = trajectory_id in self._handles
+            kept = None if live else self.images.kept_image(trajectory_id)
+            if kept:
+                request = dataclasses.replace(request, image=kept)
         try:
             h, reset = self._acquire(trajectory_id, request)
         except ImageError as e:  # this action's image: never the worker's failure

@@ -28,7 +28,7 @@ from tangram_celery.common.actions import (
     RewardAction,
     TestCase,
 )
-from tangram_celery.common.errors import ActionRejected, AdmissionError, ResultTimeout
+from tangram_celery.common.errors import ActionRejected, AdmissionError, ResultTimeout, TangramError
 from tangram_celery.common.wire import ActionResult
 from tangram_celery.web.sandbox_models import Capabilities
 
@@ -254,6 +254,38 @@ async def close_trajectory(
     """The trajectory is finished: its sandbox and memory are released once its actions end."""
     await _gate(request).client.close_trajectory(trajectory_id)
     return {"trajectory_id": trajectory_id, "state": "closing"}
+
+
+class ForkBody(_Body):
+    n: int = Field(0, ge=0, le=256, description="new trajectories to make (ids chosen by the server)")
+    ids: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(
+        default_factory=list, max_length=256, description="or: the new trajectories' ids"
+    )
+
+
+class Forked(BaseModel):
+    trajectory_id: str
+    forks: list[str]
+
+
+@router.post(
+    "/trajectories/{trajectory_id}/fork",
+    response_model=Forked,
+    responses={400: {"model": Problem}, 409: {"model": Problem}},
+)
+async def fork_trajectory(
+    trajectory_id: Annotated[str, Path(pattern=ID_PATTERN)], body: ForkBody, request: Request
+) -> Forked | JSONResponse:
+    """New trajectories, each from a copy of this one's files (a trajectory in an image), once
+    its earlier actions ran; 409 when the fork could not be made (e.g. not an image's)."""
+    client = _gate(request).client
+    try:
+        forks = await client.fork(trajectory_id, body.n, body.ids or None)
+    except ActionRejected as e:
+        return problem(400, str(e))
+    except TangramError as e:
+        return problem(409, str(e))
+    return Forked(trajectory_id=trajectory_id, forks=forks)
 
 
 @router.get("/capabilities", response_model=Capabilities)
