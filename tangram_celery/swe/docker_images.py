@@ -1,13 +1,17 @@
 """The SWE task images in a Docker engine, with no registry: `docker import` of the base root
-filesystem tar, then per task a three-line Dockerfile (FROM the base, COPY the repository to
-/repo, WORKDIR /repo) built from a context made of the task's repository layer.
+filesystem tar (with its environment and working directory /repo), then per task a two-line
+Dockerfile (FROM the base, COPY the repository to /repo) built from a context made of the
+task's repository layer.
 
-An image is rebuilt only when its recipe changed: each carries the key of its inputs as the
-label `tangram.swe.key`, and the base is tagged with the key of its own recipe.
+An image is rebuilt only when its recipe changed: besides its ref, each is tagged with the key
+of its inputs (`tangram-swe/<task>:key-<key>`), and the base with the key of its own recipe.
+No LABEL or WORKDIR step: on the vfs storage driver every build step copies the whole root
+filesystem.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 import time
@@ -18,12 +22,12 @@ from typing import Any
 
 from tangram_celery.common.errors import TangramError
 
-LABEL = "tangram.swe.key"
 BASE_REPO = "tangram-swe/base"
-DOCKERFILE = "FROM {base}\nCOPY repo /repo\nWORKDIR /repo\n"
+DOCKERFILE = "FROM {base}\nCOPY repo /repo\n"
 BASE_CHANGES = [
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ENV LANG=C.UTF-8",
+    "WORKDIR /repo",
 ]
 
 
@@ -37,8 +41,14 @@ class DockerTask:
 
 
 def base_ref(base: Path) -> str:
-    """The engine's name of a base tar `base-<suite>-<key>.tar`: tangram-swe/base:<suite>-<key>."""
-    return f"{BASE_REPO}:{base.stem.removeprefix('base-')}"
+    """The engine's name of a base tar `base-<suite>-<key>.tar` imported with BASE_CHANGES."""
+    changes = hashlib.sha256("\n".join(BASE_CHANGES).encode()).hexdigest()[:8]
+    return f"{BASE_REPO}:{base.stem.removeprefix('base-')}-{changes}"
+
+
+def key_tag(key: str, base: str) -> str:
+    """The tag that marks a task image built from inputs `key` on the base image `base`."""
+    return "key-" + hashlib.sha256(f"{key} {base} {DOCKERFILE}".encode()).hexdigest()[:16]
 
 
 def _client(docker_host: str) -> Any:
@@ -77,7 +87,6 @@ def _build_one(client: Any, t: DockerTask, base: str) -> str:
         fileobj=_context(t.layer, DOCKERFILE.format(base=base)),
         custom_context=True,
         tag=t.ref,
-        labels={LABEL: t.key},
         rm=True,
         forcerm=True,
         network_mode="none",
@@ -89,6 +98,8 @@ def _build_one(client: Any, t: DockerTask, base: str) -> str:
     image = _image(client, t.ref)
     if image is None:
         raise TangramError(f"docker build of {t.ref} finished but the engine has no such image")
+    repo, _, _ = t.ref.rpartition(":")
+    image.tag(repo, key_tag(t.key, base))
     return str(image.id)
 
 
@@ -109,8 +120,11 @@ def docker_build(
             log(f"swe: {bref}: docker import in {time.monotonic() - t0:.1f} s")
         out: dict[str, str] = {}
         for t in tasks:
-            image = _image(client, t.ref)
-            if image is not None and (image.labels or {}).get(LABEL) == t.key:
+            image, keyed = (
+                _image(client, t.ref),
+                _image(client, f"{t.ref.rpartition(':')[0]}:{key_tag(t.key, bref)}"),
+            )
+            if image is not None and keyed is not None and image.id == keyed.id:
                 out[t.ref] = str(image.id)
                 continue
             t0 = time.monotonic()

@@ -1,0 +1,146 @@
+"""A scripted SWE-style trajectory: what an agent does in its task's image, as Tangram code actions.
+
+Each step is one `bash` action in the trajectory's image (`CodeAction.image`), so it sees the
+repository at /repo, and what one step writes the next one sees:
+
+1. inspect: list the repository and grep for the function the issue is about;
+2. reproduce: run the project's tests of that area (they fail);
+3. edit: write the fix (a Python edit of the source file, run from bash);
+4. verify: run the same tests again (they pass);
+5. reward: the hidden tests, sent pristine as `files`, run by `test_command`; the harness rewrites
+   pytest to its own reporter and passes the suite only on that report (reward 1 or 0).
+
+Cheating variants replace the edit: `edit-tests` rewrites the test modules so that every assert
+holds, `skip-conftest` plants a conftest.py that skips every test, and `forge-conftest` plants one
+that turns every failed report into a pass. Their reward must be 0: the reward action overwrites
+the test modules with the pristine ones, a skip is not a pass, and a conftest.py that forges
+reports is the harness's to refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tangram_celery.common.actions import CodeAction
+from tangram_celery.common.wire import ActionResult
+from tangram_celery.swe.tasks import Edit, SweTask
+
+CHEATS = ("edit-tests", "skip-conftest", "forge-conftest")
+STEP_TIMEOUT_S = 60.0
+REWARD_TIMEOUT_S = 120.0
+
+SKIP_CONFTEST = """\
+import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.skip(reason="nothing to see"))
+"""
+
+FORGE_CONFTEST = """\
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+"""
+
+
+def edit_command(edit: Edit) -> str:
+    """A bash command that makes `edit` in the repository (exit 1 if the text is not there once)."""
+    return (
+        "python3 - <<'EOF'\n"
+        "import pathlib, sys\n"
+        f"p = pathlib.Path({edit.path!r})\n"
+        "s = p.read_text()\n"
+        f"old, new = {edit.old!r}, {edit.new!r}\n"
+        "if s.count(old) != 1:\n"
+        "    sys.exit(f'{p}: the text to replace occurs {s.count(old)} times')\n"
+        "p.write_text(s.replace(old, new))\n"
+        "print(f'edited {p}')\n"
+        "EOF\n"
+    )
+
+
+def _write_file(path: str, text: str) -> str:
+    return f"cat > {path} <<'EOF'\n{text}EOF\necho planted {path}\n"
+
+
+def cheat_command(t: SweTask, cheat: str) -> str:
+    """The bash command of a cheating trajectory's edit step."""
+    if cheat == "edit-tests":
+        files = " ".join(t.test_files)
+        return f"sed -i -E 's/^( *)assert /\\1assert True or /; s/self\\.assert[A-Za-z]*\\(/(lambda *a, **k: None)(/' {files}\n"
+    if cheat == "skip-conftest":
+        return _write_file("conftest.py", SKIP_CONFTEST)
+    if cheat == "forge-conftest":
+        return _write_file("conftest.py", FORGE_CONFTEST)
+    raise ValueError(f"unknown cheat {cheat!r}; known: {', '.join(CHEATS)}")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    action: CodeAction
+
+
+def steps(t: SweTask, tid: str, hidden: dict[str, str], cheat: str | None = None) -> list[Step]:
+    """The trajectory `tid`'s actions for task `t`, in order; `hidden`: the pristine test files."""
+
+    def bash(code: str, timeout_s: float = STEP_TIMEOUT_S) -> CodeAction:
+        return CodeAction(language="bash", image=t.image, trajectory_id=tid, code=code, timeout_s=timeout_s)
+
+    tests = "python3 -m pytest -q -p no:cacheprovider " + " ".join(t.test_files)
+    edit = cheat_command(t, cheat) if cheat else edit_command(t.fix)
+    reward = CodeAction(
+        language="bash",
+        image=t.image,
+        trajectory_id=tid,
+        files=hidden,
+        test_command=t.test_command,
+        timeout_s=REWARD_TIMEOUT_S,
+    )
+    return [
+        Step("inspect", bash(f"pwd; ls; grep -rn --include='*.py' 'def {t.function}\\b' . | head -5")),
+        Step("reproduce", bash(f"{tests} 2>&1 | tail -n 15; exit ${{PIPESTATUS[0]}}")),
+        Step("edit", bash(edit)),
+        Step("verify", bash(f"{tests} 2>&1 | tail -n 15; exit ${{PIPESTATUS[0]}}")),
+        Step("reward", reward),
+    ]
+
+
+@dataclass
+class Outcome:
+    """A finished trajectory: its task, its results per step, and its reward (1.0 or 0.0)."""
+
+    task: str
+    tid: str
+    cheat: str | None
+    results: dict[str, ActionResult]
+
+    @property
+    def reward(self) -> float:
+        res = self.results.get("reward")
+        return 1.0 if res is not None and res.ok else 0.0
+
+
+def run_trajectory(
+    run: Callable[[CodeAction], ActionResult],
+    t: SweTask,
+    tid: str,
+    hidden: dict[str, str],
+    cheat: str | None = None,
+) -> Outcome:
+    """Run the trajectory's steps one after the other through `run` (one action -> its result,
+    e.g. `lambda a: client.submit(a).result(timeout=600)`); every step runs, whatever the one
+    before returned, as an agent that reads its outputs would go on."""
+    out = Outcome(t.name, tid, cheat, {})
+    for step in steps(t, tid, hidden, cheat):
+        out.results[step.name] = run(step.action)
+    return out

@@ -1,0 +1,139 @@
+"""SWE task images built here with no registry: a Debian base by mmdebstrap, PyPI sdists with an
+injected bug, an OCI layout and images in a private Docker engine.
+
+Slow the first time (mmdebstrap, about 30 s; pip downloads); everything is cached under
+`$TANGRAM_CACHE/swe` (default ~/.cache/tangram/swe), so a second run only imports the cached base
+into the fresh engine and builds two small layers on it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.common import unavailable
+
+pytestmark = pytest.mark.slow
+
+TWO = ("inflection", "toolz")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _require_build_inputs(cache: Path) -> None:
+    """mmdebstrap and the network, unless what they make is cached already."""
+    from tangram_celery.swe.build import SUITE, base_key
+
+    if not (cache / f"base-{SUITE}-{base_key()}.tar").exists():
+        if shutil.which("mmdebstrap") is None:
+            unavailable("mmdebstrap not installed (apt-get install mmdebstrap)")
+        if not _reachable("deb.debian.org", 80):
+            unavailable("the Debian archive (deb.debian.org) is not reachable")
+    if not (cache / "sdists").exists() and not _reachable("pypi.org", 443):
+        unavailable("PyPI is not reachable")
+
+
+@pytest.fixture(scope="module")
+def built(image_engine: str) -> Iterator[Any]:
+    """Two task images, in the test cache's OCI layout and in the private engine (overlay2)."""
+    from tangram_celery.swe.build import build, cache_dir
+    from tangram_celery.swe.tasks import task
+
+    cache = cache_dir()
+    _require_build_inputs(cache)
+    yield build([task(n) for n in TWO], cache=cache, docker_host=image_engine)
+
+
+def _run(image_engine: str, image: str, script: str) -> tuple[int, str]:
+    """Exit status and output of `bash -c script` in a fresh container of `image`, no network."""
+    import docker
+
+    client = docker.DockerClient(base_url=image_engine, timeout=300)
+    try:
+        box = client.containers.create(image, ["bash", "-c", script], network_mode="none")
+        try:
+            box.start()
+            status = box.wait(timeout=300)
+            return int(status["StatusCode"]), box.logs().decode(errors="replace")
+        finally:
+            box.remove(force=True)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("name", TWO)
+def test_hidden_tests_fail_on_the_bug_and_pass_after_the_fix(
+    built: Any, image_engine: str, name: str
+) -> None:
+    """In the Docker image, the task's hidden tests fail as built and pass once the agent's fix
+    (its bash edit) is applied: the bug is real and the fix is the only change needed."""
+    from tangram_celery.swe.agent import edit_command
+    from tangram_celery.swe.tasks import task
+
+    t = task(name)
+    code, out = _run(image_engine, t.image, f"cd /repo && {t.test_command}")
+    assert code == 1 and " failed" in out, out
+    code, out = _run(image_engine, t.image, f"set -e; cd /repo\n{edit_command(t.fix)}{t.test_command}")
+    assert code == 0 and " passed" in out and "failed" not in out, out
+
+
+def _sha256(path: Path) -> str:
+    from tangram_celery.sandbox.oci import sha256_file
+
+    return sha256_file(path)[0]
+
+
+def test_the_oci_layout_is_valid(built: Any) -> None:
+    """Every task ref of the layout's index leads to a manifest, config and layers whose blobs
+    match their digests, the config's diff_ids are the layers', and the repository layer holds
+    the buggy source at repo/."""
+    from tangram_celery.swe.build import task_key
+    from tangram_celery.swe.tasks import task
+
+    layout: Path = built.layout
+    assert json.loads((layout / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
+    index = json.loads((layout / "index.json").read_text())
+    refs = {m["annotations"]["org.opencontainers.image.ref.name"]: m for m in index["manifests"]}
+    blob = lambda d: layout / "blobs" / "sha256" / d.partition(":")[2]  # noqa: E731
+    for name in TWO:
+        t = task(name)
+        desc = refs[t.image]
+        assert _sha256(blob(desc["digest"])) == desc["digest"]
+        manifest = json.loads(blob(desc["digest"]).read_text())
+        config = json.loads(blob(manifest["config"]["digest"]).read_text())
+        assert _sha256(blob(manifest["config"]["digest"])) == manifest["config"]["digest"]
+        assert config["config"]["WorkingDir"] == "/repo"
+        layers = [la["digest"] for la in manifest["layers"]]
+        assert len(layers) == 2 and all(_sha256(blob(d)) == d for d in layers)
+        assert config["rootfs"]["diff_ids"] == layers  # plain tars: the diff_id is the digest
+        assert layers[0] == _sha256(built.base)
+        with tarfile.open(blob(layers[1])) as tf:
+            src = tf.extractfile(f"repo/{t.bug.path}")
+            assert src is not None and t.bug.new in src.read().decode()
+        assert json.loads((layout / "tangram-swe-keys.json").read_text())[t.image] == task_key(t, built.base)
+
+
+def test_a_second_build_reuses_everything(built: Any, image_engine: str) -> None:
+    """Building again with the same inputs runs no mmdebstrap, download, layout write or docker
+    build: every artifact is found by the key of its inputs."""
+    from tangram_celery.swe.build import build, cache_dir
+    from tangram_celery.swe.tasks import task
+
+    lines: list[str] = []
+    again = build([task(n) for n in TWO], cache=cache_dir(), docker_host=image_engine, log=lines.append)
+    assert lines == []
+    assert again.docker_images == built.docker_images
+    assert again.base == built.base and again.layers == built.layers
