@@ -201,7 +201,8 @@ def _run_phase(
         held.append(channel)
         act.watch(channel.sock.fileno(), channel.on_readable)
         python = req.interpreter or sys.executable
-        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.pythonpath, python)]
+        image = req.interpreter is not None  # the image's pytest: shards, not xdist
+        argv = ["/bin/bash", "-c", suite.rewrite(cmd, dop, PACKAGE_DIR, req.pythonpath, python, image)]
         main = act.spawn("command", req.stdin, argv=argv, extra_fd=channel.child_fd)
         _wait_for(act, main)
         channel.on_readable()  # what the last session sent just before it exited
