@@ -23,6 +23,7 @@ import ctypes
 import json
 import os
 import signal
+import stat
 import sys
 
 try:
@@ -262,7 +263,12 @@ def own_tree(top: str, uid: int) -> None:
     os.lchown(top, uid, uid)
     for d, dirs, files in os.walk(top):
         for name in dirs + files:
-            os.lchown(os.path.join(d, name), uid, uid)
+            path = os.path.join(d, name)
+            st = os.lstat(path)
+            # only what the image put there (root's): a file with another name elsewhere (a
+            # hard link) or one a sandbox user already owns is left as it is
+            if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+                os.lchown(path, uid, uid)
 
 
 def tmpfs_limits(size_b: int, nr_inodes: int) -> str:
