@@ -11,11 +11,15 @@ own files, `image_layers`).
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from collections.abc import Callable
 
 from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.prewarm import ReadyPool
+
+log = logging.getLogger(__name__)
+MAX_FAILURES = 3
 
 
 class ImageReady:
@@ -34,28 +38,56 @@ class ImageReady:
         self._pools: collections.OrderedDict[str, ReadyPool[Handle]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
+        self._failures: dict[str, int] = {}
 
     def take(self, image: str, prefer: Callable[[Handle], bool] | None = None) -> Handle | None:
-        """A ready sandbox of `image`, or None (the caller starts one); the image is kept warm
-        from now on."""
+        """A ready sandbox of `image` if it is warm here, else None (the caller starts one)."""
+        with self._lock:
+            pool = None if self._closed else self._pools.get(image)
+            if pool is not None:
+                self._pools.move_to_end(image)
+        return pool.take(prefer) if pool is not None else None
+
+    def used(self, image: str) -> None:
+        """A sandbox of `image` started for a trajectory: keep the image warm from now on (an
+        image that never started one, unknown or broken, is never retried in the background)."""
         if self.size <= 0 or self.images <= 0:
-            return None
+            return
         old: list[ReadyPool[Handle]] = []
         with self._lock:
             if self._closed:
-                return None
-            pool = self._pools.get(image)
-            if pool is None:
+                return
+            if image not in self._pools:
                 pool = self._pools[image] = ReadyPool(
-                    self.size, lambda: self._start(image), self._destroy, self._alive
+                    self.size, lambda: self._start_for(image), self._destroy, self._alive
                 )
                 pool.start()
             self._pools.move_to_end(image)
             while len(self._pools) > self.images:
                 old.append(self._pools.popitem(last=False)[1])
-        for p in old:  # off the taker's path: a close waits for a start under way
+        self._close_later(old)
+
+    def _start_for(self, image: str) -> Handle:
+        """A ready sandbox of `image`; after `MAX_FAILURES` failed starts in a row the image
+        goes cold (its pool closes) instead of being retried forever."""
+        try:
+            h = self._start(image)
+        except Exception:
+            with self._lock:
+                n = self._failures[image] = self._failures.get(image, 0) + 1
+                pool = self._pools.pop(image, None) if n >= MAX_FAILURES else None
+            if pool is not None:
+                log.warning("image %s: %d ready sandboxes failed to start; not kept warm", image, n)
+                self._close_later([pool])
+            raise
+        with self._lock:
+            self._failures.pop(image, None)
+        return h
+
+    @staticmethod
+    def _close_later(pools: list[ReadyPool[Handle]]) -> None:
+        for p in pools:  # off the caller's path: a close waits for a start under way
             threading.Thread(target=p.close, name="image-ready-close", daemon=True).start()
-        return pool.take(prefer)
 
     def warm(self) -> list[str]:
         with self._lock:

@@ -55,6 +55,7 @@ class SandboxLifecycle(ABC):
         )
         self._sweep_previous()  # before serving: the previous incarnation's sandboxes go
         self._handles: dict[str, Handle] = {}
+        self._keeping: dict[str, threading.Event] = {}  # evicted image trajectories being kept
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # Handed-out sandboxes that are done (one-shot, closed, evicted) are destroyed here, off
@@ -280,6 +281,11 @@ class SandboxLifecycle(ABC):
                 self._release_image(h)
             except Exception as e:  # must not raise: a teardown runs on every path out
                 log.warning("layer of %s not kept: %s", h.trajectory_id, e)
+            finally:
+                with self._lock:
+                    keeping = self._keeping.pop(h.trajectory_id, None) if h.keep_files else None
+                if keeping is not None:
+                    keeping.set()
         shutil.rmtree(h.state_dir, ignore_errors=True)
 
     def _reap_loop(self) -> None:

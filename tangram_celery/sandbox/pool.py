@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ from tangram_celery.sandbox.grading import (
     trajectory_changes,
 )
 from tangram_celery.sandbox.handle import Handle
+from tangram_celery.sandbox.image_checks import image_failure, image_refusal
 from tangram_celery.sandbox.lifecycle import SandboxLifecycle
 from tangram_celery.sandbox.limits import (
     RUNNER_GRACE_S,
@@ -48,11 +50,12 @@ from tangram_celery.sandbox.limits import (
     to_result,
 )
 from tangram_celery.sandbox.link import RunnerGone, RunnerTimeout, RunnerUnreachable
-from tangram_celery.sandbox.oci import ImageError, ImageNotFound
+from tangram_celery.sandbox.oci import ImageError
 from tangram_celery.sandbox.runner_request import runner_request
 from tangram_runner.protocol import Facts, RunRequest
 
 log = logging.getLogger(__name__)
+KEEP_WAIT_S = 120.0  # an action waits this long at most for its trajectory's layer to be kept
 
 
 class WarmPool(SandboxLifecycle):
@@ -63,6 +66,7 @@ class WarmPool(SandboxLifecycle):
         refused = self._image_refusal(trajectory_id, request)
         if refused:
             return ExecResult(status=ActionStatus.REJECTED, detail=refused)
+        self._wait_kept(trajectory_id)
         if not request.image:  # a later action of an evicted (or forked) image trajectory
             with self._lock:
                 live = trajectory_id in self._handles
@@ -73,6 +77,8 @@ class WarmPool(SandboxLifecycle):
             h, reset = self._acquire(trajectory_id, request)
         except ImageError as e:  # this action's image: never the worker's failure
             return image_failure(e)
+        if h.image is not None:
+            self.image_ready.used(h.image)
         try:
             try:
                 res = self._exec(h, request, retry=True)
@@ -99,6 +105,14 @@ class WarmPool(SandboxLifecycle):
         if reset:
             res.sandbox_reset = True
         return res
+
+    def _wait_kept(self, tid: str) -> None:
+        """An image trajectory evicted a moment ago: wait until its layer is kept (its teardown
+        runs in the background), so that this action resumes its files."""
+        with self._lock:
+            keeping = self._keeping.get(tid)
+        if keeping is not None and not keeping.wait(KEEP_WAIT_S):
+            log.warning("%s: its layer was not kept within %.0f s; it may start afresh", tid, KEEP_WAIT_S)
 
     def _ready_for(self, tid: str, req: ExecRequest) -> Handle | None:
         """A ready sandbox for a new trajectory: the host's, or one of its image (none when the
@@ -219,7 +233,9 @@ class WarmPool(SandboxLifecycle):
                     self.images.retire_kept(trajectory_id)  # closed while evicted: its files go
                 return
             del self._handles[trajectory_id]
-        h.keep_files = keep_files
+            h.keep_files = keep_files
+            if keep_files and h.image is not None:  # its next action waits for the layer
+                self._keeping[trajectory_id] = threading.Event()
         self._dispose(h)
 
     def resize(self, action_id: str, cores: tuple[int, ...]) -> bool:
@@ -353,6 +369,9 @@ class WarmPool(SandboxLifecycle):
         request = request._replace(cores=list(cores))
         if h.image is not None:  # the image's tools and Python, its environment under the caller's
             extras = self.images.runner_extras(h, req.language)
+            refused = image_refusal(h.image, req, extras)
+            if refused:
+                return ExecResult(status=ActionStatus.REJECTED, detail=refused)
             request = request._replace(**{**extras, "env": {**extras["env"], **request.env}})
         before = h.cgroups.counters() if h.cgroups else None
         t0 = time.monotonic()
@@ -416,11 +435,3 @@ class WarmPool(SandboxLifecycle):
         if facts.runner_error is None:
             facts = facts._replace(compile=first.compile, exec_s=float(first.exec_s) + float(facts.exec_s))
         return facts
-
-
-def image_failure(e: ImageError) -> ExecResult:
-    """The result of an action whose image could not be had: an unknown image is the caller's
-    (rejected); a full store, a corrupt image or a failed fetch is the node's (an error)."""
-    log.warning("image not available: %s", e)
-    status = ActionStatus.REJECTED if isinstance(e, ImageNotFound) else ActionStatus.ERROR
-    return ExecResult(status=status, detail=str(e))
