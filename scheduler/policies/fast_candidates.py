@@ -163,14 +163,17 @@ class _CpuPass:
         """Where an action of a new trajectory (or one without a sandbox) goes: the node with
         the most free memory that has the cores, evicting there when none has the memory
         (None: it waits for memory)."""
-        tid, sandbox, groups = action.trajectory_id, action.cost.sandbox, self.groups
+        sandbox, groups = action.cost.sandbox, self.groups
         mem_free = self._mem_free()
         node: str | None = None
         gi = -1
         evict: tuple[str, ...] = ()
         need = action.cost.memory_mb if sandbox else 0
         order = mem_free if len(mem_free) == 1 else sorted(mem_free, key=lambda n: (-mem_free[n], n))
-        if sandbox and action.image:  # the node where it starts soonest (`image_order`)
+        if sandbox and action.image:  # the node where it starts soonest (`image_places`)
+            on_layer = self._on_layer(action, units, elastic, need)
+            if on_layer is not None:
+                return on_layer
             order = self.images.order(action, order)
         for name in order:
             if mem_free[name] < need:
@@ -182,12 +185,7 @@ class _CpuPass:
                 if action.image and sandbox and self.images.waits(action, name):
                     return None  # its image is sooner where cores come back: it waits there
                 node = name
-                if sandbox:
-                    self.pins[tid] = name
-                    self.held_now[tid] = need
-                    mem_free[name] -= need
-                    if action.image:
-                        self.images.placed(action, name)
+                self._take(action, name, need, evicted=False)
                 break
         if node is None and sandbox and need > 0:
             ev = self._evictions()
@@ -197,18 +195,55 @@ class _CpuPass:
                     continue  # it has the memory: cores are what it lacks
                 g = _best_group(groups[name], units, elastic)
                 victims = ev.victims(name, short_mb) if g >= 0 else None
+                if victims is not None and action.image and self.images.waits(action, name):
+                    return None  # as above: it waits where its image or layer is
                 if victims is not None:
                     node, gi, evict = name, g, victims
                     ev.take(victims)
-                    self.pins[tid] = name
-                    self.held_now[tid] = need
-                    mem_free[name] = 0  # the surplus is free from the next round on
+                    self._take(action, name, need, evicted=True)
                     break
         if node is None and max(mem_free.values(), default=0) < need:
             self.no_memory = True  # see `fcfs_prefix`: pinned trajectories behind it go on
             self.walk.memory_full(action, self.pins)
             return None
         return node, gi, evict
+
+    def _on_layer(self, action: QueuedAction, units: int, elastic: bool, need: int) -> Spot | None:
+        """An evicted image trajectory resumes on the node that keeps its layer (its files
+        intact, no fetch) when that node has the cores, evicting idle trajectories there for
+        memory if it must, rather than starting over elsewhere; None: not there."""
+        node = self.images.layer_node(action.trajectory_id)
+        mem_free = self._mem_free()
+        if node is None or node not in mem_free:
+            return None
+        gi = _best_group(self.groups[node], units, elastic)
+        if gi < 0:
+            return None
+        evict: tuple[str, ...] = ()
+        short_mb = need - mem_free[node]
+        if short_mb > 0:
+            ev = self._evictions()
+            victims = ev.victims(node, short_mb)
+            if victims is None:
+                return None
+            ev.take(victims)
+            evict = victims
+        self._take(action, node, need, evicted=bool(evict))
+        return node, gi, evict
+
+    def _take(self, action: QueuedAction, node: str, need: int, evicted: bool) -> None:
+        """A new trajectory's sandbox goes to `node`: pinned there this pass, its memory taken
+        (all of the node's when it evicted: the surplus is free from the next round on), its
+        image on its way there."""
+        if not action.cost.sandbox:
+            return
+        tid = action.trajectory_id
+        self.pins[tid] = node
+        self.held_now[tid] = need
+        mem_free = self._mem_free()
+        mem_free[node] = 0 if evicted else mem_free[node] - need
+        if action.image:
+            self.images.placed(action, node)
 
 
 class _Walk:

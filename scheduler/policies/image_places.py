@@ -18,6 +18,10 @@ from scheduler.images import image_wait_s, size_mb
 from scheduler.model import QueuedAction, ResourceKind
 from scheduler.resources import ClusterState
 
+# How long an evicted trajectory waits for cores on the node that keeps its layer before it
+# starts over elsewhere (its files lost, `sandbox_reset`): a reset costs the agent its edits.
+LAYER_PATIENCE_S = 60.0
+
 
 class ImagePlaces:
     """The image costs of one pass's placements on `state` at `now_s`."""
@@ -59,6 +63,13 @@ class ImagePlaces:
         store = self.state.cpu[node].store
         return (node, image) in self.chosen or (store is not None and store.has(image))
 
+    def layer_node(self, trajectory_id: str) -> str | None:
+        """The online node that keeps `trajectory_id`'s copy-on-write layer, if any."""
+        for name, cpu in self.state.cpu.items():
+            if cpu.online and cpu.store is not None and trajectory_id in cpu.store.layers:
+                return name
+        return None
+
     def size_mb(self, action: QueuedAction) -> int:
         """The size of `action`'s image (`scheduler.images.size_mb`), once per pass."""
         known = self._sizes.get(action.image)
@@ -71,9 +82,15 @@ class ImagePlaces:
         """True when `action` should rather wait for cores on a node where its image (or its
         layer) is than fetch it onto `node`, the soonest node with free cores: the cores there
         are expected back (the earliest expected end of a running action) sooner than the
-        fetch onto `node` ends. It waits at most as long as that fetch would take."""
+        fetch onto `node` ends. It waits at most as long as that fetch would take; an evicted
+        trajectory waits for the node with its layer up to `LAYER_PATIENCE_S`."""
         cost = self.cost_s(action, node)
-        if cost is None or cost <= 0 or self.now_s - action.submitted_s >= cost:
+        waited_s = self.now_s - action.submitted_s
+        if cost is None or cost < 0:
+            return False
+        if self.layer_node(action.trajectory_id) not in (None, node):
+            return waited_s < max(cost, LAYER_PATIENCE_S)  # elsewhere, its files are lost
+        if cost == 0 or waited_s >= cost:
             return False
         state = self.state
         for name, cpu in state.cpu.items():

@@ -269,6 +269,7 @@ class SweImagesParams:
     image_mb_per_s: float = 125.0
     cpu_nodes: int = 8
     cores_per_node: int = 128
+    memory_mb_per_node: int = 2_400_000  # the paper's 2.4 TB; less: sandboxes are evicted
     seed: int = 5
 
 
@@ -281,6 +282,7 @@ def swe_images(p: SweImagesParams | None = None, cluster: ClusterSpec | None = N
     spec = cluster or ClusterSpec(
         cpu_nodes=p.cpu_nodes,
         cores_per_node=p.cores_per_node,
+        memory_mb_per_node=p.memory_mb_per_node,
         image_store_mb=p.image_store_mb,
         image_mb_per_s=p.image_mb_per_s,
     )
