@@ -30,10 +30,11 @@ from scheduler.sim import build
 from scheduler.sim.scenarios import SweImagesParams
 
 POLICIES = ["tangram-fast", "static-pod", "all-at-once"]
+# label -> scenario overrides: the stated scale; 64 cores per node; memory for 40 sandboxes per node
 CONFIGS = {
     "main": {},
-    "64 cores/node": {"cores_per_node": 64},
-    "memory for 40 sandboxes/node": {"memory_mb_per_node": 40 * 4096},
+    "cores64": {"cores_per_node": 64},
+    "memory40": {"memory_mb_per_node": 40 * 4096},
 }
 
 
