@@ -3,7 +3,7 @@ test command's `pytest` runs as 2 shards of the harness's own on the image's Pyt
 (Debian bookworm's 7.2), judged on the report channel: every shard must finish and pass, and
 together they must run every collected test exactly once.
 
-Namespace backend; the image is `tests/fixtures/images.py`'s `python_image` (mmdebstrap, cached;
+Both backends (namespace first); the image is `tests/fixtures/images.py`'s `python_image` (mmdebstrap, cached;
 skipped without mmdebstrap or the Debian archive unless CI is set)."""
 
 from __future__ import annotations
@@ -27,18 +27,26 @@ SUITE = "import pytest\n\n\n@pytest.mark.parametrize('i', range(20))\ndef test_n
 COMMAND = "python3 -m pytest -q -p no:cacheprovider tests"
 
 
-@pytest.fixture(scope="module")
-def box(image_layout: Images, python_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+@pytest.fixture(scope="module", params=["namespace", "docker"])
+def box(
+    request: pytest.FixtureRequest,
+    image_layout: Images,
+    python_image: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Any]:
     from tangram_celery.common.config import SandboxConfig
     from tangram_celery.common.errors import SandboxError
     from tangram_celery.sandbox import open_sandbox
 
-    store = tmp_path_factory.mktemp("store")
-    cfg = {"prewarm": 0, "backend": "namespace", "images": images_config(image_layout, Path(store))}
+    cfg: dict[str, Any] = {"prewarm": 0, "backend": request.param}
+    if request.param == "namespace":
+        cfg["images"] = images_config(image_layout, Path(tmp_path_factory.mktemp("store")))
+    else:
+        cfg["docker_host"] = request.getfixturevalue("image_engine")
     try:
         sandbox = open_sandbox(SandboxConfig.model_validate(cfg))
     except SandboxError as e:
-        unavailable(f"namespace sandbox backend unavailable: {e}")
+        unavailable(f"{request.param} sandbox backend unavailable: {e}")
     try:
         yield sandbox
     finally:
