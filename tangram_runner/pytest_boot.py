@@ -93,7 +93,8 @@ def make_shard(pytest: Any, send: Callable[..., None], run: str, index: int, cou
         kept, total = 0, 0
 
         def pytest_report_header(self, config: Any) -> str:
-            return f"tangram: shard {index + 1} of {count} (every {count}th test by sorted id)"
+            first = ", ".join(str(index + 1 + j * count) for j in range(3))
+            return f"tangram: shard {index + 1} of {count} (tests {first}, ... of the sorted test ids)"
 
         @pytest.hookimpl(trylast=True)
         def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:

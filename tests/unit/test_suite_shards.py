@@ -181,3 +181,12 @@ def test_the_bootstrap_runs_k_shard_sessions(
         )
         shares = sorted(s.collected or 0 for s in channel.sessions.values())
         assert shares == [2, 2, 3]
+
+
+def test_a_shard_with_no_test_exits_0(channel: Channel, tmp_path: Path) -> None:
+    """Given one test and 2 shards, then the second shard runs nothing, exits 0 (not pytest's
+    "no tests collected"), and the suite passes."""
+    (tmp_path / "test_one.py").write_text("def test_only():\n    pass\n")
+    code = run_boot(channel, tmp_path, "--tangram-shards", "2")
+    v = verdict(channel, code)
+    assert code == 0 and v["passed"] and v["collected"] == 1 and len(channel.sessions) == 2, v
