@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.netns",
     "tests.fixtures.browser",
     "tests.fixtures.sandbox",
+    "tests.fixtures.images",
 ]
 
 
