@@ -38,11 +38,12 @@ from typing import Any
 from tangram_runner.forkserver import SpawnFailed, exited
 from tangram_runner.launch import Launch, Proc
 from tangram_runner.proc import Action
-from tangram_runner.reaping import KEPT, kill_others, reap_orphans
+from tangram_runner.reaping import KEPT, kill_others, reap_orphans, strays
 
 START_TIMEOUT_S = 5.0  # the shell's start, within the action's own deadline
 INTERRUPT_GRACE_S = 1.5  # an interrupted command's shell has this long to come back
 ACK_EVERY_S = 0.25
+REAP_WAIT_S = 0.2  # at most, for the shell to reap the background jobs of its action, killed
 _WRITE_CHUNK = 1 << 16
 
 # What the runner types into a new shell before its first action. `__tangram_pre` takes the
@@ -269,9 +270,15 @@ class Session:
             proc.killed_by_runner = True
             if not self._interrupt(act, sh, proc):
                 self._drop("an interrupted command did not give the shell back", act.zygote)
-        if self.shell is not None:
-            sh.signal(signal.SIGSTOP)  # before the others go: a trap of the shell's cannot react
-        kill_others({1, os.getpid(), act.zygote.pid, *act.zygote.verifiers.pids(), *KEPT})
+        keep = {1, os.getpid(), act.zygote.pid, *act.zygote.verifiers.pids(), *KEPT}
+        if self.shell is not None and strays(keep):
+            # one round while the shell runs, so that it reaps what it can (a zombie child of a
+            # stopped shell holds a pid of the sandbox's limit until the next session action),
+            # then stopped before the rest go: a trap of the shell's cannot react
+            kill_others(keep, rounds=1)
+            _await_reaped(sh.pid, time.monotonic() + REAP_WAIT_S)
+            sh.signal(signal.SIGSTOP)
+        kill_others(keep)
         _drain(act, sh, proc)
         if self.shell is None:
             info["ended"] = self.why
@@ -313,6 +320,19 @@ def _died_status(why: str) -> int | None:
     if why.startswith("the shell was killed") and tail.isdigit():
         return -int(tail)
     return None
+
+
+def _await_reaped(pid: int, until: float) -> None:
+    """Wait (until `until`) for the shell `pid` to have no child left: none alive after the
+    kill, and the dead ones reaped."""
+    while time.monotonic() < until:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                if not f.read().split():
+                    return
+        except OSError:
+            return  # no such file on this kernel (CONFIG_PROC_CHILDREN), or the shell is gone
+        time.sleep(0.001)
 
 
 def _collect(zygote: Any, pid: int) -> int | None:

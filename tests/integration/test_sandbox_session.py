@@ -120,6 +120,8 @@ def test_a_background_job_does_not_outlive_its_action(box: Any) -> None:
     res = run(box, tid, "sleep 100 & setsid sleep 101 & nohup sleep 102 >/dev/null 2>&1 & echo started")
     assert (res.status, res.stdout) == (ActionStatus.OK, "started\n"), res
     assert live(box, tid, "sleep") == []
+    seen = run(box, tid, PROCS, session=False).stdout  # reaped too: no pid of the limit held
+    assert not [line for line in seen.splitlines() if line.endswith("(sleep)")], seen
     inside = run(box, tid, PROCS).stdout
     assert [line for line in inside.splitlines() if line.endswith("(sleep)") and line[0] != "Z"] == [], inside
     box.close_trajectory(tid)
