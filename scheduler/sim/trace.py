@@ -37,7 +37,9 @@ from scheduler.sim.workload import (
 
 
 def cluster_to_dict(c: ClusterSpec) -> dict[str, Any]:
+    images = {"image_store_mb": c.image_store_mb, "image_mb_per_s": c.image_mb_per_s}
     return {
+        **(images if c.image_mb_per_s > 0 else {}),  # image stores: absent in older traces
         "cpu_nodes": c.cpu_nodes,
         "cores_per_node": c.cores_per_node,
         "numa_groups": c.numa_groups,

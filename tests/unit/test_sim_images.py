@@ -3,6 +3,8 @@ ImageLocality for the pod baseline, and the simulated SWE-images workload."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from scheduler.images import ImageStore
@@ -14,6 +16,7 @@ from scheduler.resources import ClusterState, CpuNode
 from scheduler.round import Round
 from scheduler.service.cluster import learn_images
 from scheduler.sim import build, simulate
+from scheduler.sim.trace import read_workload, write_workload
 from tangram_celery.common.wire import ActionMeta
 
 pytestmark = pytest.mark.unit
@@ -140,3 +143,15 @@ def test_action_metadata_carries_the_image_to_the_queued_action() -> None:
     assert ActionMeta.model_validate_json(meta.dumps()).image == "swe/a:1"
     with pytest.raises(ValueError):
         ActionMeta(id="a2", type="reward", submitted_s=0.0, model="rm", image="swe/a:1")
+
+
+def test_a_recorded_swe_images_trace_replays_with_its_images_and_stores() -> None:
+    """Given a small swe-images scenario written as a JSONL trace, when it is read back, then
+    its actions name their images and its cluster keeps the image stores' parameters."""
+    sc = build("swe-images", {"tasks": 2, "group": 2, "cpu_nodes": 2, "cores_per_node": 8})
+    out = io.StringIO()
+    write_workload(sc, out)
+    back = read_workload(out.getvalue().splitlines())
+    assert back.trajectories[0].steps[0].action.image == sc.trajectories[0].steps[0].action.image
+    assert back.cluster.image_mb_per_s == sc.cluster.image_mb_per_s > 0
+    assert back.cluster.image_store_mb == sc.cluster.image_store_mb
