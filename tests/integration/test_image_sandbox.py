@@ -7,10 +7,13 @@ statuses (`tests/fixtures/images.py` makes the images)."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -302,3 +305,43 @@ def test_a_failed_image_is_not_retried_in_the_background(box: Box, caplog: pytes
         time.sleep(3)
     failures = [r for r in caplog.records if "ready sandbox failed" in r.getMessage()]
     assert not failures, [r.getMessage() for r in failures]
+
+
+# ---- 7. disk ----------------------------------------------------------------------------------
+
+
+def du_bytes(path: Path) -> int:
+    """Bytes on disk under `path` (`du`: hard links once, no other file systems)."""
+    out = subprocess.run(["du", "-sxB1", str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+@pytest.mark.parametrize("box", ["namespace"], indirect=True)  # Docker's layers are the engine's
+def test_trajectories_of_one_image_share_one_copy(box: Box) -> None:
+    """Given 8 live trajectories of one image, each writing its own amount, then the store still
+    holds one copy of the image (its disk use unchanged), and each trajectory's layer holds only
+    what it wrote."""
+    images_dir = box.pool.images.store.root / "images"
+    ok(box.run(tid(), "echo", new_sandbox=True))  # the image is in the store now
+    before = du_bytes(images_dir)
+    trajs = [tid() for _ in range(8)]
+    sizes = [(i + 1) * 100_000 for i in range(8)]
+
+    def write(i: int) -> Any:
+        code = f"printf '%*s' {sizes[i]} '' > blob; stat -c %s blob"
+        return box.run(trajs[i], code, new_sandbox=True, cores=(i % 2,))
+
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(write, range(8)))
+    try:
+        assert [ok(r).stdout for r in results] == [f"{n}\n" for n in sizes]
+        assert abs(du_bytes(images_dir) - before) < 64 << 10, (before, du_bytes(images_dir))
+        image_bytes = box.pool.images.store.usage()["images"]
+        for traj, n in zip(trajs, sizes, strict=True):
+            layer = box.pool._handles[traj].layer
+            used = layer.used_bytes()
+            assert n <= used <= n + (256 << 10) < image_bytes, (traj, n, used, image_bytes)
+            assert du_bytes(layer.upper) <= n + (64 << 10)
+    finally:
+        for traj in trajs:
+            box.pool.close_trajectory(traj)
