@@ -194,7 +194,8 @@ def _copy_upper_file(dir_fd: int, name: str, rel: str, out: Changes, rootfs: Pat
 
 
 def _read_all(fd: int, room: int) -> bytes:
-    chunks, n = [], 0
+    chunks: list[bytes] = []
+    n = 0
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:

@@ -259,3 +259,28 @@ def test_a_container_without_changes_in_its_workdir_is_not_archived() -> None:
 def test_tar_is_gnu_tar() -> None:  # `Layer.spill` writes the spill tars the tests above read
     if shutil.which("tar"):
         assert b"GNU tar" in subprocess.run(["tar", "--version"], capture_output=True, check=True).stdout
+
+
+def test_the_cpu_worker_sends_a_grade_to_the_sandboxs_grading_path() -> None:
+    from tangram_celery.common.actions import ActionStatus
+    from tangram_celery.common.config import SandboxConfig
+    from tangram_celery.common.wire import TaskOrder
+    from tangram_celery.sandbox.base import ExecRequest, ExecResult
+    from tangram_celery.workers.cpu import CpuHandler
+
+    calls: list[tuple[str, str | None, bool]] = []
+
+    class Box:
+        def run(self, tid: str, req: ExecRequest) -> ExecResult:
+            calls.append(("run", tid, req.grade))
+            return ExecResult(status=ActionStatus.OK)
+
+        def grade(self, tid: str, req: ExecRequest) -> ExecResult:
+            calls.append(("grade", tid, req.grade))
+            return ExecResult(status=ActionStatus.FAILED)
+
+    order = TaskOrder(action_id="a", kind="cpu", pool="n0", units=1, unit_ids=(0,))
+    action = CodeAction(trajectory_id="t", grade=True, test_command="pytest -q", files={"tests/t.py": ""})
+    handler = CpuHandler(Box(), SandboxConfig(backend="namespace"))  # type: ignore[arg-type]
+    res = handler("a", action.model_dump(mode="json"), order)
+    assert res.status is ActionStatus.FAILED and calls == [("grade", "t", True)]
