@@ -7,23 +7,25 @@ repository at /repo, and what one step writes the next one sees:
 2. reproduce: run the project's tests of that area (they fail);
 3. edit: write the fix (a Python edit of the source file, run from bash);
 4. verify: run the same tests again (they pass);
-5. reward: the hidden tests, sent pristine as `files`, run by `test_command`; the harness rewrites
+5. reward: a `grade` action. The trajectory's source changes (not its test files, conftest.py,
+   pytest.ini and the like) are copied into a fresh sandbox of the image, the hidden tests are
+   written there pristine (`files`), and `test_command` runs under the harness, which rewrites
    pytest to its own reporter and passes the suite only on that report (reward 1 or 0).
 
 Cheating variants replace the edit: `edit-tests` rewrites the test modules so that every assert
 holds, `skip-conftest` plants a conftest.py that skips every test, and `forge-conftest` plants one
-that turns every failed report into a pass. Their reward must be 0: the reward action overwrites
-the test modules with the pristine ones, a skip is not a pass, and a conftest.py that forges
-reports is the harness's to refuse.
+that turns every failed report into a pass. Each "works" in the trajectory's own sandbox (its
+verify step passes, or skips); their reward must be 0, since grading leaves test infrastructure
+out and a skip is not a pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from tangram_celery.common.actions import CodeAction
-from tangram_celery.common.wire import ActionResult
+from tangram_celery.common.actions import ActionStatus, CodeAction, TestOutcome
 from tangram_celery.swe.tasks import Edit, SweTask
 
 CHEATS = ("edit-tests", "skip-conftest", "forge-conftest")
@@ -105,6 +107,7 @@ def steps(t: SweTask, tid: str, hidden: dict[str, str], cheat: str | None = None
         files=hidden,
         test_command=t.test_command,
         timeout_s=REWARD_TIMEOUT_S,
+        grade=True,
     )
     return [
         Step("inspect", bash(f"pwd; ls; grep -rn --include='*.py' 'def {t.function}\\b' . | head -5")),
@@ -115,6 +118,15 @@ def steps(t: SweTask, tid: str, hidden: dict[str, str], cheat: str | None = None
     ]
 
 
+class Result(Protocol):
+    """What a step returns: a client's `ActionResult` or a sandbox's `ExecResult`."""
+
+    status: ActionStatus
+    exit_code: int | None
+    stdout: str
+    tests: list[TestOutcome]
+
+
 @dataclass
 class Outcome:
     """A finished trajectory: its task, its results per step, and its reward (1.0 or 0.0)."""
@@ -122,16 +134,23 @@ class Outcome:
     task: str
     tid: str
     cheat: str | None
-    results: dict[str, ActionResult]
+    results: dict[str, Any]  # step name -> Result
 
     @property
     def reward(self) -> float:
+        """1.0 when the reward action's suite passed: status OK, and every test it ran passed."""
         res = self.results.get("reward")
-        return 1.0 if res is not None and res.ok else 0.0
+        ok = (
+            res is not None
+            and res.status is ActionStatus.OK
+            and res.tests
+            and all(x.passed for x in res.tests)
+        )
+        return 1.0 if ok else 0.0
 
 
 def run_trajectory(
-    run: Callable[[CodeAction], ActionResult],
+    run: Callable[[CodeAction], Result],
     t: SweTask,
     tid: str,
     hidden: dict[str, str],

@@ -137,3 +137,96 @@ def test_a_second_build_reuses_everything(built: Any, image_engine: str) -> None
     assert lines == []
     assert again.docker_images == built.docker_images
     assert again.base == built.base and again.layers == built.layers
+
+
+# ---- end to end: the scripted trajectories in image sandboxes, on both backends ----------------
+
+
+@pytest.fixture(scope="module", params=["namespace", "docker"])
+def box(
+    request: pytest.FixtureRequest, built: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A sandbox pool of each backend that knows the task images: the namespace backend's image
+    store reads the SWE layout; the Docker backend uses the engine the images were built in."""
+    from tangram_celery.common.config import SandboxConfig
+    from tangram_celery.common.errors import SandboxError
+    from tangram_celery.sandbox import open_sandbox
+
+    base: dict[str, Any] = {"prewarm": 0, "idle_ttl_s": 600}
+    if request.param == "namespace":
+        store = tmp_path_factory.mktemp("swe-store")
+        images = {"store_dir": str(store), "docker": False, "oci_dirs": [str(built.layout)]}
+        base |= {"backend": "namespace", "images": images}
+    else:
+        base |= {"backend": "docker", "docker_host": request.getfixturevalue("image_engine")}
+    try:
+        sandbox = open_sandbox(SandboxConfig.model_validate(base))
+    except SandboxError as e:
+        unavailable(f"{request.param} sandbox backend unavailable: {e}")
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+def _runner(box: Any) -> Any:
+    """A step runner on the sandbox pool directly: each action as the worker would hand it over."""
+    from dataclasses import fields
+
+    from tangram_celery.common.actions import CodeAction
+    from tangram_celery.sandbox import ExecRequest
+
+    names = [f.name for f in fields(ExecRequest) if f.name in CodeAction.model_fields]
+
+    def run(action: CodeAction) -> Any:
+        req = ExecRequest(**{n: getattr(action, n) for n in names}, cores=(0,))
+        return (box.grade if action.grade else box.run)(action.trajectory_id, req)
+
+    return run
+
+
+@pytest.mark.parametrize("name", TWO)
+def test_the_scripted_fix_earns_the_reward(box: Any, name: str) -> None:
+    """The agent's trajectory in the task image: the tests fail before its edit and pass after,
+    and the grade action (hidden tests, harness verdict) gives reward 1."""
+    import uuid
+
+    from tangram_celery.common.actions import ActionStatus
+    from tangram_celery.swe.agent import run_trajectory
+    from tangram_celery.swe.build import hidden_files
+    from tangram_celery.swe.tasks import task
+
+    t = task(name)
+    tid = f"swe-{uuid.uuid4().hex[:8]}"
+    out = run_trajectory(_runner(box), t, tid, hidden_files(t))
+    try:
+        r = out.results
+        assert r["inspect"].status is ActionStatus.OK and f"def {t.function}" in r["inspect"].stdout, r[
+            "inspect"
+        ]
+        assert r["reproduce"].exit_code == 1 and " failed" in r["reproduce"].stdout, r["reproduce"]
+        assert r["edit"].status is ActionStatus.OK, r["edit"]
+        assert r["verify"].status is ActionStatus.OK and " passed" in r["verify"].stdout, r["verify"]
+        assert out.reward == 1.0, r["reward"]
+    finally:
+        box.close_trajectory(tid)
+
+
+@pytest.mark.parametrize("cheat", ["edit-tests", "skip-conftest", "forge-conftest"])
+def test_a_cheating_trajectory_earns_nothing(box: Any, cheat: str) -> None:
+    """Edited test modules, a conftest.py that skips everything and one that forges passes make
+    the trajectory's own test run look fine (or skipped), but its reward is 0."""
+    import uuid
+
+    from tangram_celery.swe.agent import run_trajectory
+    from tangram_celery.swe.build import hidden_files
+    from tangram_celery.swe.tasks import task
+
+    t = task(TWO[0])
+    tid = f"swe-{uuid.uuid4().hex[:8]}"
+    out = run_trajectory(_runner(box), t, tid, hidden_files(t), cheat=cheat)
+    try:
+        assert out.results["verify"].exit_code == 0, out.results["verify"]  # it fooled itself
+        assert out.reward == 0.0, out.results["reward"]
+    finally:
+        box.close_trajectory(tid)
