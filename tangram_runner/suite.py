@@ -127,7 +127,7 @@ class Channel:
         elif kind == "shard" and s.shard is None:
             fields = (ev.get("run"), ev.get("index"), ev.get("count"), ev.get("total"), ev.get("digest"))
             if all(isinstance(f, t) for f, t in zip(fields, (str, int, int, int, str), strict=True)):
-                s.shard = fields  # type: ignore[assignment]
+                s.shard = fields
 
     def close(self) -> None:
         self.sock.close()
