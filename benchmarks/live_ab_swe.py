@@ -14,7 +14,10 @@ benchmarks/live_ab.py), each a bash code action in the trajectory's image:
 4. verify: the same tests again (they pass: exit 0, "passed", nothing failed);
 5. reward: a `grade` action: the hidden tests, sent pristine, run against the trajectory's source
    changes in a fresh sandbox of the image, judged by the harness (reward 1: status ok, every
-   test passed). Its `cpus` is `1..--cores`, elastic as a test suite's is in live_ab.
+   test passed).
+
+Every action is the agent's as it is (one core each: a task's hidden tests are one test, so an
+elastic `cpus` would only make the scheduler wait for cores it cannot use).
 
 Every step's outcome is known in advance and checked; a step that does not give it counts as
 wrong, and its trajectory fails its task (per-task pass rates below).
@@ -39,11 +42,12 @@ the median over repetitions of Tangram's average and p99 no worse than pod_all's
 total wait of one trajectory; the queue/exec split (ACT minus execution, and execution); ACT per
 step; per-task pass rates; Tangram's overhead breakdown (as live_ab).
 
-Run: .venv/bin/python benchmarks/live_ab_swe.py [--trajectories 12 --think-s 1.5 --cores 2]
+Run: .venv/bin/python benchmarks/live_ab_swe.py [--trajectories 6 --think-s 1.5 --cores 2]
     [--repeat 3: every other repetition in reverse order, samples pooled] [--setups pod_all]
 The first run builds the images (mmdebstrap and PyPI, about a minute; cached under
 ~/.cache/tangram/swe). Needs root (the namespace backend's image sandboxes). Writes
-benchmarks/results/live_ab_swe.json and .png (about 2-3 minutes a repetition with the defaults).
+benchmarks/results/live_ab_swe.json and .png (about 3-4 minutes a repetition with the defaults
+on a busy 2-core machine; `--repeat 3` about 12 minutes).
 """
 
 from __future__ import annotations
@@ -92,19 +96,14 @@ class SweTurn:
     action: CodeAction
 
 
-def workload(
-    n: int, think_s: float, cores: int, seed: int, hidden: dict[str, dict[str, str]]
-) -> list[list[SweTurn]]:
+def workload(n: int, think_s: float, seed: int, hidden: dict[str, dict[str, str]]) -> list[list[SweTurn]]:
     rng = random.Random(seed)
     out = []
     for k in range(n):
         t = TASKS[k % len(TASKS)]
         turns = []
         for s in steps(t, "tid", hidden[t.name]):
-            action = s.action
-            if action.grade:  # the reward's suite is elastic, as a test suite's is in live_ab
-                action = action.model_copy(update={"cpus": f"1..{cores}"})
-            turns.append(SweTurn(think_s * math.exp(rng.gauss(0.0, 0.6)), t, s.name, action))
+            turns.append(SweTurn(think_s * math.exp(rng.gauss(0.0, 0.6)), t, s.name, s.action))
         out.append(turns)
     return out
 
@@ -332,7 +331,7 @@ def medians(reps: list[dict[str, float]]) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trajectories", type=int, default=12)
+    ap.add_argument("--trajectories", type=int, default=6, help="two per task by default")
     ap.add_argument("--think-s", type=float, default=1.5, help="median think time before each step")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--memory-mb", type=int, default=8192)
@@ -355,7 +354,7 @@ def main() -> int:
     args.pod_cap_cores = args.pod_cap_cores or min(4, args.cores)
     prep = prepare(args)
     print(f"images ready: build {prep['build_s']} s, unpack {prep['unpack_s']} s", flush=True)
-    jobs = workload(args.trajectories, args.think_s, args.cores, args.seed, prep["hidden"])
+    jobs = workload(args.trajectories, args.think_s, args.seed, prep["hidden"])
     setups_fn: dict[str, Callable[[str], dict[str, Any]]] = {
         "tangram": lambda tag: run_tangram(jobs, args, tag),
         "tangram_exclusive": lambda tag: run_tangram(jobs, args, tag, share=False),
