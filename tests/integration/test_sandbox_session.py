@@ -138,6 +138,29 @@ def test_output_over_the_cap_is_an_output_limit_and_the_session_survives(box: An
     box.close_trajectory(tid)
 
 
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [
+        ("python3 -c 'x = bytearray(1 << 30)'; echo after", ActionStatus.MEMORY_LIMIT),
+        ("bomb() { bomb | bomb & }; bomb; sleep 1; echo after", ActionStatus.PIDS_LIMIT),
+        ("head -c 30000000 /dev/zero > /tmp/fill; echo after", ActionStatus.DISK_LIMIT),
+    ],
+    ids=["memory", "pids", "disk"],
+)
+def test_limits_give_the_same_statuses_and_the_session_goes_on(
+    box: Any, command: str, status: ActionStatus
+) -> None:
+    """A session command that hits the memory, pids or disk limit ends with that limit's
+    status, as in a plain action, and the session keeps its directory and variables."""
+    tid = traj()
+    run(box, tid, "cd /tmp; export K=1")
+    res = run(box, tid, command, timeout_s=4.0)
+    assert res.status is status, res
+    after = run(box, tid, "pwd; echo $K")
+    assert (after.status, after.stdout) == (ActionStatus.OK, "/tmp\n1\n"), after
+    box.close_trajectory(tid)
+
+
 def test_a_plain_bash_action_is_unaffected_by_the_session(box: Any) -> None:
     """Given a session that changed directory and variables, a bash action without `session`
     of the same trajectory runs as before (workdir, none of the variables), shares the files,
