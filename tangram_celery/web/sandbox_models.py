@@ -49,6 +49,9 @@ class TangramExtras(BaseModel):
     job_id: str = Field("default", pattern=JOB_PATTERN, description="Tangram: training job")
     priority: int = Field(0, ge=-100, le=100, description="Tangram: job priority")
     image: str | None = Field(None, description="Tangram: the trajectory's container image")
+    session: bool = Field(
+        False, description="Tangram: bash in the trajectory's persistent shell session (cwd, variables kept)"
+    )
 
 
 class RunCodeRequest(TangramExtras):

@@ -31,6 +31,19 @@ def test_a_session_action_is_bash_code_in_a_trajectory() -> None:
     assert not CodeAction(language="bash", code="ls", trajectory_id="t1").session
 
 
+def test_run_code_takes_session_as_an_extra() -> None:
+    """`/run_code`'s `session` extra reaches the action by name (SandboxFusion clients never
+    send it), and is refused there as anywhere else."""
+    from tangram_celery.web.sandbox_fusion import to_action
+    from tangram_celery.web.sandbox_models import RunCodeRequest
+
+    req = RunCodeRequest(code="cd /tmp", language="bash", session=True, trajectory_id="t1")
+    assert to_action(req, "t1", 256).session
+    assert not to_action(RunCodeRequest(code="ls", language="bash"), "t1", 256).session
+    with pytest.raises(ValidationError, match="needs language 'bash'"):
+        to_action(RunCodeRequest(code="x", language="python", session=True), "t1", 256)
+
+
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
