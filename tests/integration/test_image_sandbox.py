@@ -135,6 +135,41 @@ def test_pytest_verdict_comes_from_the_harness(box: Box, python_image: str) -> N
     assert res.status is ActionStatus.FAILED, res
 
 
+FORCE_PASS = (
+    "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    out = yield\n    out.get_result().outcome = 'passed'\n"
+)
+HIDDEN = "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+def test_grade_ignores_planted_test_files_even_after_an_eviction(box: Box, python_image: str) -> None:
+    """Given a trajectory that planted a conftest forcing every test to pass and rewrote the test
+    module, when it is graded with the hidden tests, then its bug still FAILS (the grade runs the
+    image plus its source changes only); fixed, it is OK, also from its kept (evicted) files."""
+    traj = tid()
+    planted = {
+        "calc.py": "def add(a, b):\n    return a - b\n",
+        "conftest.py": FORCE_PASS,
+        "tests/test_calc.py": "def test_add():\n    assert True\n",
+    }
+    ok(box.run(traj, "true", image=python_image, files=planted, sandbox_gen="g1", new_sandbox=True))
+    grade = {
+        "image": python_image,
+        "files": {"tests/test_calc.py": HIDDEN},
+        "grade": True,
+        "test_command": "python3 -m pytest -q tests",
+    }
+    res = box.pool.grade(traj, ExecRequest(language="bash", code=None, **grade))
+    assert res.status is ActionStatus.FAILED, res
+    ok(box.run(traj, "true", image=python_image, files={"calc.py": "def add(a, b):\n    return a + b\n"}))
+    assert box.pool.grade(traj, ExecRequest(language="bash", code=None, **grade)).status is ActionStatus.OK
+    box.pool.close_trajectory(traj, "g1", keep_files=True)
+    box.wait_kept(traj, python_image)
+    res = box.pool.grade(traj, ExecRequest(language="bash", code=None, **grade))
+    assert res.status is ActionStatus.OK, res
+    box.pool.close_trajectory(traj)
+
+
 # ---- 2. files and the root ----------------------------------------------------------------------
 
 
