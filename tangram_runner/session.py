@@ -30,21 +30,20 @@ from __future__ import annotations
 
 import os
 import select
-import selectors
 import signal
 import time
 from typing import Any
 
-from tangram_runner.forkserver import SpawnFailed, exited
+from tangram_runner.forkserver import SpawnFailed
 from tangram_runner.launch import Launch, Proc
 from tangram_runner.proc import Action
 from tangram_runner.reaping import KEPT, kill_others, reap_orphans, strays
+from tangram_runner.shell import Shell, drain, new_token, pump
 
 START_TIMEOUT_S = 5.0  # the shell's start, within the action's own deadline
 INTERRUPT_GRACE_S = 1.5  # an interrupted command's shell has this long to come back
 ACK_EVERY_S = 0.25
 REAP_WAIT_S = 0.2  # at most, for the shell to reap the background jobs of its action, killed
-_WRITE_CHUNK = 1 << 16
 
 # What the runner types into a new shell before its first action. `__tangram_pre` takes the
 # action's code, stdin and variables off fd 3; the code is sourced at top level; `__tangram_post`
@@ -69,61 +68,6 @@ RUN_LINE = (
     '__tangram_pre {sync}; source /dev/fd/3 3< <(printf %s "$__tangram_code")'
     ' < <(printf %s "$__tangram_stdin") 4>&-; __tangram_post $?\n'
 )
-
-
-def _nonce() -> str:
-    return os.urandom(12).hex()
-
-
-class Shell:
-    """One session shell: its process (pid, pidfd), the runner's ends of its descriptors, the
-    limits it was started with."""
-
-    def __init__(self, pid: int, pidfd: int, fds: dict[str, int], limits: dict[str, Any]) -> None:
-        self.pid, self.pidfd, self.limits = pid, pidfd, limits
-        self.cmd, self.code, self.rep, self.out, self.err = (
-            fds["cmd"],
-            fds["code"],
-            fds["rep"],
-            fds["out"],
-            fds["err"],
-        )
-        self.reports: dict[str, tuple[int | None, str]] = {}  # nonce -> (status, cwd)
-        self._buf = b""
-        self.rep_open = True
-
-    def signal(self, sig: int) -> None:
-        try:
-            signal.pidfd_send_signal(self.pidfd, sig)
-        except ProcessLookupError:
-            pass
-
-    def dead(self) -> bool:
-        return exited(self.pidfd)
-
-    def read_reports(self) -> None:
-        """Take what the shell reported (records `nonce status cwd` or `nonce ack`)."""
-        while self.rep_open:
-            try:
-                chunk = os.read(self.rep, 4096)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self.rep_open = False  # the shell is gone (or closed its report pipe)
-                return
-            self._buf += chunk
-            *records, self._buf = self._buf.split(b"\0")
-            for rec in records:
-                nonce, _, rest = rec.decode("utf-8", "replace").partition(" ")
-                status, _, cwd = rest.partition(" ")
-                self.reports[nonce] = (int(status) if status.lstrip("-").isdigit() else None, cwd)
-
-    def close_fds(self) -> None:
-        for fd in (self.cmd, self.code, self.rep, self.out, self.err, self.pidfd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 class Session:
@@ -203,16 +147,16 @@ class Session:
             for fd in fds.values():
                 os.close(fd)
             return None
-        for name in ("out", "err", "rep", "code"):
+        for name in ("cmd", "out", "err", "rep", "code"):
             os.set_blocking(fds[name], False)
         sh = Shell(started[0][0], started[0][1], fds, limits)
         KEPT[sh.pid] = sh.pidfd
         self.shell = sh
-        ready = _nonce()
-        os.write(sh.cmd, DRIVER.encode() + f"__tangram_ack {ready}\n".encode())
+        ready = new_token()
+        sh.type(DRIVER.encode() + f"__tangram_ack {ready}\n".encode())
         until = min(act.deadline, time.monotonic() + START_TIMEOUT_S)
-        _pump(act, sh, None, lambda: ready in sh.reports or sh.dead(), until)
-        _drain(act, sh, None)  # bash's notes on the missing terminal, the first prompt
+        pump(act, sh, None, lambda: ready in sh.reports or sh.dead(), until)
+        drain(act, sh, None)  # bash's notes on the missing terminal, the first prompt
         if ready not in sh.reports:
             act.spawn_error = "the session shell did not start"
             self._drop("it did not start", act.zygote)
@@ -254,12 +198,12 @@ class Session:
         proc = Proc(sh.pid, None, "session", {sh.out: "out", sh.err: "err"}, user=True)
         if restarted:  # the command's stderr starts with it: a caller reading output sees it
             proc.bufs["err"] += f"tangram: session restarted ({restarted})\n".encode()
-        nonce, sync = _nonce(), _nonce()
+        nonce, sync = new_token(), new_token()
         env = [f"{k}={v}" for k, v in req.env.items()]
         payload = "\0".join([f"sync:{sync}", code, stdin, str(len(env)), *env, nonce]) + "\0"
         sh.signal(signal.SIGCONT)
-        os.write(sh.cmd, RUN_LINE.format(sync=f"sync:{sync}").encode())
-        _pump(act, sh, proc, lambda: nonce in sh.reports or sh.dead(), act.deadline, payload.encode())
+        sh.type(RUN_LINE.format(sync=f"sync:{sync}").encode())
+        pump(act, sh, proc, lambda: nonce in sh.reports or sh.dead(), act.deadline, payload.encode())
         status: int | None = None
         if nonce in sh.reports:
             status, info["cwd"] = sh.reports.pop(nonce)
@@ -279,7 +223,7 @@ class Session:
             _await_reaped(sh.pid, time.monotonic() + REAP_WAIT_S)
             sh.signal(signal.SIGSTOP)
         kill_others(keep)
-        _drain(act, sh, proc)
+        drain(act, sh, proc)
         if self.shell is None:
             info["ended"] = self.why
         else:
@@ -300,10 +244,11 @@ class Session:
         until = time.monotonic() + INTERRUPT_GRACE_S
         while time.monotonic() < until:
             kill_others(keep, rounds=1)  # the command's foreground child ends: the trap can run
-            acks.add(_nonce())
-            os.write(sh.cmd, f"__tangram_ack {sorted(acks)[-1]}\n".encode())
+            ack = new_token()
+            acks.add(ack)
+            sh.type(f"__tangram_ack {ack}\n".encode())
             step = min(until, time.monotonic() + ACK_EVERY_S)
-            _pump(act, sh, proc, lambda: bool(acks & sh.reports.keys()) or sh.dead(), step, force=True)
+            pump(act, sh, proc, lambda: bool(acks & sh.reports.keys()) or sh.dead(), step, force=True)
             if acks & sh.reports.keys():
                 return True
             if sh.dead():
@@ -342,103 +287,6 @@ def _collect(zygote: Any, pid: int) -> int | None:
         if not zygote.poll(0.05):
             break
     return zygote.exits.pop(pid, None)
-
-
-def _read(act: Action, proc: Proc | None, fd: int) -> bool | None:
-    """Read what `fd` holds into `proc`'s stream (capped as any user process's; None: dropped);
-    False once nothing more is there now, None at its end (or once it is closed)."""
-    try:
-        chunk = os.read(fd, 65536)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return None
-    if not chunk:
-        return None
-    if proc is None:
-        return True
-    buf = proc.bufs[proc.fds[fd]]
-    room = act.cap_b - len(buf)
-    buf += chunk[: max(room, 0)]
-    if len(chunk) > room:
-        act.output_capped = True
-    return True
-
-
-def _drain(act: Action, sh: Shell, proc: Proc | None) -> None:
-    """Read the shell's pipes dry (nothing writes to them any more, or it is stopped)."""
-    for fd in (sh.out, sh.err):
-        while _read(act, proc, fd):
-            pass
-    sh.read_reports()
-
-
-class _Feed:
-    """What is left to write of an action's part of fd 3 (non-blocking, as the shell reads)."""
-
-    def __init__(self, fd: int, payload: bytes) -> None:
-        self.fd, self.view = fd, memoryview(payload)
-
-    def write(self) -> bool:
-        """Write what the pipe takes now; False once all is written (or the shell is gone)."""
-        try:
-            self.view = self.view[os.write(self.fd, self.view[:_WRITE_CHUNK]) :]
-        except BlockingIOError:
-            pass
-        except OSError:  # the shell is gone
-            self.view = self.view[len(self.view) :]
-        return bool(self.view)
-
-
-def _serve(act: Action, sh: Shell, proc: Proc | None, key: Any, feed: _Feed) -> None:
-    """One descriptor `_pump` found ready."""
-    if key.fd == sh.code:
-        if not feed.write():
-            act.sel.unregister(sh.code)
-    elif key.fd == sh.rep:
-        sh.read_reports()
-        if not sh.rep_open:
-            act.sel.unregister(sh.rep)
-    elif key.fd in (sh.out, sh.err):
-        if _read(act, proc, key.fd) is None:  # the shell and all holding the pipe are gone
-            act.sel.unregister(key.fd)
-    elif key.fd == sh.pidfd:  # it ended: `done` sees it
-        act.sel.unregister(sh.pidfd)
-    elif callable(key.data):  # the action's own watches (the host's `dop` requests)
-        key.data()
-
-
-def _pump(
-    act: Action,
-    sh: Shell,
-    proc: Proc | None,
-    done: Any,
-    until: float,
-    payload: bytes = b"",
-    force: bool = False,
-) -> None:
-    """Feed `payload` to the shell's fd 3 and read its output and reports until `done()`, the
-    time `until`, or (unless `force`: an interrupt) the output cap. Reaching the action's
-    deadline times the action out (unless `force`)."""
-    mine = {sh.out, sh.err, sh.pidfd, *([sh.rep] if sh.rep_open else [])}
-    for fd in mine:
-        act.sel.register(fd, selectors.EVENT_READ, None)
-    feed = _Feed(sh.code, payload)
-    if payload:
-        act.sel.register(sh.code, selectors.EVENT_WRITE, None)
-    try:
-        while not done() and (force or not act.output_capped):
-            left = until - time.monotonic()
-            if left <= 0:
-                if until >= act.deadline and not force:
-                    act.timed_out = True
-                return
-            for key, _ in act.sel.select(min(left, 1.0)):
-                _serve(act, sh, proc, key, feed)
-    finally:
-        for fd in (*mine, sh.code):
-            if fd in act.sel.get_map():
-                act.sel.unregister(fd)
 
 
 SESSION = Session()  # the runner's one session (a sandbox has one occupant at a time)

@@ -19,7 +19,8 @@ from tangram_celery.sandbox.base import ExecRequest
 from tangram_celery.sandbox.limits import to_result
 from tangram_runner import session
 from tangram_runner.protocol import Facts, RunRequest
-from tangram_runner.session import DRIVER, RUN_LINE, Shell
+from tangram_runner.session import DRIVER, RUN_LINE
+from tangram_runner.shell import Shell
 
 
 def test_a_session_action_is_bash_code_in_a_trajectory() -> None:
