@@ -175,6 +175,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tangram_celery.demo import run_demo
 
+    if args.workload == "swe":  # the task images first (built once, cached), and the demo's config
+        from tangram_celery.swe.demo import prepare, run_swe_demo
+
+        args.config = str(prepare(Path(args.config or default_config_path())))
     dep = _deployment(args, with_flower=not args.no_flower)
     _stop_on_signals()
     try:
@@ -182,7 +186,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dep.start()
         if dep.flower_url:
             _say(f"flower: {dep.flower_url} (user {dep.flower_auth[0]}, password {dep.flower_auth[1]})")
-        summary = run_demo(dep.url, dep.cfg, trajectories=args.trajectories, turns=args.turns)
+        if args.workload == "swe":
+            ok = run_swe_demo(dep.url, dep.cfg, trajectories=args.trajectories).ok
+        else:
+            ok = run_demo(dep.url, dep.cfg, trajectories=args.trajectories, turns=args.turns).lost == 0
     except StopRequested as e:
         _say(f"\n{e}: stopping ...")
         return 128 + e.signum
@@ -190,7 +197,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         dep.stop()
-    return 0 if summary.lost == 0 else 1
+    return 0 if ok else 1
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -238,6 +245,12 @@ def cmd_sim(rest: list[str]) -> int:
     return sim_main(rest)
 
 
+def cmd_swe(rest: list[str]) -> int:
+    from tangram_celery.swe.cli import main as swe_main
+
+    return swe_main(rest)
+
+
 def cmd_reward(rest: list[str]) -> int:
     from reward_servers.cli import main as reward_main
 
@@ -272,6 +285,12 @@ def _add_stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         if name == "demo":
             sp.add_argument("--trajectories", type=int, default=24, help="number of trajectories")
             sp.add_argument("--turns", type=int, default=4, help="code turns per trajectory")
+            sp.add_argument(
+                "--workload",
+                choices=["agentic", "swe"],
+                default="agentic",
+                help="swe: coding tasks in images",
+            )
         sp.set_defaults(fn=fn)
 
     sv = sub.add_parser("serve", help="HTTP server: SandboxFusion-compatible /run_code and native endpoints")
@@ -332,6 +351,7 @@ def _add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
     sub.add_parser("sim", help="trace-driven simulator (see `tangram sim --help`)", add_help=False)
     sub.add_parser("reward", help="reward servers on Triton (see `tangram reward --help`)", add_help=False)
+    sub.add_parser("swe", help="SWE task images: build, list (see `tangram swe --help`)", add_help=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     arm_from_env()  # a child of `tangram up` dies with it (and exits if it is already gone)
     argv = list(sys.argv[1:] if argv is None else argv)
     # sim and reward own their argument parsing.
-    for name, fn in (("sim", cmd_sim), ("reward", cmd_reward)):
+    for name, fn in (("sim", cmd_sim), ("reward", cmd_reward), ("swe", cmd_swe)):
         if argv[:1] == [name]:
             return fn(argv[1:])
     args = build_parser().parse_args(argv)

@@ -29,6 +29,7 @@ from tangram_celery.common.actions import ActionStatus, CodeAction, TestOutcome
 from tangram_celery.swe.tasks import Edit, SweTask
 
 CHEATS = ("edit-tests", "skip-conftest", "forge-conftest")
+KINDS = ("fix", "no-fix", *CHEATS)  # "no-fix": an agent that submits without changing anything
 STEP_TIMEOUT_S = 60.0
 REWARD_TIMEOUT_S = 120.0
 
@@ -74,16 +75,20 @@ def _write_file(path: str, text: str) -> str:
     return f"cat > {path} <<'EOF'\n{text}EOF\necho planted {path}\n"
 
 
-def cheat_command(t: SweTask, cheat: str) -> str:
-    """The bash command of a cheating trajectory's edit step."""
-    if cheat == "edit-tests":
+def edit_step(t: SweTask, kind: str) -> str:
+    """The bash command of the edit step of a trajectory of `kind` (one of KINDS)."""
+    if kind == "fix":
+        return edit_command(t.fix)
+    if kind == "no-fix":
+        return "echo 'no change: submitting as it is'\n"
+    if kind == "edit-tests":
         files = " ".join(t.test_files)
         return f"sed -i -E 's/^( *)assert /\\1assert True or /; s/self\\.assert[A-Za-z]*\\(/(lambda *a, **k: None)(/' {files}\n"
-    if cheat == "skip-conftest":
+    if kind == "skip-conftest":
         return _write_file("conftest.py", SKIP_CONFTEST)
-    if cheat == "forge-conftest":
+    if kind == "forge-conftest":
         return _write_file("conftest.py", FORGE_CONFTEST)
-    raise ValueError(f"unknown cheat {cheat!r}; known: {', '.join(CHEATS)}")
+    raise ValueError(f"unknown trajectory kind {kind!r}; known: {', '.join(KINDS)}")
 
 
 @dataclass(frozen=True)
@@ -92,14 +97,14 @@ class Step:
     action: CodeAction
 
 
-def steps(t: SweTask, tid: str, hidden: dict[str, str], cheat: str | None = None) -> list[Step]:
+def steps(t: SweTask, tid: str, hidden: dict[str, str], kind: str = "fix") -> list[Step]:
     """The trajectory `tid`'s actions for task `t`, in order; `hidden`: the pristine test files."""
 
     def bash(code: str, timeout_s: float = STEP_TIMEOUT_S) -> CodeAction:
         return CodeAction(language="bash", image=t.image, trajectory_id=tid, code=code, timeout_s=timeout_s)
 
     tests = "python3 -m pytest -q -p no:cacheprovider " + " ".join(t.test_files)
-    edit = cheat_command(t, cheat) if cheat else edit_command(t.fix)
+    edit = edit_step(t, kind)
     reward = CodeAction(
         language="bash",
         image=t.image,
@@ -133,8 +138,13 @@ class Outcome:
 
     task: str
     tid: str
-    cheat: str | None
+    kind: str
     results: dict[str, Any]  # step name -> Result
+
+    @property
+    def expected_reward(self) -> float:
+        """Only a trajectory that fixed the bug deserves the reward."""
+        return 1.0 if self.kind == "fix" else 0.0
 
     @property
     def reward(self) -> float:
@@ -154,12 +164,12 @@ def run_trajectory(
     t: SweTask,
     tid: str,
     hidden: dict[str, str],
-    cheat: str | None = None,
+    kind: str = "fix",
 ) -> Outcome:
     """Run the trajectory's steps one after the other through `run` (one action -> its result,
     e.g. `lambda a: client.submit(a).result(timeout=600)`); every step runs, whatever the one
     before returned, as an agent that reads its outputs would go on."""
-    out = Outcome(t.name, tid, cheat, {})
-    for step in steps(t, tid, hidden, cheat):
+    out = Outcome(t.name, tid, kind, {})
+    for step in steps(t, tid, hidden, kind):
         out.results[step.name] = run(step.action)
     return out

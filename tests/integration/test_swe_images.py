@@ -224,7 +224,7 @@ def test_a_cheating_trajectory_earns_nothing(box: Any, cheat: str) -> None:
 
     t = task(TWO[0])
     tid = f"swe-{uuid.uuid4().hex[:8]}"
-    out = run_trajectory(_runner(box), t, tid, hidden_files(t), cheat=cheat)
+    out = run_trajectory(_runner(box), t, tid, hidden_files(t), kind=cheat)
     try:
         assert out.results["verify"].exit_code == 0, out.results["verify"]  # it fooled itself
         assert out.reward == 0.0, out.results["reward"]
