@@ -165,3 +165,9 @@ def size_mb(stores: Iterable[ImageStore | None], ref: str, given_mb: int = 0) ->
         if store is not None and ref in store.held:
             return store.held[ref]
     return 0
+
+
+def image_ready(store: ImageStore | None, trajectory_id: str, ref: str) -> bool:
+    """A new sandbox of `trajectory_id` in `ref` can start on the node now, with no fetch: the
+    node keeps its layer or holds the image (or keeps no store: it reports no images)."""
+    return store is None or trajectory_id in store.layers or ref in store.held

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from scheduler.eviction import Evictions
 from scheduler.execution import TimeShareSpec
+from scheduler.images import image_ready
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.cpu_batch import Observed
 from scheduler.queue import WaitingQueue
@@ -245,6 +246,8 @@ class _Planner:
             if self.no_memory and qa.cost.sandbox:
                 return None
             nodes = sorted(self.open, key=lambda n: (-self.memory_free_mb(n), n))
+            if qa.image and qa.cost.sandbox:  # a sharer starts at once: not behind a fetch
+                nodes = [n for n in nodes if image_ready(state.cpu[n].store, qa.trajectory_id, qa.image)]
         lacked_memory = False
         for node in nodes:
             pick = self._best(node, units)
