@@ -135,6 +135,20 @@ def test_pytest_verdict_comes_from_the_harness(box: Box, python_image: str) -> N
     assert res.status is ActionStatus.FAILED, res
 
 
+def test_an_elastic_suite_runs_on_the_image_pytest_without_xdist(box: Box, python_image: str) -> None:
+    """Given 6 repository tests (one failing) and an image whose pytest has no xdist, when `pytest`
+    runs on 2 cores, then every test has its outcome and the verdict is FAILED."""
+    traj = tid()
+    files = {f"tests/test_{i}.py": f"def test_a{i}():\n    assert {i} != 3\n" for i in range(6)}
+    probe = "python3 -c 'import xdist' 2>/dev/null || echo no-xdist"
+    res = ok(box.run(traj, probe, image=python_image, files=files, new_sandbox=True))
+    assert res.stdout == "no-xdist\n"
+    res = box.run(traj, None, image=python_image, test_command="pytest -q tests", cores=(0, 1))
+    assert res.status is ActionStatus.FAILED, res
+    outcomes = sorted((t.name, t.passed) for t in res.tests)
+    assert outcomes == [(f"tests/test_{i}.py::test_a{i}", i != 3) for i in range(6)], outcomes
+
+
 FORCE_PASS = (
     "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
     "    out = yield\n    out.get_result().outcome = 'passed'\n"
