@@ -126,10 +126,14 @@ def steps(t: SweTask, tid: str, hidden: dict[str, str], kind: str = "fix") -> li
 class Result(Protocol):
     """What a step returns: a client's `ActionResult` or a sandbox's `ExecResult`."""
 
-    status: ActionStatus
-    exit_code: int | None
-    stdout: str
-    tests: list[TestOutcome]
+    @property
+    def status(self) -> ActionStatus: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def tests(self) -> list[TestOutcome]: ...
 
 
 @dataclass
