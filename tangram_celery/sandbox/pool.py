@@ -177,6 +177,7 @@ class WarmPool(SandboxLifecycle):
         refused = self._image_refusal(trajectory_id, request)
         if refused:
             return ExecResult(status=ActionStatus.REJECTED, detail=refused)
+        self._wait_kept(trajectory_id)  # evicted a moment ago: grade what is kept
         with self._lock:
             h = self._handles.get(trajectory_id)
         try:
