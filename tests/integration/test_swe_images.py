@@ -23,6 +23,7 @@ from tests.fixtures.common import unavailable
 pytestmark = pytest.mark.slow
 
 TWO = ("inflection", "toolz")
+CHEATS_ALL = ("edit-tests", "skip-conftest", "forge-conftest")
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -230,3 +231,43 @@ def test_a_cheating_trajectory_earns_nothing(box: Any, cheat: str) -> None:
         assert out.reward == 0.0, out.results["reward"]
     finally:
         box.close_trajectory(tid)
+
+
+def test_the_swe_demo_rewards_each_trajectory_as_it_deserves(
+    built: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tangram demo --workload swe` on the embedded default (namespace backend): nine scripted
+    trajectories over the three tasks through the whole stack (client, scheduler, worker, image
+    sandboxes): every bug is reproduced, every fix earns 1, no change and each cheat earn 0, and
+    the summary gives pass rates, ACT and the queue/exec split."""
+    import yaml
+
+    from tangram_celery.common.config import default_config_path, load_config
+    from tangram_celery.deploy import Deployment
+    from tangram_celery.swe.build import build
+    from tangram_celery.swe.demo import demo_config, run_swe_demo
+    from tangram_celery.swe.tasks import TASKS
+    from tests.fixtures.sandbox import require_sandbox
+
+    build(TASKS, cache=built.base.parent, layout=built.layout)  # the third task, into the same layout
+    raw = yaml.safe_load(default_config_path().read_text())
+    raw["state_dir"] = str(tmp_path / "state")
+    raw["broker"]["data_dir"] = str(tmp_path / "state" / "redis")
+    raw["sandbox"] |= {"backend": "namespace", "images": {"store_dir": str(tmp_path / "store")}}
+    require_sandbox(raw["sandbox"])
+    src = tmp_path / "local.yaml"
+    src.write_text(yaml.safe_dump(raw))
+    path = demo_config(src, built.layout, tmp_path / "swe.yaml")
+    dep = Deployment(load_config(path), path, with_flower=False)
+    try:
+        dep.start(progress=False)
+        summary = run_swe_demo(dep.url, dep.cfg, trajectories=9)
+    finally:
+        dep.stop()
+    out = capsys.readouterr().out
+    assert summary.ok, out
+    assert sorted(o.kind for o in summary.outcomes) == sorted(["fix"] * 3 + ["no-fix"] * 3 + list(CHEATS_ALL))
+    assert all(o.results["reproduce"].exit_code == 1 for o in summary.outcomes), out
+    for t in TASKS:
+        assert f"{t.name}: pass rate 33% of 3" in out and "bug reproduced in 3/3" in out
+    assert "rewards: every one as deserved" in out and "queueing" in out
