@@ -106,6 +106,11 @@ class Dispatcher:
         self.sender.lend(plan.lends)
         for load in plan.warm:
             self.warmer.warm(load, now_s)
+        for f in plan.fetches:  # on their way: the next rounds count on them, and resend none
+            store = self.state.cpu[f.node].store if f.node in self.state.cpu else None
+            if store is not None:
+                store.fetch(f.image, f.size_mb, now_s, f.evict)
+        self.sender.fetch(plan.fetches)
 
     def _apply(self, plan: RoundPlan, now_s: float) -> _Outcome:
         """Apply the started actions to the state, in the plan's order, and note each one as

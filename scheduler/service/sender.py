@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from scheduler.images import ImageFetch
 from scheduler.model import Allocation, ResourceKind
 from scheduler.service.books import ActionBook
 from scheduler.service.cluster import alloc_to_wire
@@ -20,6 +21,7 @@ from tangram_celery.transport.app import (
     TASK_CLOSE,
     TASK_CPU,
     TASK_CPU_BATCH,
+    TASK_FETCH,
     TASK_GPU,
     TASK_LEND,
     TASK_WARM,
@@ -141,6 +143,22 @@ class Sender:
                     TASK_CLOSE,
                     args=[tid, gen, keep] if keep else [tid, gen],
                     queue=queue_name("cpu", node),
+                    producer=producer,
+                    ignore_result=True,
+                )
+
+    def fetch(self, fetches: Iterable[ImageFetch]) -> None:
+        """Have each fetch's CPU node bring its image into its store ahead of the trajectories
+        queued for it (`scheduler.round.fetch`), pipelined into one round trip."""
+        fetches = list(fetches)
+        if not fetches:
+            return
+        with self.app.producer_or_acquire() as producer, producer.batch(max_size=1000):
+            for f in fetches:
+                self.app.send_task(
+                    TASK_FETCH,
+                    args=[f.image],
+                    queue=queue_name("cpu", f.node),
                     producer=producer,
                     ignore_result=True,
                 )

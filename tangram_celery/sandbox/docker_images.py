@@ -125,6 +125,10 @@ class DockerImages:
             self._drop_fork(h.trajectory_id)
         return False
 
+    def prefetch(self, image: str) -> None:
+        """Nothing to fetch: the engine's images are already on the node (no registry)."""
+        self.spec(image)  # checks it is there, and caches its spec
+
     def retire_kept(self, tid: str) -> None:
         """`tid` was closed while evicted: its stopped container and fork image go."""
         with self._lock:

@@ -172,6 +172,13 @@ class ImageLayers:
             log.debug("no image report: %s", e)
             return None
 
+    def prefetch(self, image: str) -> None:
+        """Unpack `image` into the store now (held only while it unpacks: evictable after)."""
+        t0 = time.monotonic()
+        self.store.acquire(image)
+        self.store.release(image)
+        log.info("image %s fetched ahead in %.1f s", image, time.monotonic() - t0)
+
     def retire_kept(self, tid: str) -> None:
         """`tid` was closed while evicted: its kept layer goes."""
         self._forget_spill(tid)

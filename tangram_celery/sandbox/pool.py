@@ -136,6 +136,10 @@ class WarmPool(SandboxLifecycle):
             return f"trajectory {tid!r} runs in {runs}; an action of it named image {req.image!r}"
         return ""
 
+    def prefetch(self, image: str) -> None:
+        """Bring `image` onto this node ahead of the trajectories that will run in it."""
+        self.images.prefetch(image)
+
     def images_report(self) -> dict[str, Any] | None:
         """This node's images (held with their sizes, fetchable) and kept layers; None when no
         image source is configured or reachable here."""

@@ -18,6 +18,7 @@ TASK_CLOSE = "tangram.close_trajectory"
 TASK_NOOP = "tangram.noop"  # plain-Celery baseline for benchmarks
 TASK_LEND = "tangram.lend_cores"  # wire.CoreLoan, on a CPU node's queue
 TASK_WARM = "tangram.warm_gpu"  # wire.GpuWarm, on a GPU node's queue
+TASK_FETCH = "tangram.fetch_image"  # [image]: bring an image into a CPU node's store, ahead
 
 
 def queue_name(kind: str, pool: str) -> str:

@@ -136,6 +136,20 @@ class CpuHandler:
         """Evicted for memory: the sandbox goes, an image's files stay for the next action."""
         self.sandbox.close_trajectory(trajectory_id, generation, keep_files=True)
 
+    def prefetch(self, image: str) -> None:
+        """The scheduler's fetch-ahead order: bring `image` into this node's store in the
+        background (a queued new trajectory will run in it here)."""
+        threading.Thread(target=self._prefetch, args=(image,), name="image-fetch", daemon=True).start()
+
+    def _prefetch(self, image: str) -> None:
+        prefetch = getattr(self.sandbox, "prefetch", None)
+        if prefetch is None:
+            return
+        try:
+            prefetch(image)
+        except Exception as e:  # the action that needs it will fetch it itself, and say why not
+            log.warning("fetch of image %s ahead failed: %s", image, e)
+
     def images_report(self) -> dict[str, Any] | None:
         """What this node's image store holds and can fetch, and the layers it keeps."""
         report = getattr(self.sandbox, "images_report", None)

@@ -140,7 +140,9 @@ def _serve_cpu(
     handler = CpuHandler(sandbox, cfg.sandbox, rules)
     # what this node's sandboxes run: clients refuse actions in anything else at submit
     runtime.store.set_languages(name, handler.languages)
-    tasks.register(app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend)
+    tasks.register(
+        app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend, fetch=handler.prefetch
+    )
     runtime.held = handler.held  # reported next to the heartbeats
     runtime.closer = handler.evict_trajectory  # evictions carried by the task orders
     runtime.images = handler.images_report  # reported next to the heartbeats

@@ -13,6 +13,7 @@ from tangram_celery.transport.app import (
     TASK_CLOSE,
     TASK_CPU,
     TASK_CPU_BATCH,
+    TASK_FETCH,
     TASK_GPU,
     TASK_LEND,
     TASK_NOOP,
@@ -33,6 +34,7 @@ def register(
     close: Any = None,
     lend: Any = None,
     warm: Any = None,
+    fetch: Any = None,
 ) -> None:
     """Register the tasks this worker serves; results go through the Tangram store, not Celery's."""
 
@@ -55,6 +57,12 @@ def register(
             return runtime.execute_batch(items, _h)
 
         app.task(name=TASK_CPU_BATCH, ignore_result=True, acks_late=True)(run_batch)
+
+    if fetch is not None:
+
+        @app.task(name=TASK_FETCH, ignore_result=True)
+        def fetch_image(image: str) -> None:
+            fetch(str(image))  # in the background: a fetch takes no action's slot
 
     if close is not None:
 
