@@ -93,3 +93,35 @@ def test_images_through_a_deployment(image_deployment: Any) -> None:
             client.close_trajectory(tid)
     finally:
         client.close()
+
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+HIDDEN = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+@pytest.mark.slow
+def test_a_swe_like_round_trip(image_deployment: Any, python_image: str) -> None:
+    """Through the client, in the Debian image: the repository's test fails, the agent's bash
+    edit fixes it, and a grade with the hidden tests passes; a grade before the fix fails."""
+    from tangram_celery import TangramClient
+
+    client = TangramClient(image_deployment.url)
+    base = {"type": "code", "language": "bash", "image": python_image, "trajectory_id": "swe-1"}
+    tests = {"test_command": "python3 -m pytest -q tests", "code": None}
+    grade = {**base, **tests, "grade": True, "files": {"tests/test_calc.py": HIDDEN}}
+    try:
+        files = {"calc.py": BUGGY, "tests/test_calc.py": HIDDEN}
+        res = client.submit({**base, "code": "ls; cat calc.py", "files": files}).result(300)
+        assert res.status.value == "ok" and "calc.py" in res.stdout, res
+        res = client.submit({**base, **tests}).result(120)
+        assert res.status.value == "failed" and not res.sandbox_reset, res
+        assert client.submit(grade).result(120).status.value == "failed"
+        fix = "cat > calc.py <<'PY'\ndef add(a, b):\n    return a + b\nPY"
+        assert client.submit({**base, "code": fix}).result(120).status.value == "ok"
+        res = client.submit({**base, **tests}).result(120)
+        assert res.status.value == "ok", res
+        res = client.submit(grade).result(120)
+        assert res.status.value == "ok", res
+        client.close_trajectory("swe-1")
+    finally:
+        client.close()

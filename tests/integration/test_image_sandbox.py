@@ -95,16 +95,17 @@ def test_bash_runs_in_an_image_without_python(box: Box) -> None:
     assert res.status is ActionStatus.FAILED and res.exit_code == 127, res
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug reported to the lead (issue 36): a python action in an image "
-    "without Python runs on the harness's (host's) python3",
-)
-def test_python_action_in_an_image_without_python_is_refused(box: Box) -> None:
-    """Given the tiny image, when a python action runs, then it does not run (on the host's
-    interpreter): the image has no Python, and the result says so."""
+def test_python_and_assert_tests_in_an_image_without_python_are_refused(box: Box) -> None:
+    """Given the tiny image, when a python action runs, then it is refused (it never runs on the
+    harness's interpreter) saying the image has no Python; assert tests (the harness's verifiers)
+    are refused in any image, naming test_command."""
+    from tangram_celery.common.actions import TestCase
+
     res = box.run(tid(), "import sys; print(sys.version)", language="python", new_sandbox=True)
-    assert res.status is not ActionStatus.OK and "python" in (res.stderr + res.detail).lower(), res
+    assert res.status is ActionStatus.REJECTED and "no python3" in res.detail and TINY in res.detail, res
+    cases = [TestCase(name="a", assert_code="assert True")]
+    res = box.run(tid(), "true", test_cases=cases, new_sandbox=True)
+    assert res.status is ActionStatus.REJECTED and "test_command" in res.detail, res
 
 
 def test_python_actions_run_on_the_image_python(box: Box, python_image: str) -> None:
@@ -283,12 +284,9 @@ def test_close_while_evicted_deletes_the_kept_files(box: Box) -> None:
     assert res.status is ActionStatus.FAILED and not res.kept_files, res
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="product bug reported to the lead (issue 36): an action that comes "
-    "before the evicted sandbox's layer is kept starts a fresh sandbox (files lost, reset)",
-)
 def test_an_action_right_after_an_eviction_keeps_the_files(box: Box) -> None:
+    """Given an eviction whose teardown runs in the background, when the trajectory's next action
+    comes at once, then it waits for the kept layer and resumes its files."""
     traj = tid()
     ok(box.run(traj, "echo v1 > f.txt", sandbox_gen="g1", new_sandbox=True))
     box.pool.close_trajectory(traj, "g1", keep_files=True)
@@ -341,12 +339,9 @@ def test_a_corrupt_layer_is_an_error_and_others_are_served(box: Box) -> None:
     assert ok(box.run(tid(), "echo fine", new_sandbox=True)).stdout == "fine\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug reported to the lead (issue 36): an image that failed is "
-    "kept warm, its ready sandboxes retried every second",
-)
 def test_a_failed_image_is_not_retried_in_the_background(box: Box, caplog: pytest.LogCaptureFixture) -> None:
+    """Given an unknown (Docker) or corrupt (namespace) image, when an action names it, then no
+    ready sandboxes of it are started in the background afterwards."""
     image = CORRUPT if box.backend == "namespace" else "tangram-test/nope:8"
     with caplog.at_level(logging.WARNING):
         res = box.run(tid(), "echo", image=image, new_sandbox=True)
