@@ -108,6 +108,23 @@ def test_python_and_assert_tests_in_an_image_without_python_are_refused(box: Box
     assert res.status is ActionStatus.REJECTED and "test_command" in res.detail, res
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug reported to the lead (issue 36): a pytest test_command in an image without "
+    "Python is run on the harness's python3 (HOST_DIR), which fails only for want of the host's libm",
+)
+def test_a_pytest_command_in_an_image_without_python_never_uses_the_harness_python(box: Box) -> None:
+    """Given the tiny image, when a test_command runs pytest, then it does not pass, the result
+    says there is no Python, and the harness's interpreter (under HOST_DIR) was never started."""
+    from tangram_celery.sandbox.image_root import HOST_DIR
+
+    traj = tid()
+    ok(box.run(traj, "true", files={"tests/test_a.py": "def test_a():\n    pass\n"}, new_sandbox=True))
+    res = box.run(traj, None, test_command="pytest -q tests")
+    assert res.status in (ActionStatus.REJECTED, ActionStatus.FAILED), res
+    assert HOST_DIR not in res.stdout + res.stderr and "python" in (res.detail + res.stderr).lower(), res
+
+
 def test_python_actions_run_on_the_image_python(box: Box, python_image: str) -> None:
     """Given the Debian image, when python actions run, then they run on its /usr/bin/python3
     (bookworm's 3.11), not the harness's (the host's, under /opt/tangram/host)."""
