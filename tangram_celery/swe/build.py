@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tangram_celery.common.errors import TangramError
+from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.oci import REF_NAME, ImageSpec, normalize_ref, write_layout
 from tangram_celery.swe.docker_images import DockerTask, docker_build
 from tangram_celery.swe.tasks import SweTask
@@ -93,7 +94,7 @@ def base_key(mirror: str | None = None) -> str:
 
 def mmdebstrap_argv(out: Path, mirror: str | None = None) -> list[str]:
     exe = shutil.which("mmdebstrap")
-    if exe is None:
+    if exe is None or pretend_missing("mmdebstrap"):
         raise SweBuildError("mmdebstrap is not installed: apt-get install mmdebstrap")
     argv = [exe, "--quiet", *MMDEBSTRAP_OPTIONS, f"--include={','.join(PACKAGES)}", SUITE, str(out)]
     return argv + ([mirror] if mirror else [])

@@ -36,10 +36,11 @@ def _reachable(host: str, port: int) -> bool:
 
 def _require_build_inputs(cache: Path) -> None:
     """mmdebstrap and the network, unless what they make is cached already."""
+    from tangram_celery.common.pretend import pretend_missing
     from tangram_celery.swe.build import SUITE, base_key
 
     if not (cache / f"base-{SUITE}-{base_key()}.tar").exists():
-        if shutil.which("mmdebstrap") is None:
+        if shutil.which("mmdebstrap") is None or pretend_missing("mmdebstrap"):
             unavailable("mmdebstrap not installed (apt-get install mmdebstrap)")
         if not _reachable("deb.debian.org", 80):
             unavailable("the Debian archive (deb.debian.org) is not reachable")

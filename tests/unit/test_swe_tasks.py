@@ -118,3 +118,12 @@ def test_the_demo_config_adds_the_layout_and_drops_gpus(tmp_path: Path) -> None:
     assert data["nodes"] == {"cpu": [{"name": "n", "cores": 2}]} and "reward_models" not in data
     assert data["sandbox"] == {"backend": "auto", "images": {"oci_dirs": ["/other", "/lay"]}}
     assert data["state_dir"] == "st"
+
+
+def test_a_missing_mmdebstrap_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without mmdebstrap (and no cached base) the build stops with the apt-get line to run."""
+    from tangram_celery.swe.build import SweBuildError, base_rootfs
+
+    monkeypatch.setenv("TANGRAM_PRETEND_MISSING", "mmdebstrap")
+    with pytest.raises(SweBuildError, match="apt-get install mmdebstrap"):
+        base_rootfs(tmp_path, log=lambda _: None)
