@@ -133,6 +133,22 @@ def test_python_actions_run_on_the_image_python(box: Box, python_image: str) -> 
     assert res.stdout == "/usr/bin/python3.11 /usr\n", res.stdout
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="product gap reported to the lead (issue 36): the image's Python is looked up on a fixed "
+    "path (/usr/local/bin:/usr/bin:/bin), not on the image's ENV PATH",
+)
+@pytest.mark.parametrize("box", ["namespace"], indirect=True)  # the layout's layered image
+def test_the_image_python_is_found_on_the_image_path(box: Box, venv_image: str) -> None:
+    """Given an image whose python3 is only in /opt/venv/bin, on its ENV PATH, when a python
+    action runs, then it runs on that python3, as bash in the image finds it."""
+    traj = tid()
+    res = ok(box.run(traj, "command -v python3", image=venv_image, new_sandbox=True))
+    assert res.stdout == "/opt/venv/bin/python3\n", res
+    res = ok(box.run(traj, "import sys; print(sys.executable)", image=venv_image, language="python"))
+    assert res.stdout == "/opt/venv/bin/python3\n", res
+
+
 def test_pytest_verdict_comes_from_the_harness(box: Box, python_image: str) -> None:
     """Given a repository test in the image, when `python3 -m pytest` runs as the test command,
     then a passing suite is OK and a failing one FAILED, even when the command ends `; exit 0`."""
