@@ -288,6 +288,41 @@ def test_the_user_cannot_signal_pid1(box: Box) -> None:
     assert ok(box.run(traj, "echo alive")).stdout == "alive\n"
 
 
+def test_user_code_in_an_image_runs_under_seccomp(box: Box, python_image: str) -> None:
+    """Given the image's Python, when user code tries unshare(CLONE_NEWUSER), clone3 and mount,
+    then each fails, and the process has seccomp filtering and no new privileges."""
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
+        "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
+        "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print('seccomp', status['Seccomp'].strip(), status['NoNewPrivs'].strip())\n"
+    )
+    res = ok(box.run(tid(), code, image=python_image, language="python", new_sandbox=True))
+    out = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    assert out["unshare"] == "-1 1" and out["clone3"] == "-1 38" and out["mount"].startswith("-1 "), out
+    assert out["seccomp"] == "2 1", out
+
+
+FILL = "printf '%*s' 24000000 '' > {}"
+
+
+def test_filling_the_disk_in_an_image_is_a_disk_limit(box: Box) -> None:
+    """Given 16 MiB quotas, when an action writes 24 MB to /tmp (both backends) or to the
+    workdir (the namespace backend's layer, a size-limited tmpfs; Docker's writable layer is
+    the engine's, bounded only where its storage driver takes a size), then DISK_LIMIT, and
+    the trajectory's earlier files stay."""
+    traj = tid()
+    ok(box.run(traj, "echo keep > old.txt", new_sandbox=True))
+    res = box.run(traj, FILL.format("/tmp/fill"), timeout_s=30)
+    assert res.status is ActionStatus.DISK_LIMIT, res
+    if box.backend == "namespace":
+        res = box.run(traj, FILL.format("big"), timeout_s=30)
+        assert res.status is ActionStatus.DISK_LIMIT, res
+    assert ok(box.run(traj, "cat old.txt")).stdout == "keep\n"
+
+
 # ---- 4. eviction ------------------------------------------------------------------------------
 
 
