@@ -457,3 +457,62 @@ def test_trajectories_of_one_image_share_one_copy(box: Box) -> None:
     finally:
         for traj in trajs:
             box.pool.close_trajectory(traj)
+
+
+# ---- 9. a full store (namespace) --------------------------------------------------------------
+
+
+def small_store_pool(images: Images, store: Path, store_mb: int) -> Any:
+    from tangram_celery.common.config import SandboxConfig
+    from tangram_celery.common.errors import SandboxError
+    from tangram_celery.sandbox import open_sandbox
+
+    cfg = {"backend": "namespace", "namespace_launcher": "builtin", **SMALL_LIMITS, "prewarm": 0}
+    cfg["images"] = {**images_config(images, store), "store_mb": store_mb, "prewarm": 0}
+    try:
+        return open_sandbox(SandboxConfig.model_validate(cfg))
+    except SandboxError as e:
+        unavailable(f"namespace sandbox backend unavailable: {e}")
+
+
+def test_a_store_too_small_for_the_image_is_an_error(
+    image_layout: Images, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given a 1 MiB store budget, when an action names the 5 MB image, then ERROR naming the
+    store's budget setting, with a log line, and the pool serves host-toolchain actions on."""
+    pool = small_store_pool(image_layout, tmp_path / "store", 1)
+    try:
+        with caplog.at_level(logging.ERROR):
+            res = pool.run(tid(), ExecRequest(language="bash", code="echo", image=TINY, new_sandbox=True))
+        assert res.status is ActionStatus.ERROR and "is full" in res.detail and "store_mb" in res.detail, res
+        assert any("is full" in r.getMessage() for r in caplog.records)
+        res = pool.run(tid(), ExecRequest(language="bash", code="echo host", new_sandbox=True))
+        assert (res.status, res.stdout) == (ActionStatus.OK, "host\n"), res
+    finally:
+        pool.close()
+
+
+def test_a_kept_layer_that_does_not_fit_the_store_is_dropped_and_said(
+    image_layout: Images, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given a store budget 1 MiB above the image, when a trajectory that wrote 3 MB is evicted,
+    then its layer is dropped with a log line, and its next action starts afresh: a reset, with
+    the reason in its detail."""
+    size_mb = -(-image_layout.tars[TINY].stat().st_size // (1 << 20))  # about its unpacked size
+    pool = small_store_pool(image_layout, tmp_path / "store", size_mb + 1)
+    traj = tid()
+    write = "printf '%*s' 3000000 '' > blob"
+    try:
+        res = pool.run(traj, ExecRequest("bash", write, image=TINY, sandbox_gen="g1", new_sandbox=True))
+        assert res.status is ActionStatus.OK, res
+        with caplog.at_level(logging.WARNING):
+            pool.close_trajectory(traj, "g1", keep_files=True)
+            deadline = time.monotonic() + 20
+            while not any("dropped" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "no log line for the dropped layer"
+                time.sleep(0.05)
+        res = pool.run(traj, ExecRequest("bash", "ls", image=TINY, sandbox_gen="g2"))
+        assert res.status is ActionStatus.OK and "blob" not in res.stdout, res
+        assert res.sandbox_reset and not res.kept_files and "did not fit" in res.detail, res
+    finally:
+        pool.close()
