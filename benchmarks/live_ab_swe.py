@@ -185,6 +185,7 @@ def run_tangram(
             parts = {"submitted": submitted, "received": received, "queue_s": res.queue_s}
             parts |= {f: float(v) for f, v in zip(keys, raw, strict=True) if v is not None}
             parts |= {"worker_done": submitted + res.act_s, "exec_s": res.exec_s, "units": float(res.units)}
+            parts |= {"cpu_s": res.cpu_s} if res.cpu_s is not None else {}
             return fails.note(k, expected(turn, res)), res.exec_s, parts
 
         samples, wall = drive(jobs, execute, lambda k: None, lambda k: client.close_trajectory(f"{tag}-{k}"))
@@ -242,7 +243,8 @@ def run_pods(
             return fails.note(k, failed[k]), 0.0, {}
         req = ExecRequest(**{n: getattr(turn.action, n) for n in names}, cores=cores, memory_mb=mem)
         res = (box.grade if turn.action.grade else box.run)(f"{tag}-{k}", req)
-        return fails.note(k, expected(turn, res)), res.exec_s, {}
+        parts = {"cpu_s": res.cpu_s} if res.cpu_s is not None else {}
+        return fails.note(k, expected(turn, res)), res.exec_s, parts
 
     def end(k: int) -> None:
         box.close_trajectory(f"{tag}-{k}")
@@ -311,6 +313,8 @@ def step_acts(samples: list[Sample], jobs: list[list[SweTurn]]) -> dict[str, dic
     out = {}
     for step, xs in by.items():
         row = {"act_s_avg": avg([s.act_s for s in xs]), "exec_s_avg": avg([s.exec_s for s in xs])}
+        if all("cpu_s" in s.parts for s in xs):  # CPU seconds its sandbox got while it ran
+            row["cpu_s_avg"] = avg([s.parts["cpu_s"] for s in xs])
         ps = [
             s.parts for s in xs if {"submitted", "dispatched_s", "started_s", "worker_done"} <= s.parts.keys()
         ]
@@ -319,6 +323,20 @@ def step_acts(samples: list[Sample], jobs: list[list[SweTurn]]) -> dict[str, dic
             row["worker_prep_s_avg"] = avg([p["worker_done"] - p["started_s"] - p["exec_s"] for p in ps])
         out[step] = row
     return out
+
+
+def cpu_share(run: dict[str, Any]) -> dict[str, float] | None:
+    """The CPU seconds the setup's sandboxes got (summed over its actions), and that per second of
+    makespan: on a machine shared with other work, a setup that runs more processes at once
+    takes a larger share of it (CFS shares by runnable task and cgroup)."""
+    cpu = [s.parts.get("cpu_s") for s in run["samples"]]
+    if any(c is None for c in cpu):
+        return None
+    total = sum(c for c in cpu if c is not None)
+    return {
+        "cpu_s_per_repetition": total / len(run["makespans_s"]),
+        "cores_used": total / sum(run["makespans_s"]),
+    }
 
 
 def avg(xs: list[float]) -> float:
@@ -385,6 +403,7 @@ def main() -> int:
         s = summary(run)
         s["queue_s_avg"] = sum(x.act_s - x.exec_s for x in run["samples"]) / len(run["samples"])
         s["per_repetition_act_s"] = reps[name]
+        s["cpu"] = cpu_share(run)
         s["act_s_over_repetitions"] = medians(reps[name])
         s["steps"] = step_acts(run["samples"], jobs)
         s["tasks"] = per_task(run, jobs, len(reps[name]))
