@@ -153,7 +153,7 @@ def test_grade_ignores_planted_test_files_even_after_an_eviction(
         "tests/test_calc.py": "def test_add():\n    assert True\n",
     }
     ok(image_box.run(traj, "true", image=python_image, files=planted, sandbox_gen="g1", new_sandbox=True))
-    grade = {
+    grade: dict[str, Any] = {
         "image": python_image,
         "files": {"tests/test_calc.py": HIDDEN},
         "grade": True,
