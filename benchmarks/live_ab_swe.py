@@ -36,6 +36,10 @@ unpack):
 3. `pod_all`: the same with a pod for every trajectory at once, all time-sharing the cores under
    CFS: what a SandboxFusion deployment or a plain harness does.
 
+On a machine shared with other work the figures move with its load: the JSON keeps each
+repetition's figures, their ratios within each repetition, and the CPU seconds every setup's
+sandboxes got (`cpu`), so that a drift shows.
+
 ACT is measured by the caller from the end of a turn's think time to its result. Reported per
 setup: average, p50, p99 ACT over every repetition's actions, and per repetition (the target:
 the median over repetitions of Tangram's average and p99 no worse than pod_all's); the longest
@@ -339,6 +343,11 @@ def cpu_share(run: dict[str, Any]) -> dict[str, float] | None:
     }
 
 
+def paired(base: list[dict[str, float]], tg: list[dict[str, float]], key: str) -> dict[str, Any]:
+    ratios = [b[key] / t[key] for b, t in zip(base, tg, strict=True)]
+    return {"each": ratios, "median": statistics.median(ratios)}
+
+
 def avg(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
@@ -414,6 +423,10 @@ def main() -> int:
         base: {
             "avg_ratio": setups[base]["act_s_over_repetitions"]["avg_median"] / tg["avg_median"],
             "p99_ratio": setups[base]["act_s_over_repetitions"]["p99_median"] / tg["p99_median"],
+            # the same within each repetition (setups run minutes apart, not hours): steadier
+            # than the ratio of medians when the machine's load drifts between repetitions
+            "avg_ratio_per_repetition": paired(reps[base], reps["tangram"], "avg"),
+            "p99_ratio_per_repetition": paired(reps[base], reps["tangram"], "p99"),
         }
         for base in ("tangram_exclusive", "pod", "pod_all")
         if base in setups
