@@ -29,7 +29,13 @@ from typing import Any
 
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.sandbox.handle import Handle
-from tangram_celery.sandbox.image_root import HOST_DIR, WORKDIR_DEFAULT, interpreter_in, tools_in
+from tangram_celery.sandbox.image_root import (
+    HOST_DIR,
+    WORKDIR_DEFAULT,
+    interpreter_in,
+    search_path,
+    tools_in,
+)
 from tangram_celery.sandbox.oci import ImageNotFound
 
 log = logging.getLogger(__name__)
@@ -177,7 +183,8 @@ class DockerImages:
         if got is None:
             pid = int(h.ref.attrs["State"]["Pid"] or 0)
             root = Path(f"/proc/{pid}/root")
-            got = {"tools": tools_in(root, language), "interpreter": interpreter_in(root)}
+            path = search_path(self.spec(str(h.image))["env"])
+            got = {"tools": tools_in(root, language, path), "interpreter": interpreter_in(root, path)}
             with self._lock:
                 self._tools[key] = got
         return {**got, "env": dict(self.spec(str(h.image))["env"]), "pythonpath": []}

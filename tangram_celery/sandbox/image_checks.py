@@ -26,6 +26,8 @@ def image_refusal(image: str, req: ExecRequest, extras: dict[str, Any]) -> str:
     harness's verifiers, which an image does not have."""
     if req.language == "python" and req.code is not None and not extras["interpreter"]:
         return f"image {image!r} has no python3 (or python) for a python action; run it as bash"
+    if req.test_command and "pytest" in req.test_command and not extras["interpreter"]:
+        return f"image {image!r} has no python3 (or python) to run pytest in its test_command"
     if any(t.assert_code is not None for t in req.test_cases):
         return f"assert tests do not run in an image ({image!r}); use a test_command (pytest) or stdin tests"
     return ""

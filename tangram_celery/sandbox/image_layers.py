@@ -34,6 +34,7 @@ from tangram_celery.sandbox.image_root import (
     Layer,
     host_python_argv,
     interpreter_in,
+    search_path,
     spill_name,
     tools_in,
 )
@@ -205,8 +206,8 @@ class ImageLayers:
         environment (a caller's variables still win), no host tools on the path."""
         rootfs = Path(h.stored.rootfs)
         return {
-            "tools": tools_in(rootfs, language),
-            "interpreter": interpreter_in(rootfs),
+            "tools": tools_in(rootfs, language, search_path(h.stored.spec.env)),
+            "interpreter": interpreter_in(rootfs, search_path(h.stored.spec.env)),
             "env": dict(h.stored.spec.env),
             "pythonpath": [],
         }

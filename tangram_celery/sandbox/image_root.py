@@ -35,6 +35,7 @@ from tangram_celery.sandbox.mounts import mount, unmount
 
 HOST_DIR = "/opt/tangram/host"  # the host's /usr, /lib, /lib64 in an image sandbox, read-only
 WORKDIR_DEFAULT = "/work"  # an image without a WORKDIR
+SEARCH_DEFAULT = "/usr/local/bin:/usr/bin:/bin"
 _PT_INTERP = 3
 
 
@@ -82,21 +83,34 @@ def host_mounts() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return links, binds
 
 
-def tools_in(rootfs: Path, language: str) -> dict[str, str]:
-    """The tools of `language` as the image has them (real paths inside it); a missing one is
-    left out (the runner then says which)."""
+def search_path(env: dict[str, str]) -> str:
+    """Where an image's commands are looked up: its ENV PATH (a venv's or conda's bin first),
+    then the standard directories."""
+    given = [d for d in env.get("PATH", "").split(":") if d.startswith("/")]
+    return ":".join(dict.fromkeys([*given, *SEARCH_DEFAULT.split(":")]))
+
+
+def tools_in(rootfs: Path, language: str, search: str = "") -> dict[str, str]:
+    """The tools of `language` as the image has them (real paths inside it, looked up on
+    `search`, `search_path`); a missing one is left out (the runner then says which)."""
     out = {}
     for tool, cmd in TOOLS[language].items():
         name = "python3" if cmd == SANDBOX_PYTHON else os.path.basename(cmd)
-        found = resolve_in(rootfs, name)
+        found = resolve_in(rootfs, name, search or SEARCH_DEFAULT)
         if found is not None:
             out[tool] = found
     return out
 
 
-def interpreter_in(rootfs: Path) -> str | None:
-    """The image's Python (python3, else python), by its real path inside it."""
-    return resolve_in(rootfs, "python3") or resolve_in(rootfs, "python")
+def interpreter_in(rootfs: Path, search: str = "") -> str | None:
+    """The image's Python (python3, else python) as the image's PATH finds it: the path of
+    the name, not of what its links lead to, since a venv's python is a link and knows its venv
+    by where it was started from."""
+    for name in ("python3", "python"):
+        for d in (search or SEARCH_DEFAULT).split(":"):
+            if resolve_in(rootfs, f"{d}/{name}") is not None:
+                return f"{d}/{name}"
+    return None
 
 
 class Layer:
