@@ -61,6 +61,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -197,6 +198,7 @@ def run_tangram(
         client.close()
     finally:
         dep.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"samples": samples, "wall_s": wall, "decision": decision, "fails": fails}
 
 
@@ -379,9 +381,22 @@ def main() -> int:
     ap.add_argument("--out", default="live_ab_swe")
     args = ap.parse_args()
     args.pod_cap_cores = args.pod_cap_cores or min(4, args.cores)
-    prep = prepare(args)
-    print(f"images ready: build {prep['build_s']} s, unpack {prep['unpack_s']} s", flush=True)
-    jobs = workload(args.trajectories, args.think_s, args.seed, prep["hidden"])
+    try:
+        prep = prepare(args)
+        print(f"images ready: build {prep['build_s']} s, unpack {prep['unpack_s']} s", flush=True)
+        jobs = workload(args.trajectories, args.think_s, args.seed, prep["hidden"])
+        runs, reps, order = run_setups(jobs, args)
+    finally:  # the run's image store: hundreds of MB of unpacked images
+        if getattr(args, "store", None) is not None:
+            shutil.rmtree(args.store.parent, ignore_errors=True)
+    report(args, prep, jobs, runs, reps, order)
+    return 0
+
+
+def run_setups(
+    jobs: list[list[SweTurn]], args: argparse.Namespace
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, float]]], list[str]]:
+    """Every setup `--repeat` times: pooled runs, each repetition's ACT stats, the order run."""
     setups_fn: dict[str, Callable[[str], dict[str, Any]]] = {
         "tangram": lambda tag: run_tangram(jobs, args, tag),
         "tangram_exclusive": lambda tag: run_tangram(jobs, args, tag, share=False),
@@ -407,6 +422,18 @@ def main() -> int:
             runs[name].setdefault("fails_all", []).append(fails)
             order.append(name)
             print(f"  {name}: {json.dumps(reps[name][-1])}; wrong steps: {fails.examples}", flush=True)
+    return runs, reps, order
+
+
+def report(
+    args: argparse.Namespace,
+    prep: dict[str, Any],
+    jobs: list[list[SweTurn]],
+    runs: dict[str, dict[str, Any]],
+    reps: dict[str, list[dict[str, float]]],
+    order: list[str],
+) -> None:
+    """Summaries, ratios and the overhead breakdown, written to the JSON and the plot."""
     setups = {}
     for name, run in runs.items():
         s = summary(run)
@@ -479,7 +506,6 @@ def main() -> int:
             indent=1,
         )
     )
-    return 0
 
 
 if __name__ == "__main__":
