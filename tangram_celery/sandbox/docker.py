@@ -21,8 +21,10 @@ import hashlib
 import io
 import logging
 import os
+import select
 import shutil
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,9 @@ class DockerSandbox(WarmPool):
         self.client = connect(cfg.docker_host)
         ensure_image(self.client, cfg.image)
         self._exit_reaper: Reaper | None = None
+        # container id -> a pidfd of its runner (`_alive` without a /proc read or an API call)
+        self._pidfds: dict[str, int] = {}
+        self._pidfd_lock = threading.Lock()
         super().__init__(cfg, limits, scope)
         self.images: Any = DockerImages(self.client, self.who.prefix.rstrip("-") or "w")
         self._start_reaper()
@@ -232,8 +237,20 @@ class DockerSandbox(WarmPool):
         return True
 
     def _adopt_pid(self, h: Handle) -> None:
-        """The runner's host pid: shielded from the OOM killer, its cgroups read directly."""
+        """The runner's host pid: shielded from the OOM killer, its cgroups read directly, a
+        pidfd of it kept (liveness by a poll, never fooled by a reused pid)."""
         pid = int(h.ref.attrs["State"]["Pid"])
+        try:
+            fd: int | None = os.pidfd_open(pid)
+        except (OSError, AttributeError) as e:  # an old kernel: `_alive` reads /proc instead
+            log.debug("no pidfd for the runner: %s", e)
+            fd = None
+        with self._pidfd_lock:
+            old = self._pidfds.pop(h.ref.id, None)
+            if fd is not None:
+                self._pidfds[h.ref.id] = fd
+        if old is not None:
+            os.close(old)
         try:  # user code raises its own score to 1000 anyway; lowering needs CAP_SYS_RESOURCE
             Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
         except OSError as e:
@@ -257,7 +274,12 @@ class DockerSandbox(WarmPool):
             )
 
     def _alive(self, h: Handle) -> bool:
-        """Cheap when the engine is local: is the runner's host pid still a live process."""
+        """Cheap when the engine is local: has the runner's pidfd not become readable (the
+        process exited), or else is its host pid still a live process."""
+        with self._pidfd_lock:  # not closed meanwhile (`_drop_pidfd`)
+            fd = self._pidfds.get(h.ref.id)
+            if fd is not None:
+                return not select.select([fd], [], [], 0)[0]
         pid = int(h.ref.attrs["State"]["Pid"] or 0)
         if pid > 0:
             try:
@@ -277,9 +299,16 @@ class DockerSandbox(WarmPool):
         except Exception:
             return ""
 
+    def _drop_pidfd(self, container_id: str) -> None:
+        with self._pidfd_lock:
+            fd = self._pidfds.pop(container_id, None)
+        if fd is not None:
+            os.close(fd)
+
     def _destroy(self, h: Handle) -> None:
         if h.ref is None:
             return
+        self._drop_pidfd(h.ref.id)  # its runner goes (a kept container gets a new one)
         if h.image is not None and self.images.retire(h):
             return  # stopped and kept for the trajectory's next action
         try:
@@ -301,5 +330,7 @@ class DockerSandbox(WarmPool):
         except Exception as e:
             log.debug("final sweep: %s", e)
         self.client.close()
+        for cid in list(self._pidfds):
+            self._drop_pidfd(cid)
         if self._exit_reaper is not None:
             self._exit_reaper.close()  # finds nothing left and exits

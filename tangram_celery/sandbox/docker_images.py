@@ -131,6 +131,10 @@ class DockerImages:
             self._drop_fork(h.trajectory_id)
         return False
 
+    def warm_candidates(self, n: int) -> list[str]:
+        """None at start: the engine's images are not all sandbox images (they warm on use)."""
+        return []
+
     def prefetch(self, image: str) -> None:
         """Nothing to fetch: the engine's images are already on the node (no registry)."""
         self.spec(image)  # checks it is there, and caches its spec

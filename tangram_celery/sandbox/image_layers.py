@@ -173,6 +173,17 @@ class ImageLayers:
             log.debug("no image report: %s", e)
             return None
 
+    def warm_candidates(self, n: int) -> list[str]:
+        """The images to keep warm when the worker starts: those the store holds, at most `n`
+        (none when the node has no store yet: none is created for it)."""
+        if n <= 0 or not Path(self.cfg.images.store_dir).is_dir():
+            return []
+        try:
+            return list(self.store.held())[-n:]
+        except Exception as e:
+            log.warning("cannot list the image store's images: %s", e)
+            return []
+
     def prefetch(self, image: str) -> None:
         """Unpack `image` into the store now (held only while it unpacks: evictable after)."""
         t0 = time.monotonic()

@@ -137,8 +137,10 @@ class WarmPool(SandboxLifecycle):
         return ""
 
     def prefetch(self, image: str) -> None:
-        """Bring `image` onto this node ahead of the trajectories that will run in it."""
+        """Bring `image` onto this node ahead of the trajectories that will run in it, and keep
+        ready sandboxes of it for them."""
         self.images.prefetch(image)
+        self.image_ready.used(image)
 
     def images_report(self) -> dict[str, Any] | None:
         """This node's images (held with their sizes, fetchable) and kept layers; None when no
@@ -249,8 +251,12 @@ class WarmPool(SandboxLifecycle):
         return self._resizing.resize(action_id, cores)
 
     def start_prewarm(self) -> None:
-        """Start keeping `sandbox.prewarm` sandboxes ready (once the backend is set up)."""
+        """Start keeping `sandbox.prewarm` sandboxes ready (once the backend is set up), and
+        ready sandboxes of the images the node's store holds (`warm_images` at most): a
+        restarted worker's new trajectories find them as before."""
         self.ready.start()
+        for image in self.images.warm_candidates(self.cfg.images.warm_images):
+            self.image_ready.used(image)
 
     def held(self) -> list[tuple[str, str]]:
         """(trajectory, generation) of every live trajectory sandbox."""
