@@ -16,6 +16,8 @@ side by side in one run, through `TangramClient`:
 3. the plain harness: the same programs, 2 worker processes, a fresh `/usr/bin/python3 -c`
    per program (program + its check), no isolation. Target: (2) <= 0.8 x (3), best of each;
    also reported paired by round (each run against the plain run just before it, median).
+   The strongest plain harness too (`plain-isolated`: `python3 -I -S -c`, no `site` import,
+   issue 36's yardstick): target (2) <= 1.0 x it, paired by round.
 4. for reference, the programs spread over 2 long-lived trajectories (no sandbox starts), and
    over `ROTATION` (14) used in turn: as many sandboxes as a new trajectory per program cycles
    through (the 16 the node's memory holds, less the 2 ready), each cold in the caches when its
@@ -41,7 +43,9 @@ and a Python speed yardstick are recorded, since other jobs share the machine. B
 times, each run's CPU seconds (every process involved: the client or the harness and its
 interpreters, Redis, scheduler, workers, sandboxes) per program: other jobs barely move it;
 and the same split by part (client, scheduler, Redis, CPU worker, its sandboxes, the rest),
-which tells where a new trajectory's extra cost goes.
+which tells where a new trajectory's extra cost goes. On the Docker backend the sandboxes are the
+processes of the engine's containers (children of its shims), and `engine` the private engine
+itself (dockerd, containerd, the shims); a container removed during a run takes its CPU with it.
 
 Run: .venv/bin/python benchmarks/stateless.py [--rounds 3] [--backend namespace|docker]
 Writes benchmarks/results/stateless.json and stateless.png.
@@ -84,6 +88,7 @@ from tangram_celery.common.config import load_config
 from tangram_celery.deploy import Deployment
 from tests.problems import Problem, humaneval_problems
 
+ENGINE: list[str] = []  # the Docker engine's URL, on the Docker backend (`engine_parts`)
 PY = "/usr/bin/python3"  # the interpreter the sandboxes run, for a fair comparison
 THROUGH_STACK = ("fresh", "fresh-occupant", "one-shot", "warm", "warm-many")  # references through the stack
 ROTATION = 14  # long-lived trajectories used in turn (`warm-many`): 8 GiB / 512 MiB, less 2 ready
@@ -176,18 +181,48 @@ def stack_parts(dep: Deployment) -> dict[str, list[int]]:
             parts["scheduler" if name == "scheduler" else "rest"].append(pid)
     if dep.redis is not None and dep.redis.proc is not None:
         parts["redis"].append(dep.redis.proc.pid)
+    if ENGINE:
+        parts.update(engine_parts(ENGINE[0]))
     return parts
+
+
+def engine_parts(url: str) -> dict[str, list[int]]:
+    """A private engine's processes (`tests.fixtures.docker.private_dockerd`: its directory holds
+    dockerd's pid file and containerd's socket): `engine`, dockerd (and containerd under it), and
+    `shims`, one per container, whose children are the containers' processes. Containers of
+    every deployment on the engine count (an idle one's cost next to nothing)."""
+    base = url.removeprefix("unix://").rsplit("/", 1)[0]
+    try:
+        dockerd = [int(Path(base, "dockerd.pid").read_text())]
+    except (OSError, ValueError):
+        return {}  # not a private engine: its processes are not told apart from others'
+    sock = f"{base}/exec/containerd/containerd.sock".encode()
+    shims = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and sock in Path(f"/proc/{name}/cmdline").read_bytes():
+                shims.append(int(name))
+        except OSError:
+            continue
+    return {"engine": dockerd, "shims": shims}
 
 
 def _part_cpu(parts: dict[str, list[int]]) -> dict[str, dict[int, float]]:
     """CPU seconds per process of each part (a CPU worker's sandboxes apart from the worker)."""
     table = proc_table()  # one reading of /proc for every part
-    out = {name: tree_cpu_s(pids, table) for name, pids in parts.items() if name != "sandboxes"}
+    out = {
+        name: tree_cpu_s(pids, table) for name, pids in parts.items() if name not in ("sandboxes", "shims")
+    }
     if "cpu worker" in out:
         worker_pids = set(parts["cpu worker"])
         tree = out["cpu worker"]
         out["sandboxes"] = {p: c for p, c in tree.items() if p not in worker_pids}
         out["cpu worker"] = {p: c for p, c in tree.items() if p in worker_pids}
+    shims = set(parts.get("shims", []))
+    if shims:  # a container's processes are its shim's children; the shim is the engine's
+        tree = tree_cpu_s(list(shims), table)
+        out["sandboxes"] = {**out.get("sandboxes", {}), **{p: c for p, c in tree.items() if p not in shims}}
+        out["engine"] = {**out.get("engine", {}), **{p: c for p, c in tree.items() if p in shims}}
     return out
 
 
@@ -280,12 +315,14 @@ def through_client(client: TangramClient, problems: list[Problem], variant: str)
     }
 
 
-def plain(problems: list[Problem]) -> dict[str, Any]:
-    """2 worker processes, a fresh `python3 -c program+check` per program, no isolation."""
+def plain(problems: list[Problem], isolated: bool = False) -> dict[str, Any]:
+    """2 worker processes, a fresh `python3 -c program+check` per program, no isolation;
+    `isolated`: `python3 -I -S -c` (no `site`, no user paths: the interpreter's fastest start)."""
+    flags = ["-I", "-S"] if isolated else []
 
     def one(p: Problem) -> bool:
         test = p.tests[0].assert_code or ""
-        r = subprocess.run([PY, "-c", p.reference + "\n" + test], capture_output=True, timeout=30)
+        r = subprocess.run([PY, *flags, "-c", p.reference + "\n" + test], capture_output=True, timeout=30)
         return r.returncode == 0
 
     t0 = time.perf_counter()
@@ -358,6 +395,8 @@ def main() -> int:
             from benchmarks.sandbox import engine
 
             docker_host = stack.enter_context(engine(None))
+        if args.backend == "docker" and docker_host:
+            ENGINE.append(docker_host)
         with (
             deployment(args.backend, docker_host, args.prewarm, ready_idle=0) as bare,
             TangramClient(bare.url) as bare_client,
@@ -381,6 +420,7 @@ def main() -> int:
         print(f"latency p50: warm {lat['warm_p50_ms']:.1f} ms, new trajectory {lat['new_p50_ms']:.1f} ms")
         runs: dict[str, list[dict[str, Any]]] = {
             "plain": [],
+            "plain-isolated": [],
             "fresh": [],
             "fresh-occupant": [],
             "one-shot": [],
@@ -392,10 +432,11 @@ def main() -> int:
             for variant in runs:
                 settle(both)  # the ready pools refilled, evictions done (a second at least)
                 d, c = on.get(variant, (dep, client))
+                harness = variant.startswith("plain")
                 out = with_cpu(
-                    {} if variant == "plain" else stack_parts(d),
-                    (lambda: plain(problems))
-                    if variant == "plain"
+                    {} if harness else stack_parts(d),
+                    (lambda i=variant == "plain-isolated": plain(problems, i))
+                    if harness
                     else (lambda v=variant.removesuffix("-occupant"), c=c: through_client(c, problems, v)),
                 )
                 out["load"] = os.getloadavg()[0]
@@ -419,22 +460,21 @@ def main() -> int:
     res["busy_median"] = {v: statistics.median(x["busy"] for x in rs) for v, rs in runs.items()}
     # CPU per program (all processes: client or harness, Redis, scheduler, workers, sandboxes):
     # what the wall time would be on 2 idle cores at full use, and barely moved by other jobs
-    if args.backend == "namespace":
-        res["cpu_ms_per_program"] = {
-            v: 1000 * statistics.median(x["cpu_s"] for x in rs) / len(problems) for v, rs in runs.items()
+    # (Docker: its containers and its engine counted, `engine_parts`)
+    res["cpu_ms_per_program"] = {
+        v: 1000 * statistics.median(x["cpu_s"] for x in rs) / len(problems) for v, rs in runs.items()
+    }
+    res["cpu_ms_per_program_by_part"] = {
+        v: {
+            part: 1000 * statistics.median(x["cpu_parts"][part] for x in rs) / len(problems)
+            for part in rs[0]["cpu_parts"]
         }
-        res["cpu_ms_per_program_by_part"] = {
-            v: {
-                part: 1000 * statistics.median(x["cpu_parts"][part] for x in rs) / len(problems)
-                for part in rs[0]["cpu_parts"]
-            }
-            for v, rs in runs.items()
-        }
-        res["cpu_ratio_fresh_vs_plain"] = (
-            res["cpu_ms_per_program"]["fresh"] / res["cpu_ms_per_program"]["plain"]
-        )
-    else:  # containers run under the Docker engine, outside the process trees counted
-        res["cpu_ms_per_program"] = None
+        for v, rs in runs.items()
+    }
+    res["cpu_ratio_fresh_vs_plain"] = res["cpu_ms_per_program"]["fresh"] / res["cpu_ms_per_program"]["plain"]
+    res["cpu_ratio_fresh_vs_plain_isolated"] = (
+        res["cpu_ms_per_program"]["fresh"] / res["cpu_ms_per_program"]["plain-isolated"]
+    )
     plain_s = res["best"]["plain"]["wall_s"]
     # The same ratios paired by round (each variant's run against the plain harness's run just
     # before it), median over the rounds: the machine's speed drifts over minutes, and a pair
@@ -443,6 +483,15 @@ def main() -> int:
         v: statistics.median(x["wall_s"] / p["wall_s"] for x, p in zip(runs[v], runs["plain"], strict=True))
         for v in THROUGH_STACK
     }
+    res["paired_ratio_vs_plain_isolated"] = {  # against `python3 -I -S -c` (issue 36's yardstick)
+        v: statistics.median(
+            x["wall_s"] / p["wall_s"] for x, p in zip(runs[v], runs["plain-isolated"], strict=True)
+        )
+        for v in THROUGH_STACK
+    }
+    res["ratio_fresh_vs_plain_isolated"] = (
+        res["best"]["fresh"]["wall_s"] / res["best"]["plain-isolated"]["wall_s"]
+    )
     res["ratio_fresh_vs_plain"] = res["best"]["fresh"]["wall_s"] / plain_s
     res["ratio_fresh_occupant_vs_plain"] = res["best"]["fresh-occupant"]["wall_s"] / plain_s
     res["ratio_one_shot_vs_plain"] = res["best"]["one-shot"]["wall_s"] / plain_s
@@ -458,6 +507,7 @@ def main() -> int:
         "plain_all_pass": all(x["passed"] == n for x in runs["plain"]),
         "new_within_5_ms_of_warm": res["latency"]["new_minus_warm_p50_ms"] <= 5.0,
         "fresh_at_most_0.8x_plain": res["ratio_fresh_vs_plain"] <= 0.8,
+        "fresh_at_most_1.0x_plain_isolated_paired": res["paired_ratio_vs_plain_isolated"]["fresh"] <= 1.0,
         "first_burst_all_pass": res["first_burst"]["fresh"]["passed"] == n,
         "first_burst_started_no_sandbox_on_demand": res["first_burst"]["started_on_demand"] == 0,
     }
@@ -468,10 +518,16 @@ def main() -> int:
         f"paired by round (median): fresh {paired['fresh']:.2f}x, one-shot {paired['one-shot']:.2f}x, "
         f"fresh with a verifier per occupant {paired['fresh-occupant']:.2f}x"
     )
+    iso = res["paired_ratio_vs_plain_isolated"]
+    print(
+        f"against python3 -I -S -c: fresh {res['ratio_fresh_vs_plain_isolated']:.2f}x best of each, "
+        f"{iso['fresh']:.2f}x paired (median); one-shot {iso['one-shot']:.2f}x paired"
+    )
     cpu = res["cpu_ms_per_program"]
     if cpu:
         print(
-            f"CPU ms per program: plain {cpu['plain']:.1f}, new trajectories {cpu['fresh']:.1f}, "
+            f"CPU ms per program: plain {cpu['plain']:.1f} (-I -S {cpu['plain-isolated']:.1f}), "
+            f"new trajectories {cpu['fresh']:.1f}, "
             f"{ROTATION} warm ones in turn {cpu['warm-many']:.1f}, 2 warm ones {cpu['warm']:.1f}"
         )
     print(f"checks: {res['checks']}; load {res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}")
