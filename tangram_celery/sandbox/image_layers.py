@@ -52,6 +52,7 @@ class ImageLayers:
         self._store: Any = None
         self._lock = threading.Lock()
         self.dropped: dict[str, str] = {}  # trajectory -> why its kept layer was dropped
+        self._tools: dict[tuple[str, str], dict[str, Any]] = {}  # (image digest, language) -> found
 
     @property
     def store(self) -> Any:
@@ -215,13 +216,15 @@ class ImageLayers:
     def runner_extras(self, h: Handle, language: str) -> dict[str, Any]:
         """What a request to `h`'s runner adds in an image: the image's tools and Python, its
         environment (a caller's variables still win), no host tools on the path."""
-        rootfs = Path(h.stored.rootfs)
-        return {
-            "tools": tools_in(rootfs, language, search_path(h.stored.spec.env)),
-            "interpreter": interpreter_in(rootfs, search_path(h.stored.spec.env)),
-            "env": dict(h.stored.spec.env),
-            "pythonpath": [],
-        }
+        key = (str(h.stored.digest), language)  # an image's files never change: found once
+        with self._lock:
+            found = self._tools.get(key)
+        if found is None:
+            rootfs, path = Path(h.stored.rootfs), search_path(h.stored.spec.env)
+            found = {"tools": tools_in(rootfs, language, path), "interpreter": interpreter_in(rootfs, path)}
+            with self._lock:
+                self._tools[key] = found
+        return {**found, "env": dict(h.stored.spec.env), "pythonpath": []}
 
     @staticmethod
     def runner_env() -> dict[str, str]:
