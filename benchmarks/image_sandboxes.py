@@ -73,28 +73,33 @@ def timed(box: Any, tid: str, image: str | None, code: str) -> float:
 
 
 def measure(box: Any, label: str, new: int, warm: int) -> dict[str, Any]:
-    """First actions of new trajectories and warm actions, host toolchain and image in turn."""
+    """First actions of new trajectories, host toolchain and image in turn (each `NEW_GAP_S`
+    after the last: the arrival of the next); then warm actions of one trajectory of each kind,
+    alternating, so that both see the same load (paired differences)."""
     out: dict[str, Any] = {}
-    for kind, image in (("host", None), ("image", IMAGE)):
+    kinds = (("host", None), ("image", IMAGE))
+    for kind, image in kinds:
         timed(box, f"{label}-{kind}-prime", image, "true")  # the image's first fetch; pools start
         time.sleep(2.0)
         firsts = []
         for i in range(new):
             time.sleep(NEW_GAP_S)
             firsts.append(timed(box, f"{label}-{kind}-n{i}", image, "echo hi > f; cat f"))
-        warms = [timed(box, f"{label}-{kind}-n0", image, "cat f") for _ in range(warm)]
-        out[kind] = {
-            "first_s": firsts,
-            "first_p50_s": statistics.median(firsts),
-            "warm_s": warms,
-            "warm_p50_s": statistics.median(warms),
-        }
+        out[kind] = {"first_s": firsts, "first_p50_s": statistics.median(firsts), "warm_s": []}
+    for _ in range(warm):
+        for kind, image in kinds:
+            out[kind]["warm_s"].append(timed(box, f"{label}-{kind}-n0", image, "cat f"))
+    for kind, _ in kinds:
+        out[kind]["warm_p50_s"] = statistics.median(out[kind]["warm_s"])
         print(
             f"{label} {kind}: first action p50 {out[kind]['first_p50_s'] * 1000:.1f} ms, "
             f"warm p50 {out[kind]['warm_p50_s'] * 1000:.1f} ms",
             flush=True,
         )
+    pairs = zip(out["image"]["warm_s"], out["host"]["warm_s"], strict=True)
     out["warm_delta_ms"] = (out["image"]["warm_p50_s"] - out["host"]["warm_p50_s"]) * 1000
+    out["warm_paired_delta_p50_ms"] = statistics.median((i - h) * 1000 for i, h in pairs)
+    print(f"{label}: warm image - host, paired p50 {out['warm_paired_delta_p50_ms']:.1f} ms", flush=True)
     return out
 
 
@@ -182,7 +187,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new", type=int, default=12, help="new trajectories per kind and backend")
-    ap.add_argument("--warm", type=int, default=20, help="warm actions per kind and backend")
+    ap.add_argument("--warm", type=int, default=40, help="warm actions per kind and backend")
     ap.add_argument("--concurrent", type=int, default=64, help="live trajectories of one image (namespace)")
     ap.add_argument("--backends", default="namespace,docker")
     args = ap.parse_args(argv)
