@@ -118,7 +118,7 @@ class DockerSandbox(WarmPool):
         self._pidfds: dict[str, int] = {}
         self._pidfd_lock = threading.Lock()
         super().__init__(cfg, limits, scope)
-        self.images: Any = DockerImages(self.client, self.who.prefix.rstrip("-") or "w")
+        self.images: Any = DockerImages(self.client, self.who.prefix.rstrip("-") or "w", cfg.image)
         self._start_reaper()
 
     def _start_reaper(self) -> None:

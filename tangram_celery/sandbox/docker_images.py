@@ -49,8 +49,9 @@ class ImageUnknown(ImageNotFound):
 class DockerImages:
     """The image side of one Docker pool (same interface as `image_layers.ImageLayers`)."""
 
-    def __init__(self, client: Any, label: str) -> None:
+    def __init__(self, client: Any, label: str, hide: str = "") -> None:
         self.client = client
+        self.hide = hide if ":" in hide else f"{hide}:latest"  # the host-toolchain sandboxes' image
         self.label = label  # names this worker's fork images
         self._lock = threading.Lock()
         self._kept: dict[str, tuple[Any, Path, str]] = {}  # tid -> (stopped container, state dir, image)
@@ -196,11 +197,11 @@ class DockerImages:
     def report(self) -> dict[str, Any] | None:
         """Held images (the engine's tagged ones, with sizes) and kept trajectories."""
         try:
-            held = [
-                [tag, int(img.attrs.get("Size") or 0)]
-                for img in self.client.images.list()
-                for tag in img.tags
-                if not tag.startswith(FORK_REPO + "/")
+            held = [  # one API call (images.list() inspects every image again)
+                [tag, int(img.get("Size") or 0)]
+                for img in self.client.api.images()
+                for tag in img.get("RepoTags") or ()
+                if tag not in ("<none>:<none>", self.hide) and not tag.startswith(FORK_REPO + "/")
             ]
         except Exception as e:
             log.debug("no image report: %s", e)
