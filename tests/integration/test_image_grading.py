@@ -20,8 +20,7 @@ import pytest
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tangram_celery.sandbox.base import ExecResult
-from tests.fixtures.common import unavailable
-from tests.fixtures.images import Images, images_config
+from tests.fixtures.images import Images, images_config, open_image_pool
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -47,9 +46,6 @@ def box(
     python_image: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Any]:
-    from tangram_celery.common.config import SandboxConfig
-    from tangram_celery.common.errors import SandboxError
-    from tangram_celery.sandbox import open_sandbox
 
     base: dict[str, Any] = {"prewarm": 0, "idle_ttl_s": 600}
     if request.param == "namespace":
@@ -57,14 +53,7 @@ def box(
         base |= {"backend": "namespace", "images": images_config(image_layout, Path(store))}
     else:
         base |= {"backend": "docker", "docker_host": request.getfixturevalue("image_engine")}
-    try:
-        sandbox = open_sandbox(SandboxConfig.model_validate(base))
-    except SandboxError as e:
-        unavailable(f"{request.param} sandbox backend unavailable: {e}")
-    try:
-        yield sandbox
-    finally:
-        sandbox.close()
+    yield from open_image_pool(request.param, base)
 
 
 def act(box: Any, tid: str, code: str | None = None, **kw: Any) -> ExecResult:

@@ -18,8 +18,7 @@ import pytest
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tangram_celery.sandbox.base import ExecResult
-from tests.fixtures.common import unavailable
-from tests.fixtures.images import Images, images_config
+from tests.fixtures.images import Images, images_config, open_image_pool
 
 pytestmark = pytest.mark.slow
 
@@ -34,23 +33,13 @@ def box(
     python_image: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Any]:
-    from tangram_celery.common.config import SandboxConfig
-    from tangram_celery.common.errors import SandboxError
-    from tangram_celery.sandbox import open_sandbox
 
     cfg: dict[str, Any] = {"prewarm": 0, "backend": request.param}
     if request.param == "namespace":
         cfg["images"] = images_config(image_layout, Path(tmp_path_factory.mktemp("store")))
     else:
         cfg["docker_host"] = request.getfixturevalue("image_engine")
-    try:
-        sandbox = open_sandbox(SandboxConfig.model_validate(cfg))
-    except SandboxError as e:
-        unavailable(f"{request.param} sandbox backend unavailable: {e}")
-    try:
-        yield sandbox
-    finally:
-        sandbox.close()
+    yield from open_image_pool(request.param, cfg)
 
 
 def suite(box: Any, python_image: str, extra: str = "", cores: tuple[int, ...] = (0, 1)) -> ExecResult:

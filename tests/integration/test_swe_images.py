@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.common import unavailable
+from tests.fixtures.images import open_image_pool
 
 pytestmark = pytest.mark.slow
 
@@ -150,9 +151,6 @@ def box(
 ) -> Iterator[Any]:
     """A sandbox pool of each backend that knows the task images: the namespace backend's image
     store reads the SWE layout; the Docker backend uses the engine the images were built in."""
-    from tangram_celery.common.config import SandboxConfig
-    from tangram_celery.common.errors import SandboxError
-    from tangram_celery.sandbox import open_sandbox
 
     base: dict[str, Any] = {"prewarm": 0, "idle_ttl_s": 600}
     if request.param == "namespace":
@@ -161,14 +159,7 @@ def box(
         base |= {"backend": "namespace", "images": images}
     else:
         base |= {"backend": "docker", "docker_host": request.getfixturevalue("image_engine")}
-    try:
-        sandbox = open_sandbox(SandboxConfig.model_validate(base))
-    except SandboxError as e:
-        unavailable(f"{request.param} sandbox backend unavailable: {e}")
-    try:
-        yield sandbox
-    finally:
-        sandbox.close()
+    yield from open_image_pool(request.param, base)
 
 
 def _runner(box: Any) -> Any:
