@@ -52,8 +52,9 @@ def base_tar() -> Path:
             raise SystemExit("mmdebstrap is needed: apt-get install mmdebstrap")
         CACHE.mkdir(parents=True, exist_ok=True)
         print(f"building {out} with mmdebstrap ...", flush=True)
-        subprocess.run([*MMDEBSTRAP, str(out) + ".part"], check=True, capture_output=True)
-        os.rename(str(out) + ".part", out)
+        part = out.with_name(out.stem + ".part.tar")  # mmdebstrap picks its format by the suffix
+        subprocess.run([*MMDEBSTRAP, str(part)], check=True, capture_output=True)
+        os.rename(part, out)
     return out
 
 
