@@ -276,17 +276,20 @@ class SandboxLifecycle(ABC):
         h.drop_link()
         self._destroy(h)
         h.ref = None
-        if h.image is not None:  # its layer kept (evicted) or deleted (closed), its image released
-            try:
-                self._release_image(h)
-            except Exception as e:  # must not raise: a teardown runs on every path out
-                log.warning("layer of %s not kept: %s", h.trajectory_id, e)
-            finally:
-                with self._lock:
-                    keeping = self._keeping.pop(h.trajectory_id, None) if h.keep_files else None
-                if keeping is not None:
-                    keeping.set()
-        shutil.rmtree(h.state_dir, ignore_errors=True)
+        try:
+            if h.image is not None:  # its layer kept (evicted) or deleted (closed), image released
+                try:
+                    self._release_image(h)
+                except Exception as e:  # must not raise: a teardown runs on every path out
+                    log.warning("layer of %s not kept: %s", h.trajectory_id, e)
+        finally:
+            # before the trajectory's next action may go on: a kept Docker container binds this
+            # directory, and its restart makes it again (removed after, its socket was lost)
+            shutil.rmtree(h.state_dir, ignore_errors=True)
+            with self._lock:
+                keeping = self._keeping.pop(h.trajectory_id, None) if h.keep_files else None
+            if keeping is not None:
+                keeping.set()
 
     def _reap_loop(self) -> None:
         """Remove sandboxes idle for longer than `idle_ttl_s`."""
