@@ -34,7 +34,7 @@ demo:
 test:
 	@$(MAKE) --no-print-directory system-test
 	@$(MAKE) --no-print-directory venv
-	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -q --durations=40 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 test-unit: venv
 	$(BIN)/python -m pytest -q -m unit tests
