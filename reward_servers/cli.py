@@ -59,7 +59,7 @@ def deploy(
             info = TritonServer(work / "repo", work).start(detach=True)
             info.save(work / "server.json")
         if preload:
-            ctl = TritonController(info.url)
+            ctl = TritonController.of(info)
             for m in cfg.reward_models:
                 if m.backend != "rule":
                     dop = min(m.dop_options)
@@ -79,7 +79,7 @@ def status(cfg: TangramConfig, nodes: list[str] | None = None) -> dict[str, dict
             alive = pid_alive(info.pid) and http_ok(info.url)
             entry.update(pid=info.pid, url=info.url, alive=alive, log=info.log_path)
             if alive:
-                entry["models"] = TritonController(info.url).loaded()
+                entry["models"] = TritonController.of(info).loaded()
         out[node.name] = entry
     return out
 

@@ -59,9 +59,11 @@ def infer(
         return []
     try:
         if len(ranges) == 1:
-            return _decode(controller.client().infer(name, [_encode(rows)]))
+            return _decode(controller.client().infer(name, [_encode(rows)], headers=controller.headers))
         client = controller.client(concurrency=max(1, min(parallel, len(ranges))))
-        handles = [client.async_infer(name, [_encode(rows[a:b])]) for a, b in ranges]
+        handles = [
+            client.async_infer(name, [_encode(rows[a:b])], headers=controller.headers) for a, b in ranges
+        ]
         out: list[dict[str, Any]] = []
         for h in handles:
             out.extend(_decode(h.get_result()))

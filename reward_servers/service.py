@@ -120,7 +120,8 @@ class RewardService:
             )
             self.server = TritonServer(self.work_dir / "repo", self.work_dir)
             self.server.start()
-        self.controller = TritonController(self.server.url, control=control_dir(self.work_dir / "repo"))
+        assert self.server.info is not None
+        self.controller = TritonController.of(self.server.info, control=control_dir(self.work_dir / "repo"))
         memory = {name: m.memory_mb for name, m in self.models.items() if m.backend != "rule"}
         self.manager = ReplicaManager(
             self.controller,
@@ -162,7 +163,8 @@ class RewardService:
             restarted = self.server.ensure_running()
             if restarted:
                 log.warning("tritonserver restarted (restart #%d)", self.server.restarts)
-                self.controller.retarget(self.server.url)
+                assert self.server.info is not None
+                self.controller.retarget(self.server.url, self.server.info.api_key)
                 self.controller.forget_controls()
                 self.manager.reset()
                 if self.attach and self.server.info is not None:

@@ -1,6 +1,12 @@
 """A real `tritonserver` process (from the nvidia-pytriton wheel) and model control through tritonclient.
 
-The server runs in explicit model-control mode on 127.0.0.1 with free HTTP/gRPC/metrics ports.
+The server runs in explicit model-control mode on 127.0.0.1 with free HTTP/gRPC/metrics ports,
+with every API but health restricted (`--http-restricted-api`, `--grpc-restricted-protocol`) to
+callers sending the header `RESTRICTED_HEADER` with a random key made at each start (issue 37):
+only the process that started it (the GPU worker, or `tangram reward deploy` through the 0600
+`server.json`) can load, unload, list or query models. Triton takes the key on its command line
+only (it has no config file or environment setting for it): docs/reward_servers.md says what
+that leaves open and how to close it.
 Its Python-backend stub embeds libpython3.x: the running interpreter's own lib directory goes first
 on LD_LIBRARY_PATH, else the stub picks up another CPython and dies at start.
 """
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +35,11 @@ from reward_servers.errors import ModelLoadFailed, TritonCrashed
 from tangram_celery.common import lifeline
 from tangram_celery.common.errors import RewardServerError
 
+# The header Triton checks on restricted APIs (lower case: gRPC metadata keys must be).
+RESTRICTED_HEADER = "tangram-triton-key"
+# Every API but health (server live/ready, model ready): what a liveness probe may still ask.
+RESTRICTED_APIS = "metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -46,13 +58,20 @@ class ServerInfo:
     metrics_port: int
     repository: str
     log_path: str
+    api_key: str = ""  # the restricted APIs' key; "" for a server started before issue 37
 
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2))
+        """Write to `path`, readable by its owner only (it holds the key)."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: Path) -> ServerInfo:
@@ -153,23 +172,10 @@ class TritonServer:
         backends = prepare_backends(self.work_dir)
         log_path = self.work_dir / "tritonserver.log"
         last = ""
+        key = secrets.token_urlsafe(32)  # a new one at every start: a restart rotates it
         for _attempt in range(3):  # a port can be taken between picking and binding
             ports = (free_port(), free_port(), free_port())
-            args = [
-                str(binary),
-                f"--model-repository={self.repository}",
-                f"--backend-directory={backends}",
-                "--model-control-mode=explicit",
-                "--http-address=127.0.0.1",
-                "--grpc-address=127.0.0.1",
-                f"--http-port={ports[0]}",
-                f"--grpc-port={ports[1]}",
-                f"--metrics-port={ports[2]}",
-                "--allow-metrics=false",
-                "--pinned-memory-pool-byte-size=0",
-                "--exit-timeout-secs=2",
-                "--strict-readiness=false",
-            ]
+            args = server_args(binary, self.repository, backends, ports, key)
             with open(log_path, "ab") as log:
                 # A detached server outlives us (`tangram reward deploy`). Any other dies with
                 # its owner, even a SIGKILLed one: an exec wrapper arms PDEATHSIG and checks the
@@ -182,7 +188,7 @@ class TritonServer:
                 else:
                     wrapped = lifeline.wrapper_argv(args, os.getpid(), signal.SIGTERM)
                     proc = lifeline.spawn(_popen, wrapped, log)
-            info = ServerInfo(proc.pid, *ports, str(self.repository), str(log_path))
+            info = ServerInfo(proc.pid, *ports, str(self.repository), str(log_path), key)
             if self._wait_live(proc, info):
                 self._proc, self.info = proc, info
                 if detach:
@@ -239,6 +245,31 @@ class TritonServer:
         self.info, self._proc = None, None
 
 
+def server_args(
+    binary: Path, repository: Path, backends: Path, ports: tuple[int, int, int], key: str
+) -> list[str]:
+    """tritonserver's command line: loopback only, explicit model control, no metrics, and
+    every API but health restricted to callers sending `RESTRICTED_HEADER: key`."""
+    restricted = f"{RESTRICTED_APIS}:{RESTRICTED_HEADER}={key}"
+    return [
+        str(binary),
+        f"--model-repository={repository}",
+        f"--backend-directory={backends}",
+        "--model-control-mode=explicit",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        f"--http-port={ports[0]}",
+        f"--grpc-port={ports[1]}",
+        f"--metrics-port={ports[2]}",
+        "--allow-metrics=false",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+        "--pinned-memory-pool-byte-size=0",
+        "--exit-timeout-secs=2",
+        "--strict-readiness=false",
+    ]
+
+
 def _popen(args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         args, stdout=log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
@@ -290,11 +321,29 @@ class TritonController:
     thread); and, through the replicas' control sockets (`reward_servers.control`, in the
     directory `control`), moving a loaded replica's weights between the device and host memory."""
 
-    def __init__(self, url: str, *, network_timeout_s: float = 300.0, control: Path | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        network_timeout_s: float = 300.0,
+        control: Path | None = None,
+        api_key: str = "",
+    ) -> None:
         self.url = url
         self.network_timeout_s = network_timeout_s
         self.control = control
+        self.api_key = api_key
         self._local = threading.local()
+
+    @classmethod
+    def of(cls, info: ServerInfo, *, control: Path | None = None) -> TritonController:
+        """A controller of the server `info` describes, with its restricted APIs' key."""
+        return cls(info.url, control=control, api_key=info.api_key)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Sent with every call: the restricted APIs refuse a call without it."""
+        return {RESTRICTED_HEADER: self.api_key} if self.api_key else {}
 
     def client(self, concurrency: int = 1) -> Any:
         """This thread's tritonclient.http client with at least `concurrency` connections."""
@@ -306,15 +355,17 @@ class TritonController:
             )
         return cache[concurrency]
 
-    def retarget(self, url: str) -> None:
-        """Point at a restarted server (new ports): clients are rebuilt lazily."""
+    def retarget(self, url: str, api_key: str | None = None) -> None:
+        """Point at a restarted server (new ports, new key): clients are rebuilt lazily."""
         self.url = url
+        if api_key is not None:
+            self.api_key = api_key
         self._local = threading.local()
 
     def load(self, name: str) -> None:
         """Load `name`; raises ModelLoadFailed with Triton's reason, TritonCrashed if unreachable."""
         try:
-            self.client().load_model(name)
+            self.client().load_model(name, headers=self.headers)
         except Exception as e:
             if _is_connection_error(e):
                 raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
@@ -322,7 +373,7 @@ class TritonController:
 
     def unload(self, name: str) -> None:
         try:
-            self.client().unload_model(name)
+            self.client().unload_model(name, headers=self.headers)
         except Exception as e:
             if _is_connection_error(e):
                 raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
@@ -355,7 +406,7 @@ class TritonController:
 
     def is_ready(self, name: str) -> bool:
         try:
-            return bool(self.client().is_model_ready(name))
+            return bool(self.client().is_model_ready(name, headers=self.headers))
         except Exception as e:
             if _is_connection_error(e):
                 raise TritonCrashed(f"tritonserver at {self.url} unreachable: {e}") from None
@@ -363,7 +414,7 @@ class TritonController:
 
     def loaded(self) -> dict[str, str]:
         """Triton's view of the repository: model name -> state, for models that have one."""
-        index = self.client().get_model_repository_index()
+        index = self.client().get_model_repository_index(headers=self.headers)
         return {m["name"]: m.get("state", "") for m in index if m.get("state")}
 
 
