@@ -103,9 +103,13 @@ class RunRecorder:
         """Refresh the gauges from the current queue and resource state."""
         m = self.metrics
         counts = Counter(family(a) for a in waiting)
+        units: Counter[str] = Counter()
+        for a in waiting:
+            units[family(a)] += a.cost.units.min
         self._pools_seen.update(counts)
         for pool in self._pools_seen:
             m.queued.labels(pool=pool).set(counts.get(pool, 0))
+            m.queued_units.labels(pool=pool).set(units.get(pool, 0))
         for name, node in state.cpu.items():
             total = sum(len(g) for g in node.numa)
             m.units_total.labels(pool=f"cpu:{name}").set(total)

@@ -25,6 +25,14 @@ class SchedulerMetrics:
         self.queued = Gauge(
             "tangram_queued_actions", "Actions waiting, per pool family", ["pool"], registry=r
         )
+        # demand in the pool's own units (cores, GPUs, API slots): what an autoscaler sizes a pool
+        # by (k8s/, docs/kubernetes.md); an action counts its smallest unit count
+        self.queued_units = Gauge(
+            "tangram_queued_units",
+            "Units wanted by waiting actions (each its smallest unit count), per pool family",
+            ["pool"],
+            registry=r,
+        )
         self.units_in_use = Gauge(
             "tangram_units_in_use", "Units held by running actions", ["pool"], registry=r
         )
