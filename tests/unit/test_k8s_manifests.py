@@ -152,7 +152,8 @@ def test_workers_drain_and_join_as_their_pod() -> None:
     """Worker pods get a grace period longer than the sandbox's default timeout, scale down one
     pod per grace period, and join under their pod's name (the downward API)."""
     docs = rendered()
-    grace = k8s.resolve({})["drain_grace_s"]
+    values = k8s.resolve({})
+    grace = values["drain_grace_s"]
     cfg = parse_config(yaml.safe_load(by_kind(docs, "ConfigMap")["tangram-config"]["data"]["tangram.yaml"]))
     assert grace > cfg.sandbox.default_timeout_s
     deployments = by_kind(docs, "Deployment")
@@ -163,6 +164,9 @@ def test_workers_drain_and_join_as_their_pod() -> None:
         env = {e["name"]: e for e in c["env"]}
         assert env["TANGRAM_NODE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         assert c["args"][:4] == ["worker", kind, "--node", "$(TANGRAM_NODE)"]
+        # the node lends what the pod is given (a cpu limit is a quota, not a cpuset)
+        lend = {"cpu": ("--cores", "cpu_cores"), "gpu": ("--gpus", "gpus_per_worker")}[kind]
+        assert c["args"][c["args"].index(lend[0]) + 1] == str(values[lend[1]])
     down = _so(docs, "cpu")["advanced"]
     policy = down["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["policies"]
     assert policy == [{"type": "Pods", "value": 1, "periodSeconds": grace}]
@@ -249,3 +253,21 @@ def test_queued_units_is_the_demand_per_pool_family() -> None:
     assert registry.get_sample_value("tangram_queued_actions", {"pool": "cpu"}) == 2
     rec.snapshot([], state, set())
     assert (units("cpu"), units("gpu:judge"), units("api:search")) == (0, 0, 0)
+
+
+def test_every_tangram_container_runs_a_command_tangram_accepts() -> None:
+    """The args of every Tangram container parse with `tangram`'s own parser (a renamed or
+    dropped flag fails here, not in a cluster), and each reads the mounted config."""
+    from tangram_celery.cli import build_parser
+
+    image = k8s.resolve({})["image"]
+    seen = set()
+    for d in by_kind(rendered(), "Deployment").values():
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c["image"] != image:
+                continue
+            argv = [a.replace("$(TANGRAM_NODE)", "tangram-worker-cpu-5d8f9c7b6-x2k4q") for a in c["args"]]
+            args = build_parser().parse_args(argv)
+            assert args.config == "/etc/tangram/tangram.yaml"
+            seen.add(argv[0] if argv[0] != "worker" else f"worker {argv[1]}")
+    assert seen == {"scheduler", "serve", "flower", "worker cpu", "worker gpu", "worker api"}
