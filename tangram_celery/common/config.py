@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from scheduler.pools import numa_split
+from tangram_celery.common.config_broker import BrokerConfig
+from tangram_celery.common.config_egress import EgressAllow, Resolvers, Uplink
 from tangram_celery.common.config_front import HttpConfig, LimitsConfig, StrictModel, expand_env
 from tangram_celery.common.config_images import ImagesConfig
 from tangram_celery.common.config_scheduler import (
@@ -45,47 +47,6 @@ Name = Annotated[
         description="a short lower-case name: letters, digits, '-', '_', '.'",
     ),
 ]
-
-
-class BrokerConfig(StrictModel):
-    url: str = Field(
-        "embedded",
-        description="'embedded' to start a private redis-server, or a redis://[:password@]host:port/db URL",
-    )
-    data_dir: str = Field(".tangram/redis", description="directory for the embedded Redis AOF")
-    maxmemory_mb: int = Field(
-        2048,
-        ge=64,
-        description=(
-            "embedded Redis memory ceiling, MiB (noeviction: nothing is ever dropped); submits are "
-            "refused with AdmissionError above `admit_memory_fraction` of it"
-        ),
-    )
-    admit_memory_fraction: float = Field(
-        0.8,
-        gt=0,
-        le=0.95,
-        description="share of Redis maxmemory above which submit fails fast (the rest is headroom "
-        "for results and scheduling)",
-    )
-    fsync: Literal["always", "everysec"] = Field(
-        "everysec",
-        description=(
-            "embedded Redis AOF fsync: 'everysec' (Redis writes the AOF before replying, so a "
-            "killed Redis process normally loses nothing; an OS crash, or a disk so slow that "
-            "Redis postpones writes, can lose 1-2 s) or 'always' (nothing lost even then, several "
-            "ms per write)"
-        ),
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if v != "embedded" and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                "use 'embedded' or a redis://host:port/db URL (${VAR} is taken from the environment)"
-            )
-        return v
 
 
 class CpuNodeConfig(StrictModel):
@@ -231,7 +192,10 @@ class SandboxConfig(StrictModel):
         gt=0,
         description="idle trajectory sandbox removed after this many s (evicted sooner if memory is short)",
     )
-    network: bool = Field(False, description="allow network inside sandboxes (off by default)")
+    network: bool = Field(False, description="outbound network in each sandbox's own namespace (off)")
+    egress_allow: EgressAllow = []
+    dns: Resolvers = None
+    egress_uplink: Uplink = None
     prewarm: int = Field(
         2,
         ge=0,

@@ -28,11 +28,15 @@ def docker_reachable(base_url: str | None) -> bool:
     return True
 
 
-def open_sandbox(cfg: SandboxConfig, scope: SandboxScope | None = None) -> Sandbox:
+def open_sandbox(
+    cfg: SandboxConfig, scope: SandboxScope | None = None, egress_deny: tuple[str, ...] = ()
+) -> Sandbox:
     """The configured backend; 'auto' = Docker when an engine is reachable, else namespaces.
 
     `scope` names the deployment and node (`SandboxScope.of_node`): the backend then removes
-    sandboxes a previous worker of the same node left behind. Without it, a private scope."""
+    sandboxes a previous worker of the same node left behind. Without it, a private scope.
+    `egress_deny`: addresses of the deployment's endpoints no sandbox may reach even when
+    `sandbox.egress_allow` covers them (with `sandbox.network`; `egress.endpoint_addrs`)."""
     backend = cfg.backend
     if backend == "auto":
         url = cfg.docker_host or os.environ.get("DOCKER_HOST")
@@ -45,11 +49,11 @@ def open_sandbox(cfg: SandboxConfig, scope: SandboxScope | None = None) -> Sandb
     if backend == "docker":
         from tangram_celery.sandbox.docker import DockerSandbox
 
-        box: Sandbox = DockerSandbox(cfg, scope=scope)
+        box: Sandbox = DockerSandbox(cfg, scope=scope, egress_deny=egress_deny)
     else:
         from tangram_celery.sandbox.namespace import NamespaceSandbox
 
-        box = NamespaceSandbox(cfg, scope=scope)
+        box = NamespaceSandbox(cfg, scope=scope, egress_deny=egress_deny)
     log.info(
         "sandbox backend: %s%s", box.name, f" ({box.launcher} launcher)" if hasattr(box, "launcher") else ""
     )

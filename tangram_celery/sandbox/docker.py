@@ -33,6 +33,7 @@ from tangram_celery.common.errors import SandboxError
 from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CPU_PERIOD_US, CgroupSet
 from tangram_celery.sandbox.docker_images import DockerImages, host_volumes
+from tangram_celery.sandbox.egress import Egress, sweep
 from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.image_layers import ImageLayers
 from tangram_celery.sandbox.image_root import host_python_argv
@@ -109,9 +110,14 @@ class DockerSandbox(WarmPool):
     name = "docker"
 
     def __init__(
-        self, cfg: SandboxConfig, limits: Limits | None = None, scope: SandboxScope | None = None
+        self,
+        cfg: SandboxConfig,
+        limits: Limits | None = None,
+        scope: SandboxScope | None = None,
+        egress_deny: tuple[str, ...] = (),
     ) -> None:
         self.client = connect(cfg.docker_host)
+        self.egress: Egress | None = None
         ensure_image(self.client, cfg.image)
         self._exit_reaper: Reaper | None = None
         # container id -> a pidfd of its runner (`_alive` without a /proc read or an API call)
@@ -120,6 +126,8 @@ class DockerSandbox(WarmPool):
         super().__init__(cfg, limits, scope)
         self.images: Any = DockerImages(self.client, self.who.prefix.rstrip("-") or "w", cfg.image)
         self._start_reaper()
+        if self.limits.network:  # containers start with no network; `_network` links each one
+            self.egress = Egress(cfg, self.who, self.stage.dir, egress_deny)
 
     def _start_reaper(self) -> None:
         """Containers are not our children: a reaper removes this incarnation's once we are gone."""
@@ -147,6 +155,7 @@ class DockerSandbox(WarmPool):
                     log.warning("cannot remove leftover container %s: %s", c.name, e)
         if n:
             log.warning("removed %d container(s) left by a previous worker of this node", n)
+        sweep(self.cfg, self.who.scope, self.stage.alive)  # their routers (egress.py)
         super()._sweep_previous()
 
     def _start(self, h: Handle) -> None:
@@ -172,6 +181,8 @@ class DockerSandbox(WarmPool):
             }
             volumes.update(host_volumes())
             env, tmpfs = ImageLayers.runner_env(), {"/tmp": quota}
+        if self.egress is not None:
+            volumes[str(self.egress.resolv_conf)] = {"bind": "/etc/resolv.conf", "mode": "ro"}
         cmd = [*boot.argv(list(python), RUNNER_DIR, "runner"), "--socket", RUNNER_SOCKET]
         cmd += ["--uid", str(SANDBOX_UID), "--workdir", workdir]
         if h.image is not None and not h.kept_files:
@@ -189,7 +200,7 @@ class DockerSandbox(WarmPool):
                     SCOPE_LABEL: self.who.scope,
                     TRAJECTORY_LABEL: h.trajectory_id[:1000],
                 },
-                network_mode="none" if not self.limits.network else "host",
+                network_mode="none",  # with sandbox.network, its own namespace gets a link
                 read_only=h.image is None,  # an image's root is the trajectory's layer
                 tmpfs=tmpfs,
                 volumes=volumes,
@@ -210,6 +221,14 @@ class DockerSandbox(WarmPool):
         except Exception as e:
             raise SandboxError(f"cannot start sandbox container: {e}") from None
         self._adopt_pid(h)
+        self._network(h)
+
+    def _network(self, h: Handle) -> None:
+        """With sandbox.network: link the container's own network namespace to the router."""
+        if self.egress is None:
+            return
+        pid = int(h.ref.attrs["State"]["Pid"])
+        self.egress.attach(h.state_dir.name, str(pid), f"/proc/{pid}/ns/net")
 
     def _restart_kept(self, h: Handle) -> bool:
         """Start the trajectory's kept (stopped) container again, if it has one here: its files
@@ -234,6 +253,7 @@ class DockerSandbox(WarmPool):
             return False
         h.ref, h.kept_files = container, True
         self._adopt_pid(h)
+        self._network(h)
         return True
 
     def _adopt_pid(self, h: Handle) -> None:
@@ -309,6 +329,8 @@ class DockerSandbox(WarmPool):
         if h.ref is None:
             return
         self._drop_pidfd(h.ref.id)  # its runner goes (a kept container gets a new one)
+        if self.egress is not None:
+            self.egress.release(h.state_dir.name)
         if h.image is not None and self.images.retire(h):
             return  # stopped and kept for the trajectory's next action
         try:
@@ -332,5 +354,7 @@ class DockerSandbox(WarmPool):
         self.client.close()
         for cid in list(self._pidfds):
             self._drop_pidfd(cid)
+        if self.egress is not None:
+            self.egress.close()
         if self._exit_reaper is not None:
             self._exit_reaper.close()  # finds nothing left and exits

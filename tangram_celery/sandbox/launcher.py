@@ -234,8 +234,7 @@ def build_root(spec: dict) -> None:
     for dest in spec.get("dirs", []):
         _mkdir(root + dest)
     for src, dest, readonly in spec.get("binds", []):
-        _mkdir(root + dest)
-        bind(src, root + dest, readonly=bool(readonly))
+        _bind_into(root, src, dest, bool(readonly))
     os.chdir(root)
     try:
         pivot_root(".", ".")  # the old root ends up stacked under the new one: detach it
@@ -252,6 +251,15 @@ def build_root(spec: dict) -> None:
         mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     hostname = spec.get("hostname", "sandbox").encode()
     _check(libc().sethostname(hostname, len(hostname)), "sethostname")
+
+
+def _bind_into(root: str, src: str, dest: str, readonly: bool) -> None:
+    if os.path.isdir(src):
+        _mkdir(root + dest)
+    else:  # a file (the resolv.conf of a sandbox with network)
+        _mkdir(os.path.dirname(root + dest))
+        _touch(root + dest)
+    bind(src, root + dest, readonly=readonly)
 
 
 def own_tree(top: str, uid: int) -> None:
@@ -312,7 +320,11 @@ def _child(spec: dict, argv: list[str], parent_r: int) -> None:
         os.setsid()
         join_cgroups(spec.get("cgroup_procs", []))
         flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-        if spec.get("unshare_net", True):
+        if spec.get("netns"):  # the worker made it, linked to its egress router (egress.py)
+            fd = os.open(spec["netns"], os.O_RDONLY | os.O_CLOEXEC)
+            _check(libc().setns(fd, CLONE_NEWNET), "join the network namespace")
+            os.close(fd)
+        else:  # a fresh one: loopback only
             flags |= CLONE_NEWNET
         unshare(flags)
         build_root(spec)

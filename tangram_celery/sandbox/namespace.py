@@ -40,6 +40,7 @@ from tangram_celery.common.config import SandboxConfig
 from tangram_celery.common.errors import SandboxError
 from tangram_celery.common.pretend import pretend_missing
 from tangram_celery.sandbox.cgroups import CgroupSet
+from tangram_celery.sandbox.egress import Egress, sweep
 from tangram_celery.sandbox.handle import Handle
 from tangram_celery.sandbox.image_root import host_mounts, host_python_argv
 from tangram_celery.sandbox.languages import extra_ro_paths
@@ -111,7 +112,11 @@ class NamespaceSandbox(WarmPool):
     name = "namespace"
 
     def __init__(
-        self, cfg: SandboxConfig, limits: Limits | None = None, scope: SandboxScope | None = None
+        self,
+        cfg: SandboxConfig,
+        limits: Limits | None = None,
+        scope: SandboxScope | None = None,
+        egress_deny: tuple[str, ...] = (),
     ) -> None:
         if os.geteuid() != 0:
             raise SandboxError(
@@ -129,8 +134,12 @@ class NamespaceSandbox(WarmPool):
         # checks the read end after arming its parent-death signal.
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
         self._exit_reaper: Reaper | None = None
+        self.egress: Egress | None = None
+        self._netns: dict[str, str] = {}  # state dir name -> its sandbox's network namespace
         super().__init__(cfg, limits, scope)
         try:
+            if self.limits.network:  # its own namespace per sandbox, through the worker's router
+                self.egress = Egress(cfg, self.who, self.stage.dir, egress_deny)
             # what PID 1's death leaves (cgroups, the stage) is removed even if we are SIGKILLed
             prefix = self.who.prefix if self.cgroup_version is not None else None
             self._exit_reaper = Reaper(self.stage.dir, cgroup_prefix=prefix)
@@ -173,6 +182,9 @@ class NamespaceSandbox(WarmPool):
         script = _ENTER.replace('"$TG_CGROUPS"', " ".join(f"'{f}'" for f in procs_files) or "''")
         setpriv = shutil.which("setpriv")
         arm = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+        netns = self._netns.get(state_dir.name) if state_dir is not None else None
+        if netns is not None:  # bwrap then keeps this namespace (no --unshare-net)
+            arm += ["nsenter", f"--net={netns}", "--"]
         finish = [SANDBOX_PYTHON, "-B", "-E", "-s", "-S", f"{BOOT_DIR}/launcher.py", "finish"]
         return [
             "/bin/sh",
@@ -195,6 +207,8 @@ class NamespaceSandbox(WarmPool):
             out.append((str(self.tools_dir), TOOLS_PATH, True))
         if state_dir is not None:
             out.append((str(state_dir), str(Path(RUNNER_SOCKET).parent), False))
+        if self.egress is not None:
+            out.append((str(self.egress.resolv_conf), "/etc/resolv.conf", True))
         return out
 
     def _builtin_spec(self, state_dir: Path | None) -> dict[str, Any]:
@@ -208,7 +222,7 @@ class NamespaceSandbox(WarmPool):
             tmpfs=[[WORKDIR, size_b, self.cfg.inodes_limit], ["/tmp", size_b, self.cfg.inodes_limit]],
             dirs=["/opt/tangram", "/run"],
             binds=[list(b) for b in self._binds(state_dir)],
-            unshare_net=not self.limits.network,
+            netns=self._netns.get(state_dir.name) if state_dir is not None else None,
             hostname="sandbox",
         )
         return spec
@@ -219,8 +233,8 @@ class NamespaceSandbox(WarmPool):
         # no user namespace: the runner must map the sandbox uid, which only real root can
         argv = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--die-with-parent", "--as-pid-1", "--new-session", "--cap-drop", "ALL"]
-        if not self.limits.network:
-            argv.append("--unshare-net")
+        if state_dir is None or state_dir.name not in self._netns:
+            argv.append("--unshare-net")  # a fresh one with loopback only
         for cap in (*RUNNER_CAPS, *FINISH_CAPS):
             argv += ["--cap-add", cap]
         for p in HOST_RO_PATHS:
@@ -294,6 +308,8 @@ class NamespaceSandbox(WarmPool):
             h.cgroups.set_pids(self.limits.pids_limit)
             h.cgroups.bind_cores(h.cores)
             procs_files = sorted({str(d / "cgroup.procs") for d in h.cgroups.dirs.values()})
+        if self.egress is not None:
+            self._netns[h.state_dir.name] = self.egress.new_netns(h.state_dir.name[:12])
         if h.image is not None:
             argv = self._image_command(h, procs_files)
         else:
@@ -328,6 +344,7 @@ class NamespaceSandbox(WarmPool):
             binds=[
                 [str(self.stage.runner), RUNNER_DIR, True],
                 [str(h.state_dir), str(Path(RUNNER_SOCKET).parent), False],
+                *([[str(self.egress.resolv_conf), "/etc/resolv.conf", True]] if self.egress else []),
             ],
             env=self.images.runner_env(),
             cgroup_procs=procs_files,
@@ -386,6 +403,8 @@ class NamespaceSandbox(WarmPool):
         if h.cgroups is not None:
             h.cgroups.destroy()
             h.cgroups = None
+        if self.egress is not None and self._netns.pop(h.state_dir.name, None) is not None:
+            self.egress.release(h.state_dir.name[:12])
         self.stage.log_path(h.state_dir.name).unlink(missing_ok=True)
 
     def _sweep_previous(self) -> None:
@@ -406,6 +425,7 @@ class NamespaceSandbox(WarmPool):
                     n,
                     time.monotonic() - t0,
                 )
+        sweep(self.cfg, self.who.scope, self.stage.alive)  # their routers and sandbox namespaces
         super()._sweep_previous()
 
     def close(self) -> None:
@@ -413,6 +433,9 @@ class NamespaceSandbox(WarmPool):
         if self._exit_reaper is not None:
             self._exit_reaper.close()
             self._exit_reaper = None
+        if self.egress is not None:
+            self.egress.close()
+            self.egress = None
         for fd in (self._life_w, self._life_r):
             try:
                 os.close(fd)
