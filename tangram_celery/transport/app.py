@@ -9,6 +9,7 @@ from __future__ import annotations
 from celery import Celery
 
 from tangram_celery.transport.kombu_redis import guard_connparams, reuse_channel_client
+from tangram_celery.transport.tls import ssl_options
 
 TASK_CPU = "tangram.run_cpu"
 TASK_CPU_BATCH = "tangram.run_cpu_batch"  # [[action id, order], ...]: run one after another
@@ -27,13 +28,19 @@ def queue_name(kind: str, pool: str) -> str:
 
 
 def make_app(broker_url: str, *, visibility_timeout_s: int = 3600) -> Celery:
-    """A Celery app bound to `broker_url` (Redis), used as broker and result backend.
+    """A Celery app bound to `broker_url` (Redis, or TLS to Redis: `transport.tls`), used as
+    broker and result backend.
 
     `memory://` (kombu's in-process transport, for tests) gets an in-memory result backend."""
     backend = "cache+memory://" if broker_url.startswith("memory://") else broker_url
     guard_connparams()  # a Redis restart must not stop a worker (see kombu_redis)
     reuse_channel_client()  # no new redis.Redis per message kombu publishes (see kombu_redis)
     app = Celery("tangram", broker=broker_url, backend=backend, set_as_current=False)
+    # kombu and the result backend read a rediss:// URL's ssl_* query themselves; the dict is
+    # for what reads only the settings (Flower's broker page)
+    tls = ssl_options(broker_url)
+    if tls is not None:
+        app.conf.update(broker_use_ssl=tls, redis_backend_use_ssl=tls)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -23,6 +23,7 @@ import redis
 from tangram_celery.common import lifeline
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
+from tangram_celery.transport.tls import with_tls
 
 log = logging.getLogger(__name__)
 
@@ -295,10 +296,11 @@ def expand_env(url: str) -> str:
 
 
 def resolve_url(cfg: TangramConfig) -> str:
-    """The broker URL: the configured one (with `${VAR}` expanded), or the running embedded
-    server's (TANGRAM_BROKER_URL, else the URL file in the state dir)."""
+    """The broker URL: the configured one (with `${VAR}` expanded, and `broker.tls` written into
+    a rediss:// URL's query: `transport.tls`), or the running embedded server's
+    (TANGRAM_BROKER_URL, else the URL file in the state dir)."""
     if cfg.broker.url != "embedded":
-        return expand_env(cfg.broker.url)
+        return with_tls(expand_env(cfg.broker.url), cfg.broker.tls)
     env = os.environ.get("TANGRAM_BROKER_URL")
     if env:
         return env
