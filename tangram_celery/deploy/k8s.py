@@ -99,7 +99,7 @@ def check(values: dict[str, Any]) -> None:
 
 def substitute(text: str, values: dict[str, Any], where: str) -> str:
     """Each {{ name }} replaced by its value; a multi-line value alone on its line is indented."""
-    out = []
+    out: list[str] = []
     for line in text.splitlines(keepends=True):
         m = PLACEHOLDER.search(line)
         if m and line.strip() == m.group(0) and m.group(1) in values:
