@@ -57,16 +57,25 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from tangram_celery.workers.capacity import Caps, parse_cpulist
     from tangram_celery.workers.process import run_worker
 
+    caps = Caps(
+        cpuset=tuple(parse_cpulist(args.cpuset)) if args.cpuset else None,
+        cores=args.cores,
+        memory_mb=args.memory_mb,
+        gpus=args.gpus,
+        gpu_memory_mb=args.gpu_memory_mb,
+    )
     run_worker(
         _config(args),
         args.kind,
-        args.node or args.name,
+        (args.name or args.node) if args.kind == "api" else args.node,
         concurrency=args.concurrency,
         metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr,
         task_events=args.task_events == "on",
+        caps=caps,
     )
     return 0
 
@@ -313,7 +322,16 @@ def _add_process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
     w = sub.add_parser("worker", help="run a worker for one pool")
     w.add_argument("kind", choices=["cpu", "api", "gpu"])
-    w.add_argument("--node", help="CPU/GPU node name")
+    w.add_argument(
+        "--node",
+        help="CPU/GPU node name (default: $TANGRAM_NODE, else the host name); a name the config "
+        "does not declare joins with the capacity detected here",
+    )
+    w.add_argument("--cpuset", help="host cores the node may lend, e.g. 0-7,16 (narrows detection)")
+    w.add_argument("--cores", type=int, help="lend at most this many cores")
+    w.add_argument("--memory-mb", type=int, help="memory the node lends to sandboxes, MiB")
+    w.add_argument("--gpus", type=int, help="GPUs of a GPU node (1, 2, 4 or 8)")
+    w.add_argument("--gpu-memory-mb", type=int, help="memory per GPU of a GPU node, MiB")
     w.add_argument("--name", help="API name")
     w.add_argument("--concurrency", type=int, default=None, help="slots (default: from the pool)")
     w.add_argument(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler.images import ImageStore
@@ -39,37 +40,73 @@ def build_cluster(cfg: TangramConfig, restore_costs: RestoreCosts | None = None)
             quota_per_window=a.quota_per_window,
             window_s=a.window_s,
         )
-    memory_mb = {m.name: m.memory_mb for m in cfg.reward_models}
-    state.attach_gpu_caches(lambda service, _units: memory_mb.get(service, 0))
+    state.attach_gpu_caches(gpu_footprint(cfg))
     return state
 
 
+def gpu_footprint(cfg: TangramConfig) -> Callable[[str, int], int]:
+    """MiB a reward service's replica takes on each GPU of its chunk (the workers' model)."""
+    memory_mb = {m.name: m.memory_mb for m in cfg.reward_models}
+    return lambda service, _units: memory_mb.get(service, 0)
+
+
+@dataclass(frozen=True)
+class CpuShape:
+    """The largest NUMA group (cores) and the largest memory (MiB) of any CPU node: what one
+    action can get at most. Nodes join at run time, so the scheduler keeps it up to date."""
+
+    max_group_cores: int
+    max_memory_mb: int
+
+    @classmethod
+    def of_config(cls, cfg: TangramConfig) -> CpuShape:
+        return cls(
+            max((len(g) for n in cfg.nodes.cpu for g in n.numa_split()), default=0),
+            max((n.memory_mb for n in cfg.nodes.cpu), default=0),
+        )
+
+    @classmethod
+    def of_state(cls, state: ClusterState) -> CpuShape:
+        return cls(
+            max((len(g) for n in state.cpu.values() for g in n.numa), default=0),
+            max((n.memory_mb for n in state.cpu.values()), default=0),
+        )
+
+    def widened(self, other: CpuShape) -> CpuShape:
+        """The larger of both in each (a node that left may come back)."""
+        return CpuShape(
+            max(self.max_group_cores, other.max_group_cores), max(self.max_memory_mb, other.max_memory_mb)
+        )
+
+
 def max_group_cores(cfg: TangramConfig) -> int:
-    """Cores of the largest NUMA group of any CPU node (the most one action can get)."""
-    return max((len(g) for n in cfg.nodes.cpu for g in n.numa_split()), default=0)
+    """Cores of the largest NUMA group of any declared CPU node (the most one action can get)."""
+    return CpuShape.of_config(cfg).max_group_cores
 
 
-def _reserved_mb(meta: ActionMeta, cfg: TangramConfig) -> int:
+def _reserved_mb(meta: ActionMeta, cfg: TangramConfig, largest_mb: int) -> int:
     """Memory a code action's sandbox is reserved: its own, or its compile phase's when that is
     larger (`sandbox.compile_memory_mb`), within the largest CPU node (the action still fits)."""
     assert meta.memory_mb is not None
     need = compile_memory_mb(meta.language, meta.memory_mb, cfg.sandbox.compile_memory_mb)
-    largest = max((n.memory_mb for n in cfg.nodes.cpu), default=need)
+    largest = largest_mb or need
     return max(meta.memory_mb, min(need, largest))
 
 
-def to_queued(meta: ActionMeta, cfg: TangramConfig) -> QueuedAction:
-    """Derive the cost vector of a (checked) action from its metadata and the config."""
+def to_queued(meta: ActionMeta, cfg: TangramConfig, shape: CpuShape | None = None) -> QueuedAction:
+    """Derive the cost vector of a (checked) action from its metadata and the config, within the
+    CPU nodes' `shape` (default: the declared nodes')."""
+    shape = shape or CpuShape.of_config(cfg)
     if meta.type == "code":
         assert meta.cpus is not None and meta.memory_mb is not None
         lo, hi = meta.cpus
-        hi = min(hi, max_group_cores(cfg))
+        hi = min(hi, shape.max_group_cores)
         # A test suite given as test cases is malleable: its runner's workers pull cases from
         # a shared queue, so workers can join (and leave) while it runs.
         cost = CostVector(
             ResourceKind.CPU,
             Elastic.range(lo, max(lo, hi)),
-            memory_mb=_reserved_mb(meta, cfg),
+            memory_mb=_reserved_mb(meta, cfg, shape.max_memory_mb),
             malleable=meta.has_tests and hi > lo,
         )
         kind, target = ("tests" if meta.has_tests else "code"), ""

@@ -62,7 +62,7 @@ class Faults:
         """Take CPU/GPU pools without live workers out of placement; bring returning ones back."""
         went, back, lost = self.state.set_offline(pools)
         for key in sorted(went):
-            log.warning("pool %s has no live worker: offline", key)
+            log.warning("pool %s has no live worker (or its node left): offline", key)
         # Its trajectories start over elsewhere: otherwise their next actions would wait for the
         # node forever, and under FCFS everything behind them with them.
         for tid in lost:
@@ -71,6 +71,17 @@ class Faults:
             log.warning("%d trajectories pinned to offline nodes unpinned", len(lost))
         for key in sorted(back):
             log.info("pool %s is back", key)
+
+    def drained(self, tids: list[str]) -> None:
+        """Trajectories of draining nodes with no action running there: released, so that their
+        next actions start over on another node (reported as a reset; an image trajectory's
+        kept layer stays on its node). The worker removes their sandboxes when it exits."""
+        for tid in tids:
+            self.trajectories.release(tid, lost=True, remove=False)
+        if tids:
+            log.info(
+                "%d trajector%s released from draining nodes", len(tids), "y" if len(tids) == 1 else "ies"
+            )
 
     def retry(self, action_id: str, worker: str, attempt: int) -> None:
         """The worker running `action_id` died, or its message was lost before any worker claimed

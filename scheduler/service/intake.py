@@ -11,7 +11,7 @@ import logging
 
 from scheduler.estimator import DurationEstimator
 from scheduler.service.books import ActionBook
-from scheduler.service.cluster import to_queued
+from scheduler.service.cluster import CpuShape, to_queued
 from scheduler.service.trajectories import TrajectoryBook
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.common.config import TangramConfig
@@ -37,6 +37,7 @@ class Intake:
     ) -> None:
         self.cfg, self.view, self.books, self.trajectories = cfg, view, books, trajectories
         self.estimator, self.store, self.metrics = estimator, store, metrics
+        self.shape: CpuShape | None = None  # the CPU nodes' shape once nodes joined (`nodes`)
 
     def on_intake(self, intake: list[IntakeEntry]) -> None:
         """Queue the new actions of `intake` (FCFS), note close requests, refuse the rest."""
@@ -50,7 +51,7 @@ class Intake:
             try:
                 meta = ActionMeta.model_validate_json(f["meta"])
                 why = self.view.refusal(meta)
-                qa = to_queued(meta, self.cfg) if why is None else None
+                qa = to_queued(meta, self.cfg, self.shape) if why is None else None
             except (KeyError, TypeError, ValueError) as exc:  # ValidationError is a ValueError
                 # Never raise out of the loop for one bad entry: recovery would read it again on
                 # every restart (a crash loop). It goes to the dead-letter stream instead.

@@ -25,6 +25,7 @@ Failures of the user's code are results, never retried here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from scheduler.model import Allocation, ResourceKind
@@ -69,15 +70,17 @@ def assess(
     running: Mapping[str, Allocation],
     owners: Sequence[Owner],
     local_now_s: float,
+    gone: AbstractSet[str] = frozenset(),
 ) -> LivenessPlan:
     """The plan for the workers' heartbeats `workers` (worker -> (last beat, pool key), Redis
-    server time `server_now_s`) and the `owners` of the `running` actions (in its order)."""
+    server time `server_now_s`) and the `owners` of the `running` actions (in its order).
+    `gone`: pools of nodes that left (drained, `nodes.NodeBook`): offline whatever beats."""
     plan = LivenessPlan()
     plan.alive = {w for w, (t, _) in workers.items() if server_now_s - t <= policy.dead_after_s}
     plan.forget = [w for w, (t, _) in workers.items() if server_now_s - t > policy.forget_after_s]
     known = {p for _, p in workers.values()}
-    alive_pools = {p for w, (_, p) in workers.items() if w in plan.alive}
-    plan.offline = known - alive_pools
+    alive_pools = {p for w, (_, p) in workers.items() if w in plan.alive} - gone
+    plan.offline = (known - alive_pools) | set(gone)
     # per pool, the latest last beat of a worker that stopped beating (not yet forgotten), in
     # the scheduler's clock: an action dispatched before it (and up to `dead_after_s` after,
     # when the worker may still have lived) may have died with that worker's prefetch

@@ -39,12 +39,13 @@ from scheduler.queue import WaitingQueue
 from scheduler.restore_cost import RestoreCosts
 from scheduler.round import FairShareSpec, Round
 from scheduler.service.books import ActionBook
-from scheduler.service.cluster import build_cluster, learn_images
+from scheduler.service.cluster import CpuShape, build_cluster, gpu_footprint, learn_images
 from scheduler.service.dispatch import Dispatcher
 from scheduler.service.events import Events
 from scheduler.service.faults import Faults
 from scheduler.service.intake import Intake
 from scheduler.service.liveness import LivenessPolicy, assess
+from scheduler.service.nodes import NodeBook, node_gauges
 from scheduler.service.record import RunRecorder
 from scheduler.service.recovery import RecoveryPlan, recovery_plan
 from scheduler.service.sender import Sender
@@ -53,11 +54,14 @@ from scheduler.service.warmer import GpuWarmer
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.metrics import SchedulerMetrics
+from tangram_celery.common.node_record import NodeState, live_pools
 from tangram_celery.common.wire import PoolView
 from tangram_celery.store import EVENTS, INTAKE, IntakeEntry, Store
 from tangram_celery.transport.app import make_app
 
 log = logging.getLogger("tangram.scheduler")
+
+NODES_EVERY_S = 0.25  # how often the nodes' records are read between liveness passes
 
 _TRANSIENT = (
     redis.ConnectionError,
@@ -131,6 +135,9 @@ class SchedulerService:
             state, books, trajectories, store, sender, self.liveness, clock, metrics
         )
         self.intake = Intake(cfg, self.view, books, trajectories, self.estimator, store, metrics)
+        declared = {n.name for n in cfg.nodes.cpu} | {g.name for g in cfg.nodes.gpu}
+        self.nodes = NodeBook(state, declared, self.restore_costs, gpu_footprint(cfg))
+        self.shape = CpuShape.of_config(cfg)
         self.events = Events(
             state, books, trajectories, warmer, faults, store, self.recorder, self.estimator, clock
         )
@@ -181,6 +188,7 @@ class SchedulerService:
         self.store.ping()
         self.store.ensure_groups()
         self.store.publish_config(self.view)
+        self.sync_nodes()  # nodes that joined before this start: their pins and actions recover
         self.recover()
 
     def recover(self) -> None:
@@ -251,7 +259,7 @@ class SchedulerService:
             len(self.waiting),
             len(self.state.running),
         )
-        next_check = 0.0
+        next_check = next_nodes = 0.0
         while not self._stop.is_set():
             try:
                 # API pools refill over time: wake up often while API actions wait for quota.
@@ -263,6 +271,9 @@ class SchedulerService:
                 if time.monotonic() >= next_check:
                     self.check()
                     next_check = time.monotonic() + self.liveness.check_every_s
+                elif time.monotonic() >= next_nodes:  # a joining node takes work within a step
+                    self._update("nodes", self.sync_nodes)
+                    next_nodes = time.monotonic() + NODES_EVERY_S
             except _TRANSIENT as e:
                 if isinstance(e, redis.ResponseError) and not _is_oom(e):
                     raise
@@ -290,6 +301,7 @@ class SchedulerService:
         self.intake.on_intake(entries)
 
     def schedule(self) -> int:
+        self.nodes.block()  # draining nodes take nothing new (releases gave them units back)
         n = self.dispatcher.schedule(self.round)
         self.dispatched_total += n
         return n
@@ -317,16 +329,43 @@ class SchedulerService:
         """One liveness pass: assess the workers' heartbeats and the owners of the running
         actions (`liveness.assess`, pure), then carry out the plan (`Faults.apply`)."""
         store, state = self.store, self.state
-        server_now, workers = store.workers()
+        server_now, workers = self.sync_nodes()
         ids = list(state.running)
         owners = store.owners(ids) if ids else []
         running = {aid: state.running[aid] for aid in ids}
-        plan = assess(self.liveness, server_now, workers, running, owners, self.clock())
+        plan = assess(self.liveness, server_now, workers, running, owners, self.clock(), self.nodes.gone)
         self.faults.apply(plan, store.sandbox_reports())
+        self.faults.drained(self.nodes.drained())
         learn_images(state, store.image_reports())  # issue 36: the nodes' image stores
+
+    def sync_nodes(self) -> tuple[float, dict[str, tuple[float, str]]]:
+        """Nodes joining, draining and leaving (`nodes.NodeBook`); returns what `Store.workers`
+        read. The largest node the clients are told of grows with the nodes that join."""
+        server_now, workers = self.store.workers()
+        live = live_pools(server_now, workers, self.liveness.dead_after_s)
+        changes = self.nodes.sync(self.store.node_records(), live)
+        if changes.shape_changed:
+            shape = self.shape.widened(CpuShape.of_state(self.state))
+            if shape != self.shape:
+                self.shape = self.intake.shape = shape
+                self.view = self.intake.view = self.view.model_copy(
+                    update={"max_cpus": shape.max_group_cores, "max_memory_mb": shape.max_memory_mb}
+                )
+                self.store.publish_config(self.view)
+        for key in changes.removed:  # a node that left: its record goes (one that came back stays)
+            name = key.partition(":")[2]
+            rec = self.nodes.records.get(name)
+            if rec is not None and rec.state is NodeState.LEFT:
+                self.store.drop_left_node(name, rec.worker)
+        if changes.removed:
+            self.store.publish_node_load({}, [k.partition(":")[2] for k in changes.removed])
+        return server_now, workers
 
     def _snapshot(self) -> None:
         self.recorder.snapshot(self.waiting, self.state, self.state.offline)
+        loads = self.nodes.loads(self.clock())
+        self.store.publish_node_load(loads, [])
+        node_gauges(self.metrics, loads, self.nodes.records)
         self.recorder.flush()
 
     def warn_if_stalled(self, after_s: float = 30.0) -> None:

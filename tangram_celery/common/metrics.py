@@ -58,6 +58,16 @@ class SchedulerMetrics:
             "tangram_cancelled_total", "Actions cancelled by their caller before dispatch", registry=r
         )
         self.pools_offline = Gauge("tangram_pools_offline", "Pools with no live worker", registry=r)
+        # nodes join and leave at run time (`scheduler/service/nodes.py`)
+        self.nodes = Gauge(
+            "tangram_nodes", "CPU/GPU nodes, per kind and state", ["kind", "state"], registry=r
+        )
+        self.node_units = Gauge(
+            "tangram_node_units",
+            "Units of a node (cores, GPUs): total and in use",
+            ["node", "what"],
+            registry=r,
+        )
         self.loans = Counter(
             "tangram_core_loans_total", "Core loan changes sent to CPU workers", ["pool"], registry=r
         )

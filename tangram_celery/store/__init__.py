@@ -18,6 +18,8 @@ Keys (all under `tangram:`):
                     action's hash): one connection waits on it for all that process's results
                     instead of one BLPOP per action
   warm              hash GPU node -> its warm-up status (JSON: state, services, loaded, seconds)
+  nodes             hash node -> its membership record (kind, state, capacity; `node_side.py`)
+  node_load         hash node -> its load as the scheduler sees it (units in use, running, pinned)
   languages         hash CPU node -> the languages its sandboxes run (JSON list), set by its
                     worker at start; clients refuse code actions in any other language
 
@@ -67,12 +69,13 @@ from tangram_celery.store.keys import (
     notify_key,
     redact,
 )
+from tangram_celery.store.node_side import NodeSide
 from tangram_celery.store.scheduler_side import SchedulerSide
 from tangram_celery.store.scripts import CANCEL, SUBMIT
 from tangram_celery.store.worker_side import WorkerSide
 
 
-class Store(ClientSide, SchedulerSide, WorkerSide):
+class Store(ClientSide, SchedulerSide, WorkerSide, NodeSide):
     """One interface over one Redis connection pool for everything the client, the scheduler
     and the workers share; each side's operations are in its own module."""
 

@@ -21,6 +21,8 @@ WARM = P + "warm"  # GPU node -> warm-up status (JSON)
 LANGS = P + "languages"  # CPU node -> JSON list of the languages its sandboxes run
 # CPU node -> JSON {"held": [[ref, bytes], ...], "fetchable": [ref, ...], "layers": [trajectory, ...]}
 IMAGES = P + "images"
+NODES = P + "nodes"  # node -> its membership record (`common.node_record.NodeRecord`, JSON)
+NODE_LOAD = P + "node_load"  # node -> its load as the scheduler sees it (`NodeLoad`, JSON)
 GROUP = "sched"
 CONSUMER = "scheduler"
 RESULT_TTL_S = 24 * 3600

@@ -75,6 +75,7 @@ class WorkerRuntime:
         self._seq_lock = threading.Lock()
         self.held: Callable[[], list[tuple[str, str]]] | None = None
         self.images: Callable[[], dict[str, Any] | None] | None = None  # a CPU node's image report
+        self.languages: list[str] | None = None  # (CPU workers) what the node's sandboxes run
         self._images_reported: dict[str, Any] | None = None
         # (CPU workers) removes a trajectory's sandbox of a generation: closes an order carries
         self.closer: Callable[[str, str], None] | None = None

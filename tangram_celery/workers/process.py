@@ -16,6 +16,7 @@ from tangram_celery.transport.app import make_app, queue_name
 from tangram_celery.transport.broker import resolve_url
 from tangram_celery.workers import tasks
 from tangram_celery.workers.base import WorkerRuntime
+from tangram_celery.workers.capacity import Caps
 
 log = logging.getLogger("tangram.worker")
 
@@ -66,19 +67,36 @@ CPU_SWITCH_S = 0.0005
 def run_worker(
     cfg: TangramConfig,
     kind: Literal["cpu", "api", "gpu"],
-    name: str,
+    name: str | None,
     *,
     loglevel: str = "INFO",
     concurrency: int | None = None,
     metrics_port: int = 0,
     metrics_addr: str = "127.0.0.1",
     task_events: bool = True,
+    caps: Caps | None = None,
 ) -> None:
     """Block serving the pool's queue until the worker is stopped (SIGTERM / Ctrl-C).
+
+    A CPU/GPU worker serves node `name` (None: `$TANGRAM_NODE`, else the host name), declared
+    in the config or not, with the capacity it detects, its config entry and the operator's
+    `caps` say (`workers.membership`); it registers the node, and drains it on SIGTERM.
 
     `task_events`: send Celery's task events (what Flower shows) from the start. Without them
     a monitor still turns them on (`celery control enable_events`, which Flower sends every few
     seconds); until then the worker publishes nothing per task."""
+    from tangram_celery.workers.membership import Membership, node_name, resolve_cpu, resolve_gpu
+
+    record = None
+    if kind != "api":
+        name = node_name(name)
+        resolve = resolve_cpu if kind == "cpu" else resolve_gpu
+        try:
+            cfg, record = resolve(cfg, name, caps or Caps())
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    elif not name:
+        raise ConfigError("an API worker needs --name (one of apis)")
     url = resolve_url(cfg)
     app = make_app(url)
     app.conf.worker_send_task_events = task_events  # what `-E` would set: one switch, not two
@@ -88,12 +106,20 @@ def run_worker(
     needed = serve_pool(cfg, name, app, runtime, closing)  # registers its tasks first
     slots = concurrency or needed
     runtime.start(app)
+    member = Membership(runtime.store, record, runtime.name) if record is not None else None
+    if member is not None:
+        member.join(runtime.languages)
+        member.hook()
     quiet_task_lines()
     serve(runtime.metrics.registry, metrics_port, metrics_addr)
     log.info("worker %s serving %s with %d slots", runtime.name, queue_name(kind, name), slots)
     try:
         app.worker_main(celery_argv(queue_name(kind, name), runtime.name, slots, loglevel))
     finally:
+        if member is not None:  # its running actions are done: the node has left
+            runtime.stop()
+            member.leave()
+            runtime.store.forget_worker(runtime.name)
         for close in closing:  # sandboxes and their cgroups go with a clean shutdown
             close()
 
@@ -126,20 +152,22 @@ def _serve_cpu(
     # idles. CPython hands the GIL over after 5 ms by default, as long as a whole short
     # action; with CPU_SWITCH_S the stateless HumanEval run took less wall and CPU time.
     sys.setswitchinterval(CPU_SWITCH_S)
-    node = next((n for n in cfg.nodes.cpu if n.name == name), None)
-    if node is None:
-        raise ConfigError(f"no CPU node named {name!r} in nodes.cpu ({[n.name for n in cfg.nodes.cpu]})")
+    node = next(n for n in cfg.nodes.cpu if n.name == name)  # declared by `resolve_cpu`
     from tangram_celery.sandbox import SandboxScope, open_sandbox
+    from tangram_celery.sandbox.egress import deployment_hosts
     from tangram_celery.workers.cpu import CpuHandler
 
     rules = {m.name: str(m.rule) for m in cfg.reward_models if m.backend == "rule"}
     # the scope (state dir + node) lets this worker remove what a previous one of the same
     # node left before it serves; nobody else's sandboxes are touched
-    sandbox = open_sandbox(ready_for_batches(cfg, node), SandboxScope.of_node(cfg.state_dir, name))
+    sandbox = open_sandbox(
+        ready_for_batches(cfg, node), SandboxScope.of_node(cfg.state_dir, name), deployment_hosts(cfg)
+    )
     closing.append(sandbox.close)
     handler = CpuHandler(sandbox, cfg.sandbox, rules)
     # what this node's sandboxes run: clients refuse actions in anything else at submit
     runtime.store.set_languages(name, handler.languages)
+    runtime.languages = list(handler.languages)
     tasks.register(
         app, runtime, cpu=handler, close=handler.close_trajectory, lend=handler.lend, fetch=handler.prefetch
     )
@@ -176,9 +204,7 @@ def _serve_gpu(
     cfg: TangramConfig, name: str, app: Celery, runtime: WorkerRuntime, closing: list[Callable[[], None]]
 ) -> int:
     """Register GPU node `name`'s tasks on its reward service; returns the slots it needs."""
-    gnode = next((n for n in cfg.nodes.gpu if n.name == name), None)
-    if gnode is None:
-        raise ConfigError(f"no GPU node named {name!r} in nodes.gpu ({[n.name for n in cfg.nodes.gpu]})")
+    gnode = next(n for n in cfg.nodes.gpu if n.name == name)  # declared by `resolve_gpu`
     from tangram_celery.workers.gpu import GpuHandler
 
     handler = GpuHandler(cfg, gnode, runtime.metrics, runtime.store, warm=gnode.warm_up)
