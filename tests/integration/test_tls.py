@@ -114,3 +114,25 @@ def test_the_stack_refuses_to_start_with_the_wrong_files(tmp_path: Path, tls_red
     path = deployment_config(tmp_path, broker=missing, nodes={"cpu": []}, apis=[CALC])
     with pytest.raises(BrokerError, match="ssl_keyfile"):
         resolve_url(load_config(path))
+
+
+def test_flowers_broker_page_reads_queues_over_rediss(tls_redis: Any) -> None:
+    """Given the Celery app of a rediss:// URL, when Flower's broker client is built the way its
+    broker page builds it, then it reads queue lengths over TLS with the client certificate."""
+    pytest.importorskip("flower")
+    from flower.utils.broker import Broker
+
+    from tangram_celery.transport.app import make_app
+    from tangram_celery.transport.tls import with_tls
+
+    c = tls_redis.certs
+    url = f"{tls_redis.url()}?ssl_ca_certs={c['ca']}&ssl_certfile={c['client']}&ssl_keyfile={c['client_key']}"
+    app = make_app(with_tls(url, None))
+    redis.Redis.from_url(with_tls(url, None)).lpush("tangram.cpu.n0", "x")
+    broker = Broker(
+        app.connection().as_uri(include_password=True),
+        broker_options=app.conf.broker_transport_options,
+        broker_use_ssl=app.conf.broker_use_ssl,
+    )
+    queues = asyncio.run(broker.queues(["tangram.cpu.n0"]))
+    assert queues == [{"name": "tangram.cpu.n0", "messages": 1}]
