@@ -61,7 +61,7 @@ def main() -> int:
         for j in r["joins"].values()
         if j["register_to_first_action_s"] is not None
     ]
-    data = {
+    data: dict[str, Any] = {
         "plan": vars(plan),
         "sandbox": SANDBOX,
         "summary": {
