@@ -58,7 +58,9 @@ def test_nodes_join_drain_and_vanish_under_load_and_every_action_runs_once(
     assert not v.unclaimed, f"results without a claim: {v.unclaimed[:5]}"
     assert not v.run_twice, f"ran twice, not only on the lost node: {v.run_twice[:5]}"
     assert fig["drain_exit_code"] == 0, f"the drained worker {DRAINED} exited with {fig['drain_exit_code']}"
-    assert fig["drain_running_at_sigterm"] >= 1, "the drained node ran nothing when SIGTERM came"
+    assert fig["drain_finished_there"] >= 1, (
+        "no action running on the drained node when SIGTERM came finished there"
+    )
     for node, j in fig["joins"].items():
         assert j["actions"] >= 1, f"joined node {node} took no work"
         took = j["ready_to_first_action_s"]
