@@ -1,4 +1,5 @@
-"""`tangram` command line: config check, up, demo, submit, scheduler, worker, flower, sim, reward."""
+"""`tangram` command line: config check, up, demo, submit, scheduler, worker, nodes, flower, sim,
+reward."""
 
 from __future__ import annotations
 
@@ -238,6 +239,16 @@ def cmd_flower(args: argparse.Namespace) -> int:
     os.execve(sys.executable, cmd, dict(os.environ, **extra))
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from tangram_celery.nodes import show
+    from tangram_celery.store import Store
+    from tangram_celery.transport.broker import resolve_url
+
+    store = Store(resolve_url(_config(args)), retry_budget_s=5.0)
+    print(show(store, args.json))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from tangram_celery.report import write_report
 
@@ -353,6 +364,11 @@ def _add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     sm.add_argument("--timeout", type=float, default=120.0)
     _add_config(sm)
     sm.set_defaults(fn=cmd_submit)
+
+    nd = sub.add_parser("nodes", help="list the CPU/GPU nodes: kind, state, capacity and load")
+    nd.add_argument("--json", action="store_true", help="JSON instead of a table")
+    _add_config(nd)
+    nd.set_defaults(fn=cmd_nodes)
 
     rp = sub.add_parser("report", help="PNG plots of ACT over time and utilisation per pool from a run")
     _add_config(rp)

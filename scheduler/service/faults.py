@@ -74,10 +74,17 @@ class Faults:
 
     def drained(self, tids: list[str]) -> None:
         """Trajectories of draining nodes with no action running there: released, so that their
-        next actions start over on another node (reported as a reset; an image trajectory's
-        kept layer stays on its node). The worker removes their sandboxes when it exits."""
+        next actions start over on another node, their results saying so (`sandbox_reset`, and
+        why in `detail`). An image trajectory's kept layer stays on its node: it starts over
+        from its image. The worker removes their sandboxes when it exits."""
         for tid in tids:
-            self.trajectories.release(tid, lost=True, remove=False)
+            node = self.state.trajectory_node.get(tid, "")
+            cpu = self.state.cpu.get(node)
+            why = f"its node {node} was drained (its worker stopped)"
+            store = cpu.store if cpu is not None else None
+            if store is not None and (tid in store.users or tid in store.layers):
+                why += "; its image sandbox's files stayed on that node: it starts over from its image"
+            self.trajectories.release(tid, lost=True, remove=False, why=why)
         if tids:
             log.info(
                 "%d trajector%s released from draining nodes", len(tids), "y" if len(tids) == 1 else "ies"

@@ -272,7 +272,7 @@ class SchedulerService:
                     self.check()
                     next_check = time.monotonic() + self.liveness.check_every_s
                 elif time.monotonic() >= next_nodes:  # a joining node takes work within a step
-                    self._update("nodes", self.sync_nodes)
+                    self._update("nodes", self._poll_nodes)
                     next_nodes = time.monotonic() + NODES_EVERY_S
             except _TRANSIENT as e:
                 if isinstance(e, redis.ResponseError) and not _is_oom(e):
@@ -338,12 +338,24 @@ class SchedulerService:
         self.faults.drained(self.nodes.drained())
         learn_images(state, store.image_reports())  # issue 36: the nodes' image stores
 
+    def _poll_nodes(self) -> None:
+        """Between liveness passes: read the nodes; one that joined takes work at once (the
+        waiting actions are placed now, not after the next read blocks)."""
+        before = len(self.state.cpu) + len(self.state.gpu)
+        self.sync_nodes()
+        if len(self.state.cpu) + len(self.state.gpu) > before and self.waiting:
+            self.schedule()
+
     def sync_nodes(self) -> tuple[float, dict[str, tuple[float, str]]]:
         """Nodes joining, draining and leaving (`nodes.NodeBook`); returns what `Store.workers`
         read. The largest node the clients are told of grows with the nodes that join."""
         server_now, workers = self.store.workers()
         live = live_pools(server_now, workers, self.liveness.dead_after_s)
         changes = self.nodes.sync(self.store.node_records(), live)
+        for key in changes.added:  # a GPU node that joins takes warm orders (`warm_up` defaults on)
+            kind, _, name = key.partition(":")
+            if kind == "gpu" and name not in self.nodes.declared:
+                self.warmer.warm_nodes.add(name)
         if changes.shape_changed:
             shape = self.shape.widened(CpuShape.of_state(self.state))
             if shape != self.shape:

@@ -59,13 +59,15 @@ class SandboxBook:
     gen: dict[str, str] = field(default_factory=dict)
     owner: dict[str, tuple[str, int]] = field(default_factory=dict)
     reset: dict[str, float] = field(default_factory=dict)  # trajectory -> when it lost its sandbox
+    why: dict[str, str] = field(default_factory=dict)  # trajectory -> why, when told (not persisted)
 
     def pinned(self, tid: str, action_id: str) -> SandboxOrder:
         """A CPU action pins `tid` (a new sandbox): the worker's sandbox instructions."""
         self.gen[tid] = action_id
         self.owner.pop(tid, None)
         reset = self.reset.pop(tid, None) is not None
-        return SandboxOrder(gen=action_id, new=True, reset=reset)
+        why = self.why.pop(tid, None)
+        return SandboxOrder(gen=action_id, new=True, reset=reset, why=why if reset else None)
 
     def reuse(self, tid: str, action_id: str) -> SandboxOrder:
         """A CPU action of pinned `tid`: run in its existing sandbox (the pinning action placed
@@ -82,11 +84,13 @@ class SandboxBook:
         self.owner[tid] = (worker, seq)
         return old is None or old[0] != worker
 
-    def lost(self, tid: str, now_s: float) -> None:
+    def lost(self, tid: str, now_s: float, why: str | None = None) -> None:
         """The trajectory's sandbox is gone while its caller may go on (evicted, expired, its
-        worker or node lost): its next action reports a reset."""
+        worker or node lost, drained): its next action reports a reset (and `why`, if told)."""
         if tid in self.gen and not is_one_shot(tid):
             self.note_reset(tid, now_s)
+            if why:
+                self.why[tid] = why
         self.gen.pop(tid, None)
         self.owner.pop(tid, None)
 
@@ -95,11 +99,13 @@ class SandboxBook:
         self.gen.pop(tid, None)
         self.owner.pop(tid, None)
         self.reset.pop(tid, None)
+        self.why.pop(tid, None)
 
     def note_reset(self, tid: str, at_s: float) -> None:
         """`tid`'s next action reports a reset (`reset` stays in the order of these times)."""
         self.reset.pop(tid, None)
         self.reset[tid] = at_s
+        self.why.pop(tid, None)
 
     def restore_resets(self, resets: Mapping[str, float]) -> None:
         for tid, at_s in sorted(resets.items(), key=lambda kv: kv[1]):
@@ -116,6 +122,7 @@ class SandboxBook:
             old.append(t)
         for t in old:
             del self.reset[t]
+            self.why.pop(t, None)
         return old
 
     def gone(

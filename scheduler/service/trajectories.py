@@ -109,9 +109,10 @@ class TrajectoryBook:
         )
         return out
 
-    def release(self, tid: str, *, lost: bool, remove: bool = True) -> None:
-        """Free the trajectory's memory and pin; `lost`: its caller may go on (mark it reset);
-        `remove`: have its node remove the sandbox (not when it is known to be gone)."""
+    def release(self, tid: str, *, lost: bool, remove: bool = True, why: str | None = None) -> None:
+        """Free the trajectory's memory and pin; `lost`: its caller may go on (mark it reset,
+        its next result saying `why` when given); `remove`: have its node remove the sandbox
+        (not when it is known to be gone)."""
         book = self.sandboxes
         node = self.state.trajectory_node.get(tid)
         gen = book.gen.get(tid, "")
@@ -121,7 +122,7 @@ class TrajectoryBook:
             book.closed(tid)
             return  # never persisted; its worker discards the sandbox itself
         if lost:
-            book.lost(tid, self.clock())
+            book.lost(tid, self.clock(), why)
         else:
             book.closed(tid)
         resets = {tid: book.reset[tid]} if tid in book.reset else None

@@ -206,11 +206,12 @@ class PoolView(_Wire):
 # ---- scheduler -> worker, and the scheduler's own dispatch records --------------------------------
 class SandboxOrder(_Wire):
     """The scheduler's word on a code action's trajectory sandbox (scheduler/service/sandboxes.py):
-    its generation, whether this action starts it, whether the caller lost the previous one."""
+    its generation, whether this action starts it, whether the caller lost the last one (`why`)."""
 
     gen: str = ""
     new: bool = False
     reset: bool = False
+    why: str | None = None  # sent only when known (a drained node): workers before it refuse it
 
 
 class AllocationWire(_Wire):

@@ -96,7 +96,9 @@ class CpuHandler:
             # files kept in an image's layer through an eviction are not a reset
             sandbox_reset=res.sandbox_reset or (sandbox.reset and not res.kept_files),
             cpu_s=res.cpu_s,
-            detail=res.detail,
+            detail=_with_reset_why(
+                res.detail, sandbox, res.sandbox_reset or (sandbox.reset and not res.kept_files)
+            ),
             # an infrastructure failure says what failed (the runner lost, a runner error)
             error=res.detail if res.status is ActionStatus.ERROR else "",
         )
@@ -158,6 +160,13 @@ class CpuHandler:
     def held(self) -> list[tuple[str, str]]:
         """The trajectory sandboxes this worker holds, for its report to the scheduler."""
         return self.sandbox.held()
+
+
+def _with_reset_why(detail: str, sandbox: SandboxOrder, reset: bool) -> str:
+    """The result's detail, with why the sandbox was reset when the scheduler said (a drained node)."""
+    if not reset or not sandbox.why:
+        return detail
+    return "; ".join(filter(None, [detail, f"sandbox reset: {sandbox.why}"]))
 
 
 def language_refusal(language: str, available: list[str]) -> str:

@@ -101,7 +101,19 @@ def test_sigterm_drains_an_undeclared_node_under_load_losing_nothing(tmp_path: P
         start("worker-a", [*cli, "worker", "cpu", "--node", "a", "--config", str(config)])
         start(
             "worker-b",
-            [*cli, "worker", "cpu", "--node", "b", "--cores", "2", "--memory-mb", "8192", "--config", str(config)],
+            [
+                *cli,
+                "worker",
+                "cpu",
+                "--node",
+                "b",
+                "--cores",
+                "2",
+                "--memory-mb",
+                "8192",
+                "--config",
+                str(config),
+            ],
         )
         ready = lambda: all(  # noqa: E731
             (r := store.node_records().get(n)) is not None and r.state is NodeState.READY for n in ("a", "b")
@@ -169,3 +181,5 @@ def test_sigterm_drains_an_undeclared_node_under_load_losing_nothing(tmp_path: P
     assert set(completions) == set(ids) and max(completions.values()) == 1, "an action completed twice"
     assert not late_on_b, f"started on b after its worker exited: {late_on_b[:2]}"
     assert any(e["pool"] == "cpu:b" for e in entries), "b took work"
+    resets = [r for r in results if r.get("sandbox_reset")]
+    assert resets and all("node b was drained" in r["detail"] for r in resets), resets[:2]

@@ -102,6 +102,7 @@ def test_a_draining_node_takes_nothing_new_and_its_idle_trajectories_move(h: Har
     assert not code_messages(h, "x1")
     [(moved, order)] = code_messages(h, "n0")
     assert moved == "d4" and order.sandbox is not None and order.sandbox.reset and order.sandbox.new
+    assert "x1 was drained" in (order.sandbox.why or "")  # the result's detail says so
     assert h.svc.state.trajectory_node[f"t{busy}"] == "x1"
     res = ActionResult(action_id=busy, status=ActionStatus.OK)
     h.store.complete(busy, res.model_dump_json(), Completion(status=EventStatus.OK, worker="w-x1", act_s=0.1))
@@ -150,3 +151,27 @@ def test_only_the_incarnation_that_registered_moves_the_record_on() -> None:
     rec = store.node_records()["x1"]
     assert rec.state is NodeState.READY and rec.ready_s == 2.0
     assert not store.drop_left_node("x1", "w-new")
+
+
+def test_tangram_nodes_shows_state_capacity_and_load(h: Harness) -> None:
+    """`tangram nodes` lists a joined node as ready with its cores, memory and the scheduler's
+    load, a draining one as draining, one whose worker stopped beating as lost, and the
+    declared node that never registered by its heartbeat; --json has the same rows."""
+    from tangram_celery.nodes import format_table, node_rows, show
+
+    join(h.store, "x1")
+    join(h.store, "x2")
+    join(h.store, "x3")
+    _beat(h.store, "w-x3", "cpu:x3", time.time() - 60)
+    h.store.set_node_state("x2", "w-x2", NodeState.DRAINING, time.time())
+    h.svc.check()
+    rows = {r["node"]: r for r in node_rows(h.store)}
+    assert rows["x1"]["state"] == "ready" and rows["x1"]["cores"] == 2 and rows["x1"]["memory_mb"] == 2048
+    assert rows["x1"]["load"]["in_use"] == 0 and rows["x1"]["load"]["units"] == 2
+    assert rows["x2"]["state"] == "draining" and rows["x3"]["state"] == "lost"
+    assert rows["n0"]["state"] == "ready" and "worker" not in rows["n0"]
+    table = format_table(list(rows.values()))
+    assert "draining" in table and "2 cores" in table and "0/2" in table
+    import json
+
+    assert {r["node"] for r in json.loads(show(h.store, as_json=True))} == {"n0", "x1", "x2", "x3"}
