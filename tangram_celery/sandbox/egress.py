@@ -33,10 +33,11 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from tangram_celery.common.config import SandboxConfig
-from tangram_celery.common.errors import SandboxError
-from tangram_celery.sandbox import egress_rules as rules
+import tangram_celery.sandbox.egress_rules as rules
+from tangram_celery.common.config import SandboxConfig, TangramConfig, expand_env
+from tangram_celery.common.errors import ConfigError, SandboxError
 from tangram_celery.sandbox.stage import SandboxScope
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,21 @@ def endpoint_addrs(hosts: Iterable[str]) -> list[str]:
             continue
         out += [str(i[4][0]) for i in infos]
     return list(dict.fromkeys(out))
+
+
+def deployment_hosts(cfg: TangramConfig) -> tuple[str, ...]:
+    """Addresses of the deployment's endpoints no sandbox may reach even inside
+    `sandbox.egress_allow` (the broker, the HTTP server, Flower): the worker passes them to
+    `open_sandbox`. Those on the host itself are blocked anyway (the uplink's addresses)."""
+    if not cfg.sandbox.network:
+        return ()
+    hosts = [cfg.http.address, cfg.flower.address]
+    if cfg.broker.url.startswith(("redis://", "rediss://")):
+        try:
+            hosts.append(urlsplit(expand_env(cfg.broker.url, "broker.url")).hostname or "")
+        except (ConfigError, ValueError) as e:
+            log.warning("sandbox network: cannot read the broker's host to deny it: %s", e)
+    return tuple(endpoint_addrs(hosts))
 
 
 def _local_addrs(ns_path: str | None) -> list[str]:

@@ -256,8 +256,13 @@ def build_root(spec: dict) -> None:
 def _bind_into(root: str, src: str, dest: str, readonly: bool) -> None:
     if os.path.isdir(src):
         _mkdir(root + dest)
-    else:  # a file (the resolv.conf of a sandbox with network)
-        _mkdir(os.path.dirname(root + dest))
+    else:  # a file (the resolv.conf of a sandbox with network), never through an image's links
+        parent, want = os.path.dirname(root + dest), os.path.realpath(root) + os.path.dirname(dest)
+        if os.path.lexists(parent) and os.path.realpath(parent) != want:
+            raise LaunchError(f"{os.path.dirname(dest)} is a link in the sandbox's root")
+        _mkdir(parent)
+        if os.path.islink(root + dest):
+            os.unlink(root + dest)
         _touch(root + dest)
     bind(src, root + dest, readonly=readonly)
 

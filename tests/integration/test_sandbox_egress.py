@@ -310,3 +310,35 @@ def test_sandboxes_cannot_reach_each_other(egress_box: Any) -> None:
     t.join(timeout=60)
     assert got and got[0].status is ActionStatus.OK and got[0].stdout.strip() == "none", got
     assert all(not out[x].startswith("ok") for x in targets), out
+
+
+@pytest.fixture(scope="module", params=["namespace", "docker"])
+def image_egress_box(
+    request: pytest.FixtureRequest, internet: Internet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A pool that runs container images, network on, egress through the test's uplink."""
+    from tests.fixtures.images import ImageBox, images_config, open_image_pool
+
+    layout = request.getfixturevalue("image_layout")
+    cfg: dict[str, Any] = {**SMALL_LIMITS, "backend": request.param, "prewarm": 0, "network": True}
+    cfg.update(egress_uplink=internet.up, dns=[RESOLVER])
+    if request.param == "docker":
+        cfg["docker_host"] = request.getfixturevalue("image_engine")
+    else:
+        cfg["namespace_launcher"] = "builtin"
+        cfg["images"] = images_config(layout, tmp_path_factory.mktemp("store"))
+    for pool in open_image_pool(request.param, cfg):
+        yield ImageBox(request.param, pool)
+
+
+def test_image_sandbox_gets_the_same_egress(image_egress_box: Any) -> None:
+    """Given a container image's sandbox with network, then its resolv.conf names the
+    configured resolver, a public address answers and a private one is refused."""
+    script = (
+        'cat /etc/resolv.conf; exec 3<>/dev/tcp/203.0.113.1/8080 && read -r line <&3 && echo "$line"; '
+        "(exec 4<>/dev/tcp/192.168.77.1/8080) 2>/dev/null && echo private-open || echo private-refused"
+    )
+    res = image_egress_box.run(tid(), script, timeout_s=30)
+    assert res.status is ActionStatus.OK, res
+    assert f"nameserver {RESOLVER}" in res.stdout, res.stdout
+    assert f"hello {PUBLIC}:8080" in res.stdout and "private-refused" in res.stdout, res.stdout

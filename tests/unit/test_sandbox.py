@@ -219,7 +219,7 @@ def test_open_sandbox_auto_falls_back_without_docker(monkeypatch: pytest.MonkeyP
     class Fake:
         name = "namespace"
 
-        def __init__(self, cfg: SandboxConfig, scope: object = None) -> None:
+        def __init__(self, cfg: SandboxConfig, scope: object = None, egress_deny: object = ()) -> None:
             built.append(cfg.backend)
 
     monkeypatch.setattr(sb, "docker_reachable", lambda url: False)
