@@ -53,6 +53,8 @@ class RenderError(ValueError):
 
 
 def defaults(source: Path = SOURCE) -> dict[str, Any]:
+    if not (source / "values.yaml").is_file():
+        raise RenderError(f"no k8s/values.yaml under {source}: run from a checkout or pass --source")
     data = yaml.safe_load((source / "values.yaml").read_text())
     if not isinstance(data, dict):
         raise RenderError(f"{source / 'values.yaml'}: not a mapping")
@@ -167,11 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a value")
     r.add_argument("-o", "--out", type=Path, help="write the files here (default: all to stdout)")
     r.add_argument("--source", type=Path, default=SOURCE, help="the k8s/ folder (default: the checkout's)")
-    sub.add_parser("values", help="print the values and their defaults")
+    v = sub.add_parser("values", help="print the values and their defaults (k8s/values.yaml explains them)")
+    v.add_argument("--source", type=Path, default=SOURCE, help="the k8s/ folder (default: the checkout's)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "values":
-            sys.stdout.write((SOURCE / "values.yaml").read_text())
+            sys.stdout.write(yaml.safe_dump(defaults(args.source), sort_keys=False))
             return 0
         rendered = render(resolve(_parse_sets(args.set), args.source), args.source)
     except RenderError as e:

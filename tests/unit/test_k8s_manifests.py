@@ -229,6 +229,7 @@ def test_the_renderer_refuses_what_it_cannot_place(tmp_path: Path) -> None:
     assert "image: registry.example:5000/tangram:1" in (tmp_path / "30-scheduler.yaml").read_text()
     assert (tmp_path / "examples" / "secret.yaml").exists()
     assert k8s.main(["render", "--set", "nope=1"]) == 2
+    assert k8s.main(["render", "--source", str(tmp_path)]) == 2  # no values.yaml there
 
 
 def test_queued_units_is_the_demand_per_pool_family() -> None:
