@@ -18,7 +18,7 @@ import pytest
 from tests.fixtures.common import unavailable
 from tests.fixtures.netns import Hosts
 from tests.fixtures.netns_cluster import host_names, netns_problem
-from tests.fixtures.netns_scenario import DRAINED, SANDBOX, Plan, run_many_nodes
+from tests.fixtures.netns_scenario import DRAINED, LOST, SANDBOX, Plan, run_many_nodes
 from tests.fixtures.sandbox import require_sandbox
 
 PLAN = Plan(workers=8, joins=2)
@@ -37,7 +37,8 @@ def test_nodes_join_drain_and_vanish_under_load_and_every_action_runs_once(
     """Given eight CPU worker hosts serving a stream of trajectories, when an undeclared node
     joins, a node is drained under load, another is killed and a second undeclared node joins,
     then every submitted action completes exactly once with its expected output, only the killed
-    node's actions run again, the drained worker exits cleanly, and each joined node takes work."""
+    node's actions run again, the drained worker exits cleanly, each joined node takes work, and
+    `tangram nodes` lists the joined nodes ready and the killed one lost."""
     problem = netns_problem()
     if problem:
         unavailable(problem)
@@ -61,6 +62,12 @@ def test_nodes_join_drain_and_vanish_under_load_and_every_action_runs_once(
     assert fig["drain_finished_there"] >= 1, (
         "no action running on the drained node when SIGTERM came finished there"
     )
+    listed = {n: r["state"] for n, r in fig["nodes_listed"].items()}
+    assert listed.get(LOST) == "lost" and listed.get(DRAINED) in (None, "left"), listed
+    for node, row in fig["nodes_listed"].items():
+        if node not in (LOST, DRAINED):
+            assert row["state"] == "ready" and row["cores"] == 1, (node, row)
+            assert row["declared"] == node.startswith("w"), (node, row)
     for node, j in fig["joins"].items():
         assert j["actions"] >= 1, f"joined node {node} took no work"
         took = j["ready_to_first_action_s"]
