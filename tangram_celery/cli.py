@@ -145,6 +145,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             _say(
                 f"http: {dep.http_url} (SandboxFusion URL {dep.http_url}/run_code, docs {dep.http_url}/docs)"
             )
+            from tangram_celery.deploy.http_child import http_access_note
+
+            _say(http_access_note(dep.cfg, dep.state_dir))
         _say(f"logs: {dep.state_dir / 'logs'}; Ctrl-C (or SIGTERM, SIGHUP) stops everything")
         while True:  # the deployment's supervisor restarts children that exit
             time.sleep(1.0)

@@ -3,6 +3,7 @@ may carry (checked at submit). Part of the deployment config (`tangram_celery.co
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Literal
 
@@ -26,7 +27,27 @@ class HttpConfig(StrictModel):
     token: str | None = Field(
         None,
         description="bearer token every request but GET /v1/ping must carry (Authorization: Bearer "
-        "TOKEN); ${VAR} is taken from the environment",
+        "TOKEN); ${VAR} is taken from the environment. Unset on loopback: the server makes one and "
+        "keeps it in <state_dir>/http.token (mode 0600)",
+    )
+    auth: Literal["token", "none"] = Field(
+        "token", description="'none': no token at all, allowed only on a loopback address"
+    )
+    token_in_query: bool = Field(
+        False, description="also accept ?token=TOKEN (clients that cannot send headers); else 403"
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host names served besides localhost and loopback addresses; off loopback, when "
+        "set, only these (and loopback ones)",
+    )
+    rate_limit_per_s: float = Field(
+        0.0, ge=0, description="requests a second per token (0: no limit); beyond, 429 + Retry-After"
+    )
+    rate_limit_burst: int = Field(
+        0,
+        ge=0,
+        description="requests a token may make at once above the rate (0: twice the rate, at least 1)",
     )
     max_in_flight: int = Field(
         4096, ge=1, le=1_000_000, description="requests served at once; beyond it the overload status"
@@ -64,11 +85,17 @@ class HttpConfig(StrictModel):
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> HttpConfig:
+        if self.auth == "none" and not self.loopback:
+            raise ValueError(
+                f"http.auth: none serves without a token, so only on loopback, not {self.address}"
+            )
         if not self.loopback and not self.token:
             raise ValueError(
                 f"http.address {self.address} is reachable from other hosts: set http.token "
                 "(e.g. token: ${TANGRAM_HTTP_TOKEN}) or bind 127.0.0.1"
             )
+        if self.auth == "none" and self.token:
+            raise ValueError("http.auth: none and http.token contradict each other: drop one")
         if self.exec_margin_s >= self.slack_s:
             raise ValueError(
                 f"http.exec_margin_s ({self.exec_margin_s}) must be below http.slack_s ({self.slack_s}): "
@@ -81,6 +108,11 @@ class HttpConfig(StrictModel):
         import ipaddress
 
         return self.address == "localhost" or ipaddress.ip_address(self.address).is_loopback
+
+    @property
+    def burst(self) -> float:
+        """The rate limit's bucket size."""
+        return float(self.rate_limit_burst or max(1, math.ceil(2 * self.rate_limit_per_s)))
 
     def resolved_token(self) -> str | None:
         """The token with ${VAR} taken from the environment (ConfigError if VAR is unset)."""

@@ -50,3 +50,15 @@ def wait_http_url(state_dir: Path, check_alive: Callable[[], None], timeout_s: f
             return url
         time.sleep(0.05)
     raise TangramError(f"http server wrote no URL in {timeout_s}s; see {state_dir / 'logs' / 'http.log'}")
+
+
+def http_access_note(cfg: TangramConfig, state_dir: Path) -> str:
+    """How a caller gets in, for `tangram up` to print: where the token the server made is
+    (no `http.token` set), or that it needs none (`http.auth: none`, loopback only)."""
+    from tangram_celery.web.serve import TOKEN_FILE
+
+    if cfg.http.auth == "none":
+        return "http: no token (http.auth: none; loopback only)"
+    if cfg.http.token:
+        return "http: token from http.token (Authorization: Bearer TOKEN)"
+    return f"http: token in {state_dir / TOKEN_FILE} (Authorization: Bearer <its content>)"

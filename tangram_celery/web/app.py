@@ -1,14 +1,15 @@
-"""The FastAPI application: routers, bearer-token auth, request-size limit, one AsyncTangramClient.
+"""The FastAPI application: routers, access policy (Host check, bearer token, rate limit: see
+`auth.py`), request-size limit, one AsyncTangramClient.
 
 OpenAPI docs are served at /docs (schema at /openapi.json); they and GET /v1/ping need no token.
 Clients that cannot set headers (verl's SandboxFusion client sends none) may pass the token as
-the query parameter `token`.
+the query parameter `token` where the operator allows it (`http.token_in_query`).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
+import time
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,14 +23,13 @@ from tangram_celery.client.aio import AsyncTangramClient
 from tangram_celery.client.gate import Gate
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
+from tangram_celery.web.auth import Access, Refusal
 from tangram_celery.web.phases import COMPILED, LANGUAGES
 from tangram_celery.web.sandbox_fusion import Answer, run_code_fast
 from tangram_celery.web.sandbox_models import Capabilities
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-
-PUBLIC_PATHS = frozenset({"/v1/ping", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
 
 
 @dataclass
@@ -82,9 +82,12 @@ def create_app(
     *,
     client: AsyncTangramClient | None = None,
     registry: CollectorRegistry | None = None,
+    token: str | None = None,
 ) -> FastAPI:
     """The HTTP server's app for deployment `cfg` whose Redis is at `broker_url`; with
-    `registry`, its gauges (requests in flight, overload answers, actions awaited) go there."""
+    `registry`, its gauges (requests in flight, overload answers, actions awaited) go there.
+    `token`: the one required (default `http.token`; with neither and `http.auth: token`, every
+    request but ping and the docs is refused)."""
     from tangram_celery.integrations.rewards import router as rewards_router
     from tangram_celery.web.native import router as native_router
     from tangram_celery.web.sandbox_fusion import router as sandbox_router
@@ -119,8 +122,8 @@ def create_app(
     app.include_router(sandbox_router)
     app.include_router(native_router)
     app.include_router(rewards_router)
-    token = cfg.http.resolved_token()
-    app.add_middleware(Guard, token=token, max_body_bytes=cfg.http.max_body_mb << 20)
+    access = Access.of(cfg.http, token or cfg.http.resolved_token())
+    app.add_middleware(Guard, access=access, max_body_bytes=cfg.http.max_body_mb << 20)
     return app
 
 
@@ -144,27 +147,36 @@ def _gauges(registry: CollectorRegistry, gate: Gate) -> None:
 
 
 class Guard:
-    """Pure ASGI middleware (no per-request task, unlike BaseHTTPMiddleware): bearer token,
-    request-body limit, and the fast path of `POST /run_code`.
+    """Pure ASGI middleware (no per-request task, unlike BaseHTTPMiddleware): the access policy
+    (`Access.check`: Host, token, rate limit), request-body limit, and the fast path of
+    `POST /run_code`. The principal a request acts for is in `scope["state"]["principal"]`.
 
     The fast path: a `/run_code` request with a JSON body is read here and, if it validates, is
     answered by `run_code_fast` without FastAPI's routing, dependency solving and second parse
     (the hot path of every SandboxFusion client). A body that does not validate goes on to the
     FastAPI route, replayed, which answers exactly as it would have (its 422)."""
 
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, access: Access, max_body_bytes: int) -> None:
         self.app = app
-        self.token = token.encode() if token else None
+        self.access = access
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.token is not None and scope["path"] not in PUBLIC_PATHS and not self._authorized(scope):
-            await _reply(send, 401, "missing or wrong bearer token", {"www-authenticate": "Bearer"})
-            return
         headers = dict(scope["headers"])
+        verdict = self.access.check(
+            scope["path"],
+            headers.get(b"host"),
+            headers.get(b"authorization"),
+            scope.get("query_string", b""),
+            time.monotonic(),
+        )
+        if isinstance(verdict, Refusal):
+            await _reply(send, verdict.status, verdict.detail, dict(verdict.headers))
+            return
+        scope.setdefault("state", {})["principal"] = verdict
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             await _reply(send, 413, f"request body over {self.max_body_bytes >> 20} MiB (http.max_body_mb)")
@@ -197,19 +209,6 @@ class Guard:
                 await _reply(
                     send, 413, f"request body over {self.max_body_bytes >> 20} MiB (http.max_body_mb)"
                 )
-
-    def _authorized(self, scope: Scope) -> bool:
-        assert self.token is not None
-        for name, value in scope["headers"]:
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                return hmac.compare_digest(value[7:].strip(), self.token)
-        query = scope.get("query_string", b"")
-        for part in query.split(b"&"):
-            if part.startswith(b"token="):
-                from urllib.parse import unquote_to_bytes
-
-                return hmac.compare_digest(unquote_to_bytes(part[6:]), self.token)
-        return False
 
 
 class BodyTooLarge(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tangram.web")
 URL_FILE = "http.url"
+TOKEN_FILE = "http.token"  # the token the server made (no http.token set), mode 0600
 
 
 def missing_extra() -> str | None:
@@ -61,6 +63,30 @@ def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:
     return path
 
 
+def server_token(cfg: TangramConfig) -> tuple[str | None, Path | None]:
+    """The token the server requires, and the file it is kept in when the server made it: None
+    with `http.auth: none`; `http.token` when set; else (loopback only) the one in
+    <state_dir>/http.token, made at the first start (random, mode 0600) and kept across restarts."""
+    if cfg.http.auth == "none":
+        return None, None
+    token = cfg.http.resolved_token()
+    if token:
+        return token, None
+    path = Path(cfg.state_dir) / TOKEN_FILE
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        path.chmod(0o600)
+        token = path.read_text().strip()
+        if token:
+            return token, path
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip(), path
+
+
 def read_url(state_dir: str | os.PathLike[str]) -> str | None:
     try:
         return (Path(state_dir) / URL_FILE).read_text().strip() or None
@@ -91,16 +117,21 @@ def serve(
         changes = {"address": address or http.address, "port": http.port if port is None else port}
         http = http.model_validate({**http.model_dump(), **changes})  # validated: token off loopback
         cfg = cfg.model_copy(update={"http": http})
-    app = create_app(cfg, broker_url, registry=registry)
+    token, token_path = server_token(cfg)
+    app = create_app(cfg, broker_url, registry=registry, token=token)
     sock = bind(http.address, http.port, prefer_port)
     url = url_of(sock)
     path = write_url(cfg.state_dir, url)
     print(f"http: {url} (docs {url}/docs; SandboxFusion URL {url}/run_code); url in {path}", flush=True)
+    if token_path is not None:
+        print(f"http: token in {token_path} (send 'Authorization: Bearer <its content>')", flush=True)
+    elif token is None:
+        print("http: no token (http.auth: none); only this host can reach it", flush=True)
     config = uvicorn.Config(
         app,
         loop="auto",
         http="auto",
-        access_log=False,  # a token may travel in the query string; and it costs time per request
+        access_log=False,  # a token may travel in the query string (opt-in); and it costs time
         log_level="warning",
         backlog=2048,
         timeout_keep_alive=30,

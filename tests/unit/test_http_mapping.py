@@ -145,8 +145,8 @@ def _call(
 
 def test_the_guard_requires_the_token_except_on_ping_and_docs() -> None:
     """With a token, requests without it (or with a wrong one) get 401; ping and the OpenAPI
-    docs stay open; the token is accepted as a bearer header or as ?token= (verl sends no
-    headers)."""
+    docs stay open; the token is accepted as a bearer header, and as ?token= only where the
+    operator opts in (verl sends no headers): else 403 (tests/unit/test_http_auth.py)."""
     pytest.importorskip("fastapi")
     from fastapi import FastAPI
 
@@ -162,11 +162,18 @@ def test_the_guard_requires_the_token_except_on_ping_and_docs() -> None:
     async def ping() -> str:
         return "pong"
 
-    app = Guard(inner, token="s3cret", max_body_bytes=1024)
+    from tangram_celery.common.config_front import HttpConfig
+    from tangram_celery.web.auth import Access
+
+    http = HttpConfig(allowed_hosts=("t",))
+    app = Guard(inner, access=Access.of(http, "s3cret"), max_body_bytes=1024)
     assert _call(app, "POST", "/run_code") == 401
     assert _call(app, "POST", "/run_code", {"Authorization": "Bearer nope"}) == 401
     assert _call(app, "POST", "/run_code", {"Authorization": "Bearer s3cret"}) == 200
-    assert _call(app, "POST", "/run_code?token=s3cret") == 200
+    assert _call(app, "POST", "/run_code?token=s3cret") == 403
+    in_query = http.model_copy(update={"token_in_query": True})
+    app_q = Guard(inner, access=Access.of(in_query, "s3cret"), max_body_bytes=1024)
+    assert _call(app_q, "POST", "/run_code?token=s3cret") == 200
     assert _call(app, "GET", "/v1/ping") == 200
     assert _call(app, "GET", "/openapi.json") == 200
     big = base64.b64encode(b"x" * 2048)

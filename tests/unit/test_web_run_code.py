@@ -65,7 +65,7 @@ def _app(client: StandIn, **http: Any) -> Any:
     from tangram_celery.client.gate import Gate
     from tangram_celery.web.app import ServerState, create_app
 
-    cfg = parse_config({"http": http})
+    cfg = parse_config({"http": {"auth": "none", "allowed_hosts": ["t"], **http}})
     app = create_app(cfg, "redis://unused", client=client)  # type: ignore[arg-type]
     gate = Gate(client, cfg.http)  # type: ignore[arg-type]
     app.state.tangram = ServerState(cfg=cfg, client=client, gate=gate, default_memory_mb=256)  # type: ignore[arg-type]
