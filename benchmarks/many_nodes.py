@@ -55,12 +55,11 @@ def main() -> int:
         return 2
     plan = Plan(workers=args.workers, joins=args.joins)
     rounds = [one_round(plan) for _ in range(args.rounds)]
-    firsts = [
-        j["register_to_first_action_s"]
-        for r in rounds
-        for j in r["joins"].values()
-        if j["register_to_first_action_s"] is not None
-    ]
+
+    def joins(key: str) -> list[float]:
+        return [j[key] for r in rounds for j in r["joins"].values() if j[key] is not None]
+
+    firsts = joins("register_to_first_action_s")
     data: dict[str, Any] = {
         "plan": vars(plan),
         "sandbox": SANDBOX,
@@ -75,6 +74,12 @@ def main() -> int:
             "register_to_first_action_s": firsts,
             "register_to_first_action_max_s": max(firsts, default=None),
             "register_to_first_action_median_s": statistics.median(firsts) if firsts else None,
+            # from the record's `ready` (its consumer takes messages): when the scheduler adds it
+            "ready_to_first_action_s": joins("ready_to_first_action_s"),
+            "process_start_to_first_action_s": joins("process_start_to_first_action_s"),
+            "drain_sigterm_to_exit_s": [r["drain_sigterm_to_exit_s"] for r in rounds],
+            "lost_detected_s": [r["lost_detected_s"] for r in rounds],
+            "load_avg_note": "figures from a 2-core machine shared with other work: see provenance.load_avg",
             "wall_s": [r["wall_s"] for r in rounds],
             "all_ok": all(r["ok"] for r in rounds),
         },
