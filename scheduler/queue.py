@@ -150,6 +150,11 @@ class WaitingQueue(Sequence[QueuedAction]):
     def values(self) -> Iterable[QueuedAction]:
         return self._items.values()
 
+    def unsandboxed(self) -> Iterable[QueuedAction]:
+        """The queued GPU and API actions and CPU actions without a sandbox, in FCFS order (a
+        live view): what a round scans for GPU calls without reading every CPU action."""
+        return self._unsandboxed.values()
+
     def rigid_cpu(self) -> Iterable[QueuedAction]:
         """The queued CPU actions with one unit count, in FCFS order (a live view): who may
         time-share held cores (`scheduler.policies.time_share`)."""

@@ -53,6 +53,7 @@ class GpuDemand:
     _conc: dict[str, float] = field(default_factory=dict)
     _conc_at_s: float = 0.0
     _at_s: float | None = None  # last decay (None: not yet; the clock may be the epoch's)
+    _ranked: list[str] | None = field(default=None, repr=False)  # `ranked` until counts change
 
     def __post_init__(self) -> None:
         for service in self.units:
@@ -62,6 +63,7 @@ class GpuDemand:
         self._decay(now_s)
         self.units.setdefault(service, units)
         self._count[service] = self._count.get(service, 0.0) + n
+        self._ranked = None
 
     def concurrent(self, now_s: float, calls: Mapping[str, int]) -> None:
         """Record how many calls of each service run or wait now: a moving average over time
@@ -83,7 +85,11 @@ class GpuDemand:
     def ranked(self, now_s: float) -> list[str]:
         """Services with demand, most expected first (ties by name)."""
         self._decay(now_s)
-        return sorted((s for s, c in self._count.items() if c > 1e-3), key=lambda s: (-self._count[s], s))
+        if self._ranked is None:  # counts changed since the last ranking
+            self._ranked = sorted(
+                (s for s, c in self._count.items() if c > 1e-3), key=lambda s: (-self._count[s], s)
+            )
+        return list(self._ranked)
 
     def _decay(self, now_s: float) -> None:
         if self._at_s is None:
@@ -93,15 +99,26 @@ class GpuDemand:
             for s in self._count:
                 self._count[s] *= f
             self._at_s = now_s
+            self._ranked = None
 
 
 def oversized(
-    state: ClusterState, demand: GpuDemand, instances: Iterable[Instance], now_s: float
+    state: ClusterState, demand: GpuDemand, instances: Iterable[Instance] | None, now_s: float
 ) -> list[Instance]:
     """Resident instances larger than the load now allows, on a free chunk: to unload before the
-    round decides (see the module doc)."""
+    round decides (see the module doc). `instances` None: every resident instance of `state`."""
     total = sum(g.num_gpus for n, g in state.gpu.items() if f"gpu:{n}" not in state.offline)
     cap = 2 * demand.chunk_cap(total, now_s)  # hysteresis: placed at most at the cap, kept up to twice
+    if instances is None:
+        if cap >= GPU_CHUNK_SIZES[-1]:
+            return []  # no chunk is larger (the common case: read no instance)
+        instances = (
+            (n, c, s)
+            for n, g in state.gpu.items()
+            for c, ss in g.resident.items()
+            if len(c) > cap
+            for s in ss
+        )
     out = []
     for node, chunk, service in instances:
         g = state.gpu.get(node)
@@ -141,8 +158,9 @@ def warm_placements(
     ranked = demand.ranked(now_s)
     cap = min(demand.chunk_cap(total, now_s), sum(len(f) for f in free.values()) // max(1, len(ranked)))
     cap = max(1, cap)
+    warm = _free_resident(state, free)
     for service in ranked:
-        if _has_free_resident(state, free, service):
+        if service in warm:
             continue
         sizes = [u for u in demand.units.get(service, ()) if u in GPU_CHUNK_SIZES and u <= cap]
         for size in sorted(sizes, reverse=True):
@@ -151,16 +169,20 @@ def warm_placements(
                 node, chunk = spot
                 free[node].difference_update(chunk)
                 out.append(GpuLoad(node, chunk, service, False))
+                warm = _free_resident(state, free)  # that chunk is no longer free
                 break
     return out
 
 
-def _has_free_resident(state: ClusterState, free: Mapping[str, set[int]], service: str) -> bool:
+def _free_resident(state: ClusterState, free: Mapping[str, set[int]]) -> set[str]:
+    """The services resident on some chunk whose GPUs are all in `free`."""
+    out: set[str] = set()
     for name, f in free.items():
-        for chunk, services in state.gpu[name].resident.items():
-            if service in services and f.issuperset(chunk):
-                return True
-    return False
+        if f:
+            for chunk, services in state.gpu[name].resident.items():
+                if services and f.issuperset(chunk):
+                    out.update(services)
+    return out
 
 
 def _free_fitting_chunk(

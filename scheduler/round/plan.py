@@ -192,7 +192,7 @@ class Round:
         for service in calls.values():
             now_calls[service] = now_calls.get(service, 0) + 1
         waiting = False
-        for qa in queue:
+        for qa in queue.unsandboxed():  # every GPU call is one (not the CPU actions)
             if qa.cost.key is gpu and qa.action_id not in calls:
                 waiting = True
                 now_calls[qa.target] = now_calls.get(qa.target, 0) + 1
@@ -204,8 +204,7 @@ class Round:
         before the round (`scheduler.policies.warm_gpu.oversized`)."""
         if not self.execution.warm_gpu or not state.gpu_cache:
             return []
-        resident = [(n, c, s) for n, g in state.gpu.items() for c, ss in g.resident.items() for s in ss]
-        return oversized(state, self.demand, resident, now_s)
+        return oversized(state, self.demand, None, now_s)  # every resident instance
 
     def idle(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
         """The round's steps that need no waiting action (loans, warm placements), for an
