@@ -357,7 +357,9 @@ class ClusterState(ClusterBooks):
         for a in self.running.values():
             held.setdefault((a.kind, a.pool), set()).update(a.unit_ids)
         for name, node in self.cpu.items():
-            node.online = f"cpu:{name}" not in self.offline
+            online = f"cpu:{name}" not in self.offline
+            node.version += node.online != online  # what policies keep per node is stale
+            node.online = online
             all_cores = {c for g in node.numa for c in g}
             node.free = all_cores - held.get((ResourceKind.CPU, name), set()) if node.online else set()
         for name, gnode in self.gpu.items():

@@ -45,6 +45,12 @@ class SharedNode:
             self._rerate()
         return done
 
+    def remove(self, now_s: float, action_id: str) -> None:
+        """Drop an action whose node was lost (`scheduler.sim.node_exec`): the others speed up."""
+        self._advance(now_s)
+        if self.jobs.pop(action_id, None) is not None:
+            self._rerate()
+
     def next_finish_s(self) -> float | None:
         if not self.jobs:
             return None

@@ -41,15 +41,17 @@ from scheduler.sim.cpu_exec import CpuExecution
 from scheduler.sim.cpu_share import SharedNode
 from scheduler.sim.gpu_exec import GpuExecution
 from scheduler.sim.gpu_share import BatchedGroup
+from scheduler.sim.node_events import NodeEvent
+from scheduler.sim.node_exec import NodeExecution
 from scheduler.sim.pods import PodStarts
 from scheduler.sim.results import ActionRecord, SimResult
-from scheduler.sim.running import FETCHED, FINISH, JOIN, SHARED, SUBMIT, Pending, Running
+from scheduler.sim.running import FETCHED, FINISH, JOIN, NODE, SHARED, SUBMIT, Pending, Running
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
 
 
 @dataclass
-class Simulator(CpuExecution, GpuExecution):
+class Simulator(CpuExecution, GpuExecution, NodeExecution):
     """Run `scenario` under `policy`. `learn` feeds completions back into the estimator; `fair`
     orders the jobs' actions as the live service does (its default; None: FCFS as queued);
     `cpu_batch` lets short CPU actions ride in batches as the live service does (None: off)."""
@@ -120,6 +122,7 @@ class Simulator(CpuExecution, GpuExecution):
         self.time_shared = SharedCores(ex.time_share) if ex.time_share is not None else None
         self._ready_at: dict[tuple[str, tuple[int, ...], str], float] = {}  # warm restores' ends
         self._warming = ex.warm_gpu and self.residency is GpuResidency.CACHE and bool(self.state.gpu)
+        self._lost_nodes = set()
 
     # ---- public ------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -127,6 +130,8 @@ class Simulator(CpuExecution, GpuExecution):
         for i, traj in enumerate(self.scenario.trajectories):
             if traj.steps:
                 self._push(traj.start_s + traj.steps[0].think_s, SUBMIT, (i, 0, None))
+        for ev in self.scenario.node_events:  # nodes joining and leaving (`node_exec`)
+            self._push(ev.at_s, NODE, ev)
         if self._warming:
             self._wake(0.0)  # place the services before the first call comes
         dirty = False
@@ -177,8 +182,13 @@ class Simulator(CpuExecution, GpuExecution):
             return False
         if kind == JOIN:
             assert isinstance(data, str)
-            self._join_shared(now, data)
+            if data in self.running:  # (not if its node was lost meanwhile)
+                self._join_shared(now, data)
             return False
+        if kind == NODE:
+            assert isinstance(data, NodeEvent)
+            self._node_event(now, data)
+            return True
         if kind == FETCHED:
             assert isinstance(data, tuple)
             return self._fetched(*data)
@@ -373,6 +383,8 @@ class Simulator(CpuExecution, GpuExecution):
         del self.pending[aid]
         traj = self.scenario.trajectories[pend.traj]
         if pend.step + 1 < len(traj.steps):
+            if self.state.offline:  # its node may be leaving: the trajectory moves
+                self._left_node(traj.trajectory_id)
             nxt = traj.steps[pend.step + 1]
             self._push(now + nxt.think_s, SUBMIT, (pend.traj, pend.step + 1, None))
         else:

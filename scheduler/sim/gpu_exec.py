@@ -29,17 +29,21 @@ class GpuExecution(SimBase):
         `host_tier` when the budget is bounded, and the restore costs learned from what the
         simulator charges (`RestoreCosts`, one for the cluster, fed as the live scheduler
         feeds it from the workers' reports)."""
-        budget_mb = self.scenario.cluster.host_memory_mb
         self.restore_costs = RestoreCosts()
         for name, cache in self.caches.items():
-            cache.host_memory_mb = budget_mb
-            cache.host_footprint_mb = self._host_footprint_mb
-            node = self.state.gpu[name]
-            node.host_resident = cache.host
-            node.host_tier = budget_mb is not None
-            node.restore_costs = self.restore_costs
-            if budget_mb is not None and self.residency is GpuResidency.CACHE:
-                self._warm_host(name, cache)
+            self._host_tier_of(name, cache)
+
+    def _host_tier_of(self, name: str, cache: GpuCache) -> None:
+        """The host tier of one GPU node's cache (a node that joins gets its own)."""
+        budget_mb = self.scenario.cluster.host_memory_mb
+        cache.host_memory_mb = budget_mb
+        cache.host_footprint_mb = self._host_footprint_mb
+        node = self.state.gpu[name]
+        node.host_resident = cache.host
+        node.host_tier = budget_mb is not None
+        node.restore_costs = self.restore_costs
+        if budget_mb is not None and self.residency is GpuResidency.CACHE:
+            self._warm_host(name, cache)
 
     def _warm_host(self, name: str, cache: GpuCache) -> None:
         """The host tier's warm-up before the first call, as the live worker's

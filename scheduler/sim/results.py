@@ -65,6 +65,9 @@ class SimResult:
     image_wait_s: float = 0.0  # seconds new sandboxes waited for their images, summed
     layer_resumes: int = 0  # evicted image trajectories resumed on their kept layer (no reset)
     time_shared: int = 0  # actions started time-sharing cores held by a running action
+    node_joins: int = 0  # nodes that joined or came back (`scheduler.sim.node_events`)
+    node_leaves: int = 0  # nodes drained or lost
+    node_retries: int = 0  # running actions submitted again because their node was lost
     makespan_s: float = 0.0
     wall_s: float = 0.0
     unfinished: int = 0
@@ -107,6 +110,7 @@ class SimResult:
             "evictions": self.evictions,
             "sandbox_resets": self.sandbox_resets,
             **self._image_summary(),
+            **self._node_summary(),
             "makespan_s": self.makespan_s,
             "avg_trajectory_end_s": (
                 statistics.fmean(self.trajectory_end_s.values()) if self.trajectory_end_s else float("nan")
@@ -136,6 +140,16 @@ class SimResult:
         for r in self.records:
             buckets.setdefault(int(r.ended_s // bucket_s), []).append(r.act_s)
         return [((b + 1) * bucket_s, statistics.fmean(v)) for b, v in sorted(buckets.items())]
+
+    def _node_summary(self) -> dict[str, Any]:
+        """Nodes joining and leaving, for runs that had any (none otherwise: as before)."""
+        if not (self.node_joins or self.node_leaves):
+            return {}
+        return {
+            "node_joins": self.node_joins,
+            "node_leaves": self.node_leaves,
+            "node_retries": self.node_retries,
+        }
 
     def _image_summary(self) -> dict[str, Any]:
         """The image figures, for runs that fetched images (none otherwise: as before images)."""

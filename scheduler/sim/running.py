@@ -25,7 +25,7 @@ from scheduler.sim.scenarios import Scenario
 from scheduler.sim.shared_cores import SharedCores
 from scheduler.sim.workload import SimAction
 
-FINISH, SHARED, SUBMIT, WAKE, JOIN, FETCHED = 0, 1, 2, 3, 4, 5
+FINISH, SHARED, SUBMIT, WAKE, JOIN, FETCHED, NODE = 0, 1, 2, 3, 4, 5, 6
 DEFAULT_MODEL_MB = 16_000
 
 
@@ -83,6 +83,16 @@ class SimBase:
     _events: list[tuple[float, int, int, object]]
     _seq: int
     _wakes: set[float]
+
+    # provided by the engine and its parts, used by the others
+    def _submit(self, now: float, traj_i: int, step_i: int, retry_of: str | None) -> None:
+        raise NotImplementedError  # `Simulator`'s
+
+    def _footprint_mb(self, service: str, units: int) -> int:
+        raise NotImplementedError  # `GpuExecution`'s
+
+    def _host_tier_of(self, name: str, cache: GpuCache) -> None:
+        raise NotImplementedError  # `GpuExecution`'s
 
     def _push(self, t_s: float, kind: int, data: object) -> None:
         self._seq += 1

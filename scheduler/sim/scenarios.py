@@ -18,6 +18,7 @@ from scheduler.duration import Amdahl, Table
 from scheduler.estimator import Prior
 from scheduler.model import ResourceKind
 from scheduler.sim.cluster import ApiSpec, ClusterSpec, ExecParams
+from scheduler.sim.node_events import NodeEvent, spot_events
 from scheduler.sim.workload import SimAction, SimTrajectory, Step
 
 # Tensor-parallel speed-up of a short prefill-heavy scoring call (E(m) per GPU count).
@@ -112,6 +113,7 @@ class Scenario:
     priors: dict[str, Prior]
     model_mb: dict[str, int] = field(default_factory=dict)
     exec_params: ExecParams = field(default_factory=ExecParams)
+    node_events: list[NodeEvent] = field(default_factory=list)  # nodes joining and leaving
 
     @property
     def num_actions(self) -> int:
@@ -298,13 +300,91 @@ def swe_images(p: SweImagesParams | None = None, cluster: ClusterSpec | None = N
     return Scenario("swe-images", trajs, spec, base.priors)
 
 
+@dataclass(frozen=True)
+class MixedParams:
+    """Coding and reward scoring on one cluster (issue 39's scale run): `coding_batch` coding
+    trajectories (`CodingParams`' turns) and `mopd_batch` scoring trajectories (`MopdParams`'
+    teachers), each starting at a uniform time in [0, `arrival_s`), as successive rollout
+    steps of many jobs arrive. The defaults make about 10^6 actions: 16 per coding trajectory
+    (15 turns and the test suite on average), 2 per scoring one, on 100 nodes of 256 cores
+    (about half their cores busy) and 20 nodes of 8 GPUs."""
+
+    coding_batch: int = 50_000
+    mopd_batch: int = 100_000
+    arrival_s: float = 1_800.0
+    cpu_nodes: int = 100
+    gpu_nodes: int = 20
+    seed: int = 7
+
+
+def mixed(p: MixedParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    p = p or MixedParams()
+    spec = cluster or ClusterSpec(cpu_nodes=p.cpu_nodes, gpus_total=8 * p.gpu_nodes)
+    code = coding(CodingParams(batch=p.coding_batch, seed=p.seed), spec)
+    score = mopd(MopdParams(batch=p.mopd_batch, seed=p.seed + 1), spec)
+    rng = random.Random(p.seed)
+    trajs = [
+        dataclasses.replace(t, start_s=rng.uniform(0.0, p.arrival_s))
+        for t in (*code.trajectories, *score.trajectories)
+    ]
+    return Scenario("mixed", trajs, spec, {**code.priors, **score.priors}, score.model_mb)
+
+
+@dataclass(frozen=True)
+class SpotParams:
+    """`coding` (its defaults) on `cpu_nodes` nodes that come and go (issue 39): the last
+    `spot_nodes` are spot nodes, preempted (lost) one every `every_s` from `lost_at_s`, each
+    back `down_s` later; `drain_nodes` more are drained for maintenance at `drain_at_s` and
+    back `down_s` later; `join_nodes` new nodes join at `join_at_s` (an autoscaler)."""
+
+    batch: int = 1280
+    cpu_nodes: int = 15
+    spot_nodes: int = 3
+    lost_at_s: float = 60.0
+    every_s: float = 30.0
+    down_s: float = 120.0
+    drain_nodes: int = 2
+    drain_at_s: float = 90.0
+    join_nodes: int = 2
+    join_at_s: float = 150.0
+    seed: int = 1
+
+
+def spot(p: SpotParams | None = None, cluster: ClusterSpec | None = None) -> Scenario:
+    p = p or SpotParams()
+    sc = coding(CodingParams(batch=p.batch, seed=p.seed), cluster or ClusterSpec(cpu_nodes=p.cpu_nodes))
+    sc.name = "spot"
+    n = sc.cluster.cpu_nodes
+    sc.node_events = spot_events(
+        n,
+        p.spot_nodes,
+        p.lost_at_s,
+        p.every_s,
+        p.down_s,
+        p.drain_nodes,
+        p.drain_at_s,
+        p.join_nodes,
+        p.join_at_s,
+    )
+    return sc
+
+
 PARAMS: dict[str, type] = {
     "coding": CodingParams,
     "mopd": MopdParams,
     "deepsearch": DeepSearchParams,
     "swe-images": SweImagesParams,
+    "mixed": MixedParams,
+    "spot": SpotParams,
 }
-GENERATORS = {"coding": coding, "mopd": mopd, "deepsearch": deepsearch, "swe-images": swe_images}
+GENERATORS = {
+    "coding": coding,
+    "mopd": mopd,
+    "deepsearch": deepsearch,
+    "swe-images": swe_images,
+    "mixed": mixed,
+    "spot": spot,
+}
 
 
 def build(name: str, overrides: dict[str, Any] | None = None, cluster: ClusterSpec | None = None) -> Scenario:

@@ -3,6 +3,7 @@
 A *workload trace* is one header line, then one line per trajectory:
 
     {"type": "header", "scenario": "coding", "cluster": {...}, "priors": {...}, "model_mb": {...}}
+    (optionally "node_events": [{"at_s": 60.0, "change": "lose", "node": "cpu14"}, ...])
     {"type": "trajectory", "id": "c0", "start_s": 0.0, "steps": [{"think_s": 7.9, "action": {...}}]}
 
 A *result trace* is one line per completed action (`ActionRecord.to_dict`) plus a summary line.
@@ -24,6 +25,7 @@ from scheduler.duration import Amdahl, ElasticityCurve
 from scheduler.estimator import Prior
 from scheduler.model import ResourceKind
 from scheduler.sim.cluster import ApiSpec, ClusterSpec
+from scheduler.sim.node_events import NodeEvent
 from scheduler.sim.results import SimResult
 from scheduler.sim.scenarios import Scenario
 from scheduler.sim.workload import (
@@ -72,6 +74,8 @@ def write_workload(scenario: Scenario, out: IO[str]) -> None:
         "priors": {k: {"t1_s": p.t1_s, "p": p.p} for k, p in scenario.priors.items()},
         "model_mb": scenario.model_mb,
     }
+    if scenario.node_events:  # omitted otherwise: older traces read the same
+        header["node_events"] = [e.to_dict() for e in scenario.node_events]
     out.write(json.dumps(header) + "\n")
     for t in scenario.trajectories:
         out.write(json.dumps(trajectory_to_dict(t)) + "\n")
@@ -96,6 +100,7 @@ def read_workload(lines: Iterable[str]) -> Scenario:
         cluster=cluster_from_dict(header.get("cluster", {})),
         priors=priors,
         model_mb={k: int(v) for k, v in header.get("model_mb", {}).items()},
+        node_events=[NodeEvent.from_dict(e) for e in header.get("node_events", [])],
     )
 
 
