@@ -39,6 +39,7 @@ class Faults:
         self.state, self.books, self.trajectories = state, books, trajectories
         self.store, self.sender, self.policy = store, sender, policy
         self.clock, self.metrics = clock, metrics
+        self.left: set[str] = set()  # pools of nodes that drained and left (`nodes.NodeBook.gone`)
 
     def apply(self, plan: LivenessPlan, reports: Mapping[str, SandboxReport]) -> None:
         """Carry out one liveness pass (`liveness.assess`): forget silent workers, take pools
@@ -66,11 +67,17 @@ class Faults:
         # Its trajectories start over elsewhere: otherwise their next actions would wait for the
         # node forever, and under FCFS everything behind them with them.
         for tid in lost:
-            self.trajectories.release(tid, lost=True, remove=False)
+            why = self.left_why(self.state.trajectory_node.get(tid, ""))
+            self.trajectories.release(tid, lost=True, remove=False, why=why)
         if lost:
             log.warning("%d trajectories pinned to offline nodes unpinned", len(lost))
         for key in sorted(back):
             log.info("pool %s is back", key)
+
+    def left_why(self, node: str) -> str | None:
+        """Why a trajectory pinned to CPU `node` lost its sandbox, when its node drained and left
+        (`left`: pool keys of such nodes, kept up to date by the loop); None: it was lost."""
+        return f"its node {node} was drained (its worker stopped)" if f"cpu:{node}" in self.left else None
 
     def drained(self, tids: list[str]) -> None:
         """Trajectories of draining nodes with no action running there: released, so that their
@@ -117,7 +124,8 @@ class Faults:
         self.metrics.reroutes.inc()
         if alloc is not None and alloc.kind is ResourceKind.CPU and qa.cost.sandbox:
             # its sandbox is gone with the node
-            self.trajectories.release(qa.trajectory_id, lost=True, remove=False)
+            why = self.left_why(alloc.pool)
+            self.trajectories.release(qa.trajectory_id, lost=True, remove=False, why=why)
 
     def retry_elsewhere(self, action_id: str, error: str, unstarted: bool = False) -> None:
         """A worker handed `action_id` back after a retryable failure (its reward server crashed

@@ -334,6 +334,7 @@ class SchedulerService:
         owners = store.owners(ids) if ids else []
         running = {aid: state.running[aid] for aid in ids}
         plan = assess(self.liveness, server_now, workers, running, owners, self.clock(), self.nodes.gone)
+        self.faults.left = self.nodes.gone
         self.faults.apply(plan, store.sandbox_reports())
         self.faults.drained(self.nodes.drained())
         learn_images(state, store.image_reports())  # issue 36: the nodes' image stores

@@ -182,4 +182,6 @@ def test_sigterm_drains_an_undeclared_node_under_load_losing_nothing(tmp_path: P
     assert not late_on_b, f"started on b after its worker exited: {late_on_b[:2]}"
     assert any(e["pool"] == "cpu:b" for e in entries), "b took work"
     resets = [r for r in results if r.get("sandbox_reset")]
-    assert resets and all("node b was drained" in r["detail"] for r in resets), resets[:2]
+    assert resets and all("node b was drained" in r["detail"] for r in resets), [
+        (r["trajectory_id"], r["node"], r["attempts"], r["detail"]) for r in resets
+    ]
