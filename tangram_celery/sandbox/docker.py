@@ -133,7 +133,10 @@ class DockerSandbox(WarmPool):
         """Containers are not our children: a reaper removes this incarnation's once we are gone."""
         url = self.cfg.docker_host or os.environ.get("DOCKER_HOST") or ""
         labels = (f"{LABEL}={self.who.incarnation}", f"{SCOPE_LABEL}={self.who.scope}")
-        self._exit_reaper = Reaper(self.stage.dir, docker_url=url, labels=labels)
+        egress = self.who if self.limits.network else None  # its router goes too
+        self._exit_reaper = Reaper(
+            self.stage.dir, docker_url=url, labels=labels, egress=egress, uplink=self.cfg.egress_uplink
+        )
 
     def _sweep_previous(self) -> None:
         """Remove containers of dead incarnations of this deployment and node, never others'."""
@@ -155,7 +158,7 @@ class DockerSandbox(WarmPool):
                     log.warning("cannot remove leftover container %s: %s", c.name, e)
         if n:
             log.warning("removed %d container(s) left by a previous worker of this node", n)
-        sweep(self.cfg, self.who.scope, self.stage.alive)  # their routers (egress.py)
+        sweep(self.who.scope, self.cfg.egress_uplink, self.stage.alive)  # their routers (egress.py)
         super()._sweep_previous()
 
     def _start(self, h: Handle) -> None:

@@ -290,17 +290,22 @@ def sweep_rules(uplink_path: str | None, scope: str, dead: Callable[[str], bool]
     return n
 
 
-def sweep(cfg: SandboxConfig, scope: str, alive: Callable[[str], bool]) -> None:
-    """Remove routers, sandbox namespaces and uplink rules that dead incarnations of `scope`
-    left (a worker killed outright); never another scope's, never a live worker's."""
-    if not cfg.network or shutil.which("ip") is None or not NETNS_DIR.is_dir():
-        return
+def sweep(scope: str, uplink: str | None, alive: Callable[[str], bool]) -> int:
+    """Remove routers, sandbox namespaces and uplink rules (in the named namespace `uplink`, or
+    this process's) that incarnations of `scope` for which `alive` is false left (a worker
+    killed outright); never another scope's. Runs whatever sandbox.network says now: the
+    worker that left them may have had it on. Returns how many things it removed."""
+    if shutil.which("ip") is None or not NETNS_DIR.is_dir():
+        return 0
     head = f"{PREFIX}{scope}-"
     names = sorted((p.name for p in NETNS_DIR.iterdir() if p.name.startswith(head)), key=len, reverse=True)
     gone = [n for n in names if not alive(n[len(head) :].split("-", 1)[0])]
     for name in gone:  # sandboxes' namespaces first (longer names), then the routers
         _quiet(["ip", "netns", "del", name])
-    uplink = str(NETNS_DIR / cfg.egress_uplink) if cfg.egress_uplink else None
-    n = sweep_rules(uplink, scope, lambda inc: not alive(inc)) if shutil.which("iptables") else 0
+    path = str(NETNS_DIR / uplink) if uplink else None
+    n = 0
+    if shutil.which("iptables") and (path is None or os.path.exists(path)):
+        n = sweep_rules(path, scope, lambda inc: not alive(inc))
     if gone or n:
-        log.warning("sandbox network: removed %d namespace(s), %d rule(s) of a previous worker", len(gone), n)
+        log.warning("sandbox network: removed %d namespace(s), %d rule(s) of a gone worker", len(gone), n)
+    return len(gone) + n

@@ -142,7 +142,10 @@ class NamespaceSandbox(WarmPool):
                 self.egress = Egress(cfg, self.who, self.stage.dir, egress_deny)
             # what PID 1's death leaves (cgroups, the stage) is removed even if we are SIGKILLed
             prefix = self.who.prefix if self.cgroup_version is not None else None
-            self._exit_reaper = Reaper(self.stage.dir, cgroup_prefix=prefix)
+            egress = self.who if self.limits.network else None  # its router goes too
+            self._exit_reaper = Reaper(
+                self.stage.dir, cgroup_prefix=prefix, egress=egress, uplink=cfg.egress_uplink
+            )
             try:
                 self._probe()
             except SandboxError as e:
@@ -425,7 +428,7 @@ class NamespaceSandbox(WarmPool):
                     n,
                     time.monotonic() - t0,
                 )
-        sweep(self.cfg, self.who.scope, self.stage.alive)  # their routers and sandbox namespaces
+        sweep(self.who.scope, self.cfg.egress_uplink, self.stage.alive)  # routers, their netns
         super()._sweep_previous()
 
     def close(self) -> None:

@@ -7,10 +7,11 @@ session with the read end of a pipe whose write end only the worker holds. End o
 means the worker exited (cleanly, by SIGKILL, or because its own parent died); the reaper then
 removes what belongs to that worker incarnation and nothing else: containers carrying all the
 given labels (scope and incarnation), cgroups named with the incarnation's prefix, and the
-incarnation's stage directory. Then it exits.
+incarnation's stage directory, and with sandbox.network its egress router, sandbox network
+namespaces and uplink rules (`egress.sweep`). Then it exits.
 
     python -m tangram_celery.sandbox.reaper --fd FD --stage DIR [--cgroup-prefix P]
-        [--docker-url URL --label K=V [--label K=V ...]]
+        [--docker-url URL --label K=V [--label K=V ...]] [--egress SCOPE/INC [--uplink NETNS]]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def wait_for_eof(fd: int) -> None:
@@ -91,7 +93,11 @@ class Reaper:
         cgroup_prefix: str | None = None,
         docker_url: str | None = None,
         labels: tuple[str, ...] = (),
+        egress: Any = None,
+        uplink: str | None = None,
     ) -> None:
+        """`egress`: the worker's `SandboxScope` when its sandboxes have network (`uplink`:
+        sandbox.egress_uplink)."""
         r, self._w = os.pipe2(os.O_CLOEXEC)
         argv = [
             sys.executable,
@@ -108,6 +114,12 @@ class Reaper:
             argv += ["--docker-url", docker_url]
             for label in labels:
                 argv += ["--label", label]
+        if egress is not None:
+            argv += [
+                "--egress",
+                f"{egress.scope}/{egress.incarnation}",
+                *(["--uplink", uplink] if uplink else []),
+            ]
         try:  # its own session and no parent-death signal: it must outlive the worker; it
             # writes to the worker's stderr (the worker's log)
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
@@ -141,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cgroup-prefix", default="", help="name prefix of the incarnation's cgroups")
     ap.add_argument("--docker-url", default=None, help="Docker engine URL (empty: DOCKER_HOST / default)")
     ap.add_argument("--label", action="append", default=[], help="KEY=VALUE every container carries")
+    ap.add_argument("--egress", default="", help="SCOPE/INCARNATION whose egress router to remove")
+    ap.add_argument("--uplink", default=None, help="the named netns holding its uplink rules")
     args = ap.parse_args(argv)
     wait_for_eof(args.fd)
     containers = cgroups = 0
@@ -149,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cgroup_prefix:
         cgroups = remove_cgroups(args.cgroup_prefix)
     remove_stage(Path(args.stage))
+    if args.egress:
+        from tangram_celery.sandbox.egress import sweep
+
+        scope, _, inc = args.egress.partition("/")
+        sweep(scope, args.uplink, lambda i: i != inc)
     if containers or cgroups:  # a clean shutdown leaves nothing: then say nothing
         print(f"reaper: worker gone; removed {containers} container(s), {cgroups} cgroup(s)", file=sys.stderr)
     return 0

@@ -285,7 +285,7 @@ def test_sweep_removes_what_a_killed_worker_left(internet: Internet, tmp_path: P
     egress = Egress(cfg, who, tmp_path)  # never closed: its worker "was killed"
     egress.new_netns("s1")
     assert f"TGE-{egress.tag}" in _saved(internet)
-    sweep(cfg, who.scope, lambda inc: inc != who.incarnation)
+    sweep(who.scope, internet.up, lambda inc: inc != who.incarnation)
     assert not [n for n in os.listdir("/run/netns") if n.startswith(f"tge-{who.scope}")]
     assert who.scope not in _saved(internet) and f"TGE-{egress.tag}" not in _saved(internet)
 
@@ -342,3 +342,45 @@ def test_image_sandbox_gets_the_same_egress(image_egress_box: Any) -> None:
     assert res.status is ActionStatus.OK, res
     assert f"nameserver {RESOLVER}" in res.stdout, res.stdout
     assert f"hello {PUBLIC}:8080" in res.stdout and "private-refused" in res.stdout, res.stdout
+
+
+KILLED_WORKER = """
+import sys, time, uuid
+from tangram_celery.common.config import SandboxConfig
+from tangram_celery.sandbox import ExecRequest, open_sandbox
+cfg = SandboxConfig.model_validate({
+    "backend": "namespace", "prewarm": 0, "network": True, "egress_uplink": sys.argv[1], "dns": [sys.argv[2]],
+})
+box = open_sandbox(cfg)
+box.run("t-1", ExecRequest(language="python", code="print(1)", timeout_s=30))
+print(box.who.scope, box.egress.tag, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_workers_router_is_removed_by_its_reaper(internet: Internet) -> None:
+    """Given a worker with network that is SIGKILLed, then its reaper removes its router, its
+    sandboxes' namespaces and its uplink rules (no later worker needed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, internet.up, RESOLVER],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode().split()
+        assert len(line) == 2, "the worker did not start"
+        scope, tag = line
+        assert any(n.startswith(f"tge-{scope}") for n in os.listdir("/run/netns"))
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [n for n in os.listdir("/run/netns") if n.startswith(f"tge-{scope}")]
+        if not left and f"TGE-{tag}" not in _saved(internet):
+            break
+        time.sleep(0.2)
+    assert not left, left
+    assert scope not in _saved(internet) and f"TGE-{tag}" not in _saved(internet)
