@@ -132,3 +132,14 @@ def test_host_resolvers_skip_loopback_and_ipv6(tmp_path: object) -> None:
     f = Path(str(tmp_path)) / "resolv.conf"
     f.write_text("nameserver 127.0.0.53\nnameserver 192.0.2.1\nnameserver 2001:db8::1\nsearch x\n")
     assert host_resolvers(str(f)) == ["192.0.2.1"]
+
+
+def test_deployment_hosts_name_the_broker_and_front_doors_only_with_network() -> None:
+    """Given a remote broker URL, then its address is denied with network on, nothing without."""
+    from tangram_celery.common.config import TangramConfig
+    from tangram_celery.sandbox.egress import deployment_hosts
+
+    base = {"broker": {"url": "redis://192.0.2.9:6379/0"}, "http": {"address": "127.0.0.1"}}
+    on = TangramConfig.model_validate({**base, "sandbox": {"network": True}})
+    assert set(deployment_hosts(on)) == {"192.0.2.9", "127.0.0.1"}
+    assert deployment_hosts(TangramConfig.model_validate(base)) == ()
