@@ -197,7 +197,14 @@ class SchedulerService:
         records = store.load_running()
         states = store.states(list(records))
         plan = recovery_plan(
-            records, states, store.load_pins(), self.cfg, self.estimator, self.clock(), self.state.cpu
+            records,
+            states,
+            store.load_pins(),
+            self.cfg,
+            self.estimator,
+            self.clock(),
+            self.state.cpu,
+            self.intake.shape,
         )
         self._restore(plan)
         # Sandboxes of restored pins may be gone (their workers restarted too): the liveness

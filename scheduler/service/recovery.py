@@ -14,7 +14,7 @@ from typing import Any
 
 from scheduler.estimator import DurationEstimator
 from scheduler.model import Allocation, QueuedAction, ResourceKind
-from scheduler.service.cluster import alloc_from_wire, to_queued
+from scheduler.service.cluster import CpuShape, alloc_from_wire, to_queued
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.records import PinRecord
 from tangram_celery.common.wire import ActionMeta, DispatchRecord, SandboxOrder
@@ -55,9 +55,11 @@ def recovery_plan(
     estimator: DurationEstimator,
     now_s: float,
     cpu_nodes: Mapping[str, object],
+    shape: CpuShape | None = None,
 ) -> RecoveryPlan:
     """The plan for the dispatch records `records` (their actions' states `states`, in order)
-    and the pin records `pins`; `cpu_nodes` are the configured CPU nodes (pins elsewhere go)."""
+    and the pin records `pins`; `cpu_nodes` are the CPU nodes known, declared or joined (pins
+    elsewhere go), `shape` theirs (default: the declared nodes')."""
     out = RecoveryPlan()
     running: list[dict[str, Any]] = []
     expected: dict[str, float] = {}
@@ -66,7 +68,7 @@ def recovery_plan(
     memory: dict[str, dict[str, int]] = {}
     used: dict[str, float] = {}
     for (action_id, rec), st in zip(records.items(), states, strict=True):
-        qa = to_queued(rec.meta, cfg)
+        qa = to_queued(rec.meta, cfg, shape)
         estimator.annotate(qa)
         got = Recovered(qa, rec.meta, rec.attempt, rec.sandbox)
         if st == ActionState.QUEUED:  # re-routed, not yet placed again
