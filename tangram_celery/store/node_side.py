@@ -21,15 +21,18 @@ class NodeSide(StoreBase):
         """Write `record` as its node's (a new incarnation replaces the last one's)."""
         self.retrying("register node", lambda: self.r.hset(NODES, record.name, record.dump()))
 
-    def set_node_state(self, name: str, worker: str, state: NodeState, at_s: float) -> bool:
-        """Move node `name`'s record to `state` (stamping `<state>_s`), if `worker` wrote it."""
+    def set_node_state(
+        self, name: str, worker: str, state: NodeState, at_s: float, budget_s: float | None = None
+    ) -> bool:
+        """Move node `name`'s record to `state` (stamping `<state>_s`), if `worker` wrote it;
+        retrying for `budget_s` while Redis is away (default: the store's budget)."""
 
         def change(rec: NodeRecord) -> NodeRecord | None:
             if rec.worker != worker:
                 return None
             return rec.model_copy(update={"state": state, f"{state}_s": at_s})
 
-        return self.retrying("node state", lambda: self._swap_node(name, change))
+        return self.retrying("node state", lambda: self._swap_node(name, change), budget_s)
 
     def node_records(self) -> dict[str, NodeRecord]:
         """Every node's record; an unreadable one is logged and left out."""

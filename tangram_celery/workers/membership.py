@@ -123,7 +123,9 @@ class Membership:
             return
         self.state = state
         try:
-            if not self.store.set_node_state(self.record.name, self.record.worker, state, time.time()):
+            # briefly: a worker stopping after Redis (the end of `tangram up`) must not wait for it
+            at_s = time.time()
+            if not self.store.set_node_state(self.record.name, self.record.worker, state, at_s, budget_s=5.0):
                 log.warning(
                     "node %s: its record is another worker's now; not marked %s", self.record.name, state
                 )

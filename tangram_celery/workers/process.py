@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -119,7 +120,8 @@ def run_worker(
         if member is not None:  # its running actions are done: the node has left
             runtime.stop()
             member.leave()
-            runtime.store.forget_worker(runtime.name)
+            with contextlib.suppress(Exception):  # Redis gone first: liveness forgets it later
+                runtime.store.forget_worker(runtime.name)
         for close in closing:  # sandboxes and their cgroups go with a clean shutdown
             close()
 
