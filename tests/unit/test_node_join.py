@@ -175,3 +175,35 @@ def test_tangram_nodes_shows_state_capacity_and_load(h: Harness) -> None:
     import json
 
     assert {r["node"] for r in json.loads(show(h.store, as_json=True))} == {"n0", "x1", "x2", "x3"}
+
+
+def test_an_undeclared_gpu_node_joins_with_its_own_residency(tmp_path: Any) -> None:
+    """Given the declared GPU node's GPUs busy and a reward action waiting, when an undeclared
+    GPU node registers (2 GPUs), the action is sent there and the node predicts what it loads
+    (its own GPU cache); it takes warm orders like a declared node."""
+    from tangram_celery.common.actions import RewardAction
+
+    h = Harness(str(tmp_path))
+    h.svc.start()
+    try:
+        h.svc.state.gpu["g0"].free.clear()
+        h.client.submit(
+            RewardAction(id="r1", trajectory_id="t", model="rm", inputs={"prompt": "p", "response": "r"})
+        )
+        h.svc.step(block_ms=None)
+        assert "r1" in h.svc.waiting
+        h.store.register_node(
+            NodeRecord(
+                name="g9", kind="gpu", state=NodeState.READY, worker="w-g9", num_gpus=2, gpu_memory_mb=4096
+            )
+        )
+        _beat(h.store, "w-g9", "gpu:g9", time.time())
+        h.svc.sync_nodes()
+        h.svc.schedule()
+        [(aid, order)] = h.messages("tangram.gpu.g9")
+        assert aid == "r1" and order.pool == "g9"
+        assert h.svc.state.gpu["g9"].resident and "g9" in h.svc.state.gpu_cache
+        assert "g9" in h.svc.warmer.warm_nodes
+    finally:
+        for q in ("tangram.gpu.g0", "tangram.gpu.g9", "tangram.cpu.n0", "tangram.cpu.n1"):
+            sent_messages(h.app, q)
