@@ -13,7 +13,7 @@ from tangram_celery.common.actions import ActionStatus, CodeAction
 from tangram_celery.common.node_record import NodeRecord, NodeState
 from tangram_celery.common.wire import ActionResult, Completion, EventStatus, TaskOrder
 from tangram_celery.store import Store
-from tangram_celery.testing import memory_store, sent_messages
+from tangram_celery.testing import memory_app, memory_store, sent_messages
 from tests.unit.test_service_loop import Harness, _beat, config
 
 QUEUES = ("tangram.cpu.n0", "tangram.cpu.x1", "tangram.cpu.x2")
@@ -27,6 +27,8 @@ def h(tmp_path: Any) -> Iterator[Harness]:
         apis=[],
         reward_models=[],
     )
+    for q in QUEUES:  # the memory transport is per process: what other tests left
+        sent_messages(memory_app(), q)
     harness = Harness(str(tmp_path), cfg=cfg)
     harness.svc.start()
     _beat(harness.store, "w-n0", "cpu:n0", time.time())
@@ -183,6 +185,8 @@ def test_an_undeclared_gpu_node_joins_with_its_own_residency(tmp_path: Any) -> N
     (its own GPU cache); it takes warm orders like a declared node."""
     from tangram_celery.common.actions import RewardAction
 
+    for q in ("tangram.gpu.g0", "tangram.gpu.g9"):
+        sent_messages(memory_app(), q)
     h = Harness(str(tmp_path))
     h.svc.start()
     try:
