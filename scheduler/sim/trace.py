@@ -67,7 +67,7 @@ def cluster_from_dict(d: dict[str, Any]) -> ClusterSpec:
 
 def write_workload(scenario: Scenario, out: IO[str]) -> None:
     """Write `scenario` as a workload trace."""
-    header = {
+    header: dict[str, Any] = {
         "type": "header",
         "scenario": scenario.name,
         "cluster": cluster_to_dict(scenario.cluster),

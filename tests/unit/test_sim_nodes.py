@@ -27,6 +27,8 @@ def spot() -> Scenario:
 class Recording(Simulator):
     """A simulator that remembers the node of every start."""
 
+    starts: dict[str, list[tuple[float, str]]]
+
     def _start(self, now: float, qa: QueuedAction, alloc: Allocation, load: object = None) -> None:
         self.starts.setdefault(alloc.pool, []).append((now, qa.action_id))
         super()._start(now, qa, alloc, load)  # type: ignore[arg-type]
@@ -34,7 +36,7 @@ class Recording(Simulator):
 
 def run(sc: Scenario, policy: str) -> Recording:
     sim = Recording(sc, make_policy(policy, sc))
-    sim.starts = {}  # type: ignore[attr-defined]
+    sim.starts = {}
     sim.run()
     return sim
 
@@ -65,7 +67,7 @@ def test_nothing_starts_on_a_node_while_it_is_away() -> None:
     sc = spot()
     sc.trajectories = [replace(t, start_s=70.0) if i % 2 else t for i, t in enumerate(sc.trajectories)]
     sim = run(sc, "tangram-fast")
-    starts = sim.starts  # type: ignore[attr-defined]
+    starts = sim.starts
     for node, left_s in (("cpu2", 15.0), ("cpu1", 20.0)):
         assert not [t for t, _ in starts[node] if left_s <= t < left_s + 40.0]
         assert [t for t, _ in starts[node] if t >= left_s + 40.0]
@@ -76,7 +78,7 @@ def test_policies_see_a_node_that_joins() -> None:
     before it joined."""
     sc = spot()
     sim = run(sc, "tangram-fast")
-    starts = sim.starts["cpu3"]  # type: ignore[attr-defined]
+    starts = sim.starts["cpu3"]
     assert starts and min(t for t, _ in starts) >= 25.0
     assert "cpu3" in sim.state.cpu
 
