@@ -32,7 +32,16 @@ import pytest
 import yaml
 
 from tests.fixtures.common import free_port
-from tests.fixtures.compose import BASE, EXTRAS, REDIS, Compose, compose_binary, engine_with_images, override
+from tests.fixtures.compose import (
+    BASE,
+    EXTRAS,
+    REDIS,
+    Compose,
+    compose_binary,
+    engine_with_images,
+    override,
+    remove_cgroups,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -72,6 +81,7 @@ class Deployment:
 
     def __init__(self, compose: Compose, ports: dict[str, int], env: dict[str, str]) -> None:
         self.compose, self.ports, self.env = compose, ports, env
+        self.nodes_seen: set[str] = set()  # their sandbox cgroups are removed at the end
         self.broker_url = f"redis://:{env['TANGRAM_REDIS_PASSWORD']}@127.0.0.1:{ports['redis']}/0"
 
     def docker(self, *args: str) -> str:
@@ -101,7 +111,9 @@ class Deployment:
         if not ids:
             return {}
         out = self.docker("inspect", "-f", "{{.Id}} {{.Config.Hostname}}", *ids)
-        return {c: host.lower() for c, host in (line.split() for line in out.splitlines())}
+        nodes = {c: host.lower() for c, host in (line.split() for line in out.splitlines())}
+        self.nodes_seen |= set(nodes.values())
+        return nodes
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +136,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         "TANGRAM_FLOWER_PASSWORD": secrets.token_hex(16),
         "TANGRAM_HTTP_TOKEN": secrets.token_hex(16),
     }
+    deployment: Deployment | None = None
     for engine, context in engine_with_images(tmp):
         main = context / "compose" / "docker-compose.yml"
         extra = tmp / "test-override.yml"
@@ -135,10 +148,13 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             compose.run("--profile", "control", "build", "scheduler", timeout_s=600)
             print(f"image built in {time.monotonic() - t0:.1f} s")
             compose.run(*PROFILES, "up", *UP, "--scale", "worker-cpu=2", timeout_s=300)
-            yield Deployment(compose, ports, env)
+            deployment = Deployment(compose, ports, env)
+            yield deployment
         finally:  # the services' last lines show with a failure (pytest prints captured output)
             print(compose.run(*PROFILES, "logs", "--no-color", "--tail", "40", check=False)[-20000:])
             compose.run(*PROFILES, "down", "-v", "--rmi", "all", "--remove-orphans", check=False)
+            if deployment is not None:
+                remove_cgroups(deployment.nodes_seen)
 
 
 def _code(tid: str, value: int, sleep_s: float = 0.2) -> Any:
@@ -186,6 +202,10 @@ def test_code_api_and_http_actions_run_through_the_deployment(deployment: Deploy
         assert {r.node for r in results} == set(nodes.values()), Counter(r.node for r in results)
         api = client.submit(ApiAction(api="calc", request={"expr": "6*7"})).result(timeout=120)
         assert api.status == "ok" and api.output == {"value": 42}, api
+        # the closed trajectories' sandboxes passed the escape check (CAP_SYS_PTRACE lets the
+        # worker read their processes' pid namespaces) and were kept for reuse
+        logs = deployment.compose.run("logs", "--no-color", "worker-cpu")
+        assert "looks tampered with" not in logs, logs[-3000:]
     finally:
         client.close()
     # The HTTP API's native endpoint, with an API action: its code actions are refused while
