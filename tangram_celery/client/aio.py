@@ -122,10 +122,12 @@ class AsyncTangramClient:
             self.core.saw_images(await self.store.run(ops.images()))
         return self.core.langs
 
-    async def _checked_view(self) -> PoolView | None:
-        """The pool view with the reported languages (`ClientCore.checked_view`)."""
-        if self.core.wants_view():
-            self.core.saw_view(await self.store.run(ops.pool_view()))
+    async def pools(self) -> PoolView | None:
+        """The deployment's pools as this client checks actions against them, with the reported
+        languages (`ClientCore.checked_view`); None until a scheduler has published them."""
+        now = time.monotonic()
+        if self.core.wants_view(now):
+            self.core.saw_view(await self.store.run(ops.pool_view()), now)
         if self.core.view is None:
             return None  # no scheduler yet; it checks on intake, and we ask again next time
         await self.languages()
@@ -147,7 +149,7 @@ class AsyncTangramClient:
     async def submit_many(self, actions: Iterable[AnyAction | dict[str, Any]]) -> list[AsyncActionHandle]:
         """Validate all, then enqueue all in one round trip. Nothing is enqueued if any is invalid."""
         now = time.time()
-        await self._checked_view()
+        await self.pools()
         batch = self.core.batch(actions, now)
         if not batch.items:
             return []

@@ -37,17 +37,27 @@ class ClientCore:
     def __init__(self, config: TangramConfig | None) -> None:
         self.config = config
         self.view: PoolView | None = PoolView.of(config) if config else None
+        # no CPU node declared (nodes join at run time): follow the scheduler's published
+        # view, which grows and shrinks with the nodes, re-read every LANGUAGES_TTL_S
+        self.follow = self.view is None or (config is not None and not config.nodes.cpu)
+        if self.follow:
+            self.view = None
+        self._view_read_s = float("-inf")
         self.langs: dict[str, list[str]] = {}  # CPU node -> languages, as its worker reported
         self._langs_read_s = float("-inf")
         self._checked: tuple[PoolView, dict[str, list[str]], PoolView] | None = None
         self.images: dict[str, set[str]] = {}  # CPU node -> images it holds or can fetch
 
-    def wants_view(self) -> bool:
-        """Whether to read the published pools (`client_ops.pool_view`) and `saw_view` them."""
-        return self.view is None
+    def wants_view(self, now_s: float) -> bool:
+        """Whether to read the published pools (`client_ops.pool_view`) and `saw_view` them at
+        monotonic `now_s`: until one is published, then again every LANGUAGES_TTL_S when the
+        config declares no CPU node (they join at run time)."""
+        if self.view is None:
+            return True
+        return self.follow and now_s - self._view_read_s > LANGUAGES_TTL_S
 
-    def saw_view(self, view: PoolView | None) -> None:
-        self.view = view
+    def saw_view(self, view: PoolView | None, now_s: float) -> None:
+        self.view, self._view_read_s = view, now_s
 
     def wants_languages(self, now_s: float) -> bool:
         """Whether to read the languages (`client_ops.languages`) at monotonic `now_s`."""

@@ -74,9 +74,9 @@ class TangramClient:
 
     def _read_pools(self) -> None:
         """The deployment's pools and languages, where `core` wants them read."""
-        if self.core.wants_view():
-            self.core.saw_view(self.store.pool_view())
         now = time.monotonic()
+        if self.core.wants_view(now):
+            self.core.saw_view(self.store.pool_view(), now)
         if self.core.view is not None and self.core.wants_languages(now):
             self.core.saw_languages(self.store.languages(), now)
             self.core.saw_images(self.store.run(ops.images()))

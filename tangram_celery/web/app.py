@@ -63,10 +63,17 @@ class ServerState:
                 max_cpus=view.max_cpus,
                 max_memory_mb=view.max_memory_mb,
             )
+        caps = self._caps
+        if self.client.core.follow:  # nodes join at run time: the largest one now
+            live = await self.client.pools()
+            if live is not None:
+                caps = caps.model_copy(
+                    update={"max_cpus": live.max_cpus, "max_memory_mb": live.max_memory_mb}
+                )
         by_node = await self.client.languages()
         offered = await self.offered_languages()
         languages = offered if offered is not None else list(LANGUAGES)
-        return self._caps.model_copy(
+        return caps.model_copy(
             update={
                 "languages": languages,
                 "compiled_languages": [lang for lang in languages if lang in COMPILED],

@@ -208,17 +208,24 @@ def test_code_api_and_http_actions_run_through_the_deployment(deployment: Deploy
         assert "looks tampered with" not in logs, logs[-3000:]
     finally:
         client.close()
-    # The HTTP API's native endpoint, with an API action: its code actions are refused while
-    # no CPU node is declared (the server checks them against its config's nodes, not the
-    # nodes that joined).
+    # The HTTP API: its config declares no CPU node, so it checks code actions against the
+    # nodes that joined (the scheduler's published view), SandboxFusion's /run_code included.
     token = deployment.env["TANGRAM_HTTP_TOKEN"]
+    url, auth_header = f"http://127.0.0.1:{deployment.ports['http']}", {"Authorization": f"Bearer {token}"}
     r = httpx.post(
-        f"http://127.0.0.1:{deployment.ports['http']}/tangram/v1/actions",
+        f"{url}/tangram/v1/actions",
         json={"type": "api", "api": "calc", "request": {"expr": "2**10"}},
-        headers={"Authorization": f"Bearer {token}"},
+        headers=auth_header,
         timeout=120,
     )
     assert r.status_code == 200 and r.json().get("output") == {"value": 1024}, r.text
+    r = httpx.post(
+        f"{url}/run_code",
+        json={"code": "print(6 * 7)", "language": "python"},
+        headers=auth_header,
+        timeout=120,
+    )
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "42\n", r.text
     auth = ("tangram", deployment.env["TANGRAM_FLOWER_PASSWORD"])
     flower = httpx.get(f"http://127.0.0.1:{deployment.ports['flower']}/", auth=auth, timeout=30)
     assert flower.status_code == 200, flower.status_code

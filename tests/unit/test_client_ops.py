@@ -87,9 +87,10 @@ def test_the_backoff_doubles_to_a_second_and_ends_when_its_budget_is_spent() -> 
 def test_the_core_checks_a_batch_against_the_pools_it_was_told() -> None:
     """Without a view the core asks for one; an id given twice is refused before any I/O."""
     core = ClientCore(None)
-    assert core.wants_view() and core.checked_view() is None
-    core.saw_view(PoolView(max_cpus=2, max_memory_mb=1024, apis=["calc"], max_queued=7))
-    assert not core.wants_view()
+    assert core.wants_view(0.0) and core.checked_view() is None
+    core.saw_view(PoolView(max_cpus=2, max_memory_mb=1024, apis=["calc"], max_queued=7), 0.0)
+    assert not core.wants_view(1.0)
+    assert core.wants_view(3.0)  # nodes join and leave: the published view is read again
     batch = core.batch([ApiAction(trajectory_id="t", api="calc")], 1.0)
     assert (batch.max_queued, batch.trajectories) == (7, ["t"])
     twice = ApiAction(api="calc")
@@ -107,3 +108,24 @@ def test_the_blocking_executor_runs_the_calls_on_the_in_memory_store() -> None:
     assert store.run(ops.outcome("c1"))[0] == "cancelled"
     assert store.wait_result("c1", 1.0, look_first=True) is not None
     assert store.cancel("nope", "{}") == "missing"
+
+
+def test_a_config_without_cpu_nodes_follows_the_published_view() -> None:
+    """Nodes join at run time: a client whose config declares none takes the scheduler's view
+    (a code action is refused only while no node has joined) and reads it again as it grows."""
+    from tangram_celery.common.actions import CodeAction
+    from tangram_celery.common.config import TangramConfig
+
+    cfg = TangramConfig.model_validate({"apis": [{"name": "calc", "handler": "m:f", "max_concurrency": 2}]})
+    core = ClientCore(cfg)
+    assert core.follow and core.wants_view(0.0)
+    core.saw_view(PoolView(max_cpus=0, max_memory_mb=0, apis=["calc"]), 0.0)
+    with pytest.raises(ActionRejected, match="no CPU node"):
+        core.batch([CodeAction(code="print(1)")], 1.0)
+    assert core.wants_view(2.5)
+    core.saw_view(PoolView(max_cpus=4, max_memory_mb=4096, apis=["calc"]), 2.5)
+    assert len(core.batch([CodeAction(code="print(1)")], 3.0).items) == 1
+    declared = ClientCore(
+        TangramConfig.model_validate({"nodes": {"cpu": [{"name": "a", "cores": 2, "memory_mb": 2048}]}})
+    )
+    assert not declared.follow and not declared.wants_view(100.0)
