@@ -47,6 +47,7 @@ from scheduler.gpu_cache import Tier
 from scheduler.model import Allocation, QueuedAction, ResourceKind
 from scheduler.policies.elastic import Decision, PoolProblem, drop_tail
 from scheduler.policies.fcfs_min import fcfs_prefix
+from scheduler.pools import copy_gpu
 from scheduler.resources import GPU_CHUNK_SIZES, ClusterState
 
 Choice = tuple[float, str, tuple[int, ...]]  # (expected seconds, GPU node, chunk)
@@ -135,7 +136,9 @@ def gpu_candidates(actions: Sequence[QueuedAction], state: ClusterState, now_s: 
         free_gpus -= len(chunk)
         out.append((i, Allocation(action.action_id, ResourceKind.GPU, name, len(chunk), chunk)))
     if rest and any(free.values()):
-        work = state.copy()
+        # GPU calls only: the GPU nodes are all that placing them reads or changes (a full
+        # copy would copy every CPU node and running allocation, a tenth of a large run)
+        work = ClusterState(gpu={k: copy_gpu(g) for k, g in state.gpu.items()})
         for name, f in free.items():
             work.gpu[name].free = f
         at = {a.action_id: i for i, a in rest}
