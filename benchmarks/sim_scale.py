@@ -13,9 +13,10 @@ read of its streams brings (about 1,100 events a second arrive here). `--compare
 with the gap, to show what the gap changes.
 
 Records wall and CPU seconds (the machine is shared: its load average is in the provenance),
-the actions, rounds and the run's summary, in benchmarks/results/sim_scale.json (+ PNG).
+the actions, rounds and the run's summary, in benchmarks/results/sim_scale.json (+ PNG; `--name`
+another name, e.g. for another round gap).
 
-    .venv/bin/python benchmarks/sim_scale.py [--scale 0.1] [--round-gap-s 0.05] [--compare 10]
+    .venv/bin/python benchmarks/sim_scale.py [--scale 0.1] [--round-gap-s 0.05] [--compare 10] [--name NAME]
 """
 
 from __future__ import annotations
@@ -121,15 +122,16 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="share of the workload (1: ~10^6 actions)")
     ap.add_argument("--round-gap-s", type=float, default=0.05)
     ap.add_argument("--compare", type=int, default=0, help="also run 1/N of it with and without the gap")
+    ap.add_argument("--name", default="sim_scale", help="result files' name (benchmarks/results/NAME.*)")
     args = ap.parse_args()
     result, main_run = run(args.scale, args.round_gap_s)
     data: dict[str, Any] = {"run": main_run, "target_s": TARGET_S, "met": main_run["wall_s"] <= TARGET_S}
-    plot(result, main_run, RESULTS / "sim_scale.png")
+    plot(result, main_run, RESULTS / f"{args.name}.png")
     del result
     if args.compare:
         small = args.scale / args.compare
         data["compare"] = {"every_event": run(small, 0.0)[1], "gap": run(small, args.round_gap_s)[1]}
-    path = write_json("sim_scale", data)
+    path = write_json(args.name, data)
     print(f"wrote {path}")
 
 
