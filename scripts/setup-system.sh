@@ -81,6 +81,13 @@ else
     if apt-get update -qq >"$log" 2>&1 &&
       apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
       rm -f "$log"
+      # Debian starts (and enables) the redis-server service on install: an unauthenticated
+      # Redis on port 6379 that nothing here uses (the TLS test starts its own), so stop it
+      for p in "${missing[@]}"; do
+        if [ "$p" = redis-server ] && have systemctl; then
+          systemctl disable --now redis-server >/dev/null 2>&1 || true
+        fi
+      done
       missing=()
       say "installed"
     else
