@@ -20,6 +20,7 @@ solved differently where the cost is:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from scheduler.execution import ExecutionModel, TimeShareSpec
@@ -110,15 +111,17 @@ def _push(
 
     `cur_s` is its duration at `cur` units; the entry carries the duration at the next step.
     """
-    for nxt in action.cost.units.units:
-        if nxt > cur:
-            if nxt > cap:
-                return
-            nxt_s = action.duration_s(nxt)
-            gain = (cur_s - nxt_s) / (nxt - cur)
-            if gain > 0:
-                heapq.heappush(heap, (-gain, i, nxt, nxt_s))
-            return
+    options = action.cost.units.units  # ascending (`Elastic`): the next step by bisection
+    j = bisect_right(options, cur)
+    if j == len(options):
+        return
+    nxt = options[j]
+    if nxt > cap:
+        return
+    nxt_s = action.duration_s(nxt)
+    gain = (cur_s - nxt_s) / (nxt - cur)
+    if gain > 0:
+        heapq.heappush(heap, (-gain, i, nxt, nxt_s))
 
 
 @register("tangram-fast")

@@ -136,11 +136,12 @@ class Simulator(CpuExecution, GpuExecution, NodeExecution):
             self._wake(0.0)  # place the services before the first call comes
         dirty = False
         now = 0.0
-        while self._events:
-            now = self._events[0][0]
-            while self._events and self._events[0][0] == now:
-                _, kind, _, data = heapq.heappop(self._events)
-                dirty |= self._handle(now, kind, data)
+        events, pop, handle = self._events, heapq.heappop, self._handle
+        while events:
+            now = events[0][0]
+            while events and events[0][0] == now:
+                _, kind, _, data = pop(events)
+                dirty |= handle(now, kind, data)
             if dirty and (self.queue or self._lending or self._warming):
                 dirty = self._maybe_round(now)
         # the last completion: the heap may still hold finish events that a loan or a sharer

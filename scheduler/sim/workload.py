@@ -13,6 +13,8 @@ from typing import Any
 from scheduler.duration import Amdahl, ElasticityCurve, Table
 from scheduler.model import CostVector, Elastic, ResourceKind
 
+_COSTS: dict[tuple[object, ...], CostVector] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class SimAction:
@@ -32,14 +34,22 @@ class SimAction:
     image_mb: int = 0
 
     def cost(self) -> CostVector:
-        return CostVector(
-            self.key,
-            Elastic(self.units),
-            self.memory_mb,
-            self.gpu_memory_mb,
-            self.api_quota,
-            malleable=self.malleable,
-        )
+        """Its cost vector (frozen: one per distinct cost, shared by the actions that have it,
+        not built again at every submission of 10^6 actions)."""
+        key = (self.key, self.units, self.memory_mb, self.gpu_memory_mb, self.api_quota, self.malleable)
+        hit = _COSTS.get(key)
+        if hit is None:
+            if len(_COSTS) > 65536:
+                _COSTS.clear()
+            hit = _COSTS[key] = CostVector(
+                self.key,
+                Elastic(self.units),
+                self.memory_mb,
+                self.gpu_memory_mb,
+                self.api_quota,
+                malleable=self.malleable,
+            )
+        return hit
 
     def true_duration_s(self, units: float) -> float:
         """True execution time at `units` (fractional units: linear in the speed-up)."""
