@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.fixtures.netns import Hosts
+from tests.fixtures.procs import Procs, read_progress, stop_groups, wait_for
 from tests.fixtures.sandbox import require_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,34 +44,8 @@ def _config(tmp: Path) -> Path:
     return path
 
 
-def _wait(what: str, cond: object, timeout_s: float, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        for name, p in procs.items():
-            if p.poll() is not None and name != "client":
-                raise AssertionError(f"{name} exited with {p.returncode} while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _progress(path: Path) -> list[list[str]]:
-    if not path.exists():
-        return []
-    return [line.split() for line in path.read_text().splitlines() if line.strip()]
-
-
-def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for p in procs.values():
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+def _wait(what: str, cond: Callable[[], object], timeout_s: float, procs: Procs) -> None:
+    wait_for(what, cond, timeout_s, procs, may_exit=("client",), poll_s=0.2)
 
 
 @pytest.mark.slow
@@ -114,11 +89,11 @@ def test_actions_cross_hosts_and_survive_a_worker_host_cut_off(hosts: Hosts, tmp
         )
 
         def both_nodes_busy() -> bool:
-            done = Counter(node for _, node, _ in _progress(progress))
+            done = Counter(node for _, node, _ in read_progress(progress))
             return done["a"] >= 3 and done["b"] >= 3
 
         _wait("results from both worker hosts", both_nodes_busy, 180, procs)
-        before = Counter(node for _, node, _ in _progress(progress))
+        before = Counter(node for _, node, _ in read_progress(progress))
         hosts.cut("b")
         cut_at = time.monotonic()
         print(f"cut host b after {sum(before.values())} results ({dict(before)})")
@@ -132,13 +107,13 @@ def test_actions_cross_hosts_and_survive_a_worker_host_cut_off(hosts: Hosts, tmp
         hosts.restore("b")
         time.sleep(8)
     finally:
-        _stop(procs)
+        stop_groups(procs, grace_s=15)
         redis.stop()
 
     results = json.loads(out.read_text())
     ids = Counter(r["action_id"] for r in results)
     by_node = Counter(r["node"] for r in results)
-    after_cut = Counter(node for _, node, _ in _progress(progress)[sum(before.values()) :])
+    after_cut = Counter(node for _, node, _ in read_progress(progress)[sum(before.values()) :])
     retried = [r for r in results if r["attempts"] > 1]
     log_path = Path(tmp_path / "state" / "actions.jsonl")
     completions = Counter(json.loads(line)["action_id"] for line in log_path.read_text().splitlines())

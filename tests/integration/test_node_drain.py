@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fixtures.procs import Procs, read_progress, stop_groups, wait_for
 from tests.fixtures.sandbox import require_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,34 +40,8 @@ def _config(tmp: Path) -> Path:
     return path
 
 
-def _wait(what: str, cond: object, timeout_s: float, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        for name, p in procs.items():
-            if p.poll() is not None and name not in ("client", "worker-b"):
-                raise AssertionError(f"{name} exited with {p.returncode} while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def _progress(path: Path) -> list[list[str]]:
-    if not path.exists():
-        return []
-    return [line.split() for line in path.read_text().splitlines() if line.strip()]
-
-
-def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for p in procs.values():
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+def _wait(what: str, cond: Callable[[], object], timeout_s: float, procs: Procs) -> None:
+    wait_for(what, cond, timeout_s, procs, may_exit=("client", "worker-b"), poll_s=0.1)
 
 
 def test_sigterm_drains_an_undeclared_node_under_load_losing_nothing(tmp_path: Path) -> None:
@@ -135,7 +111,7 @@ def test_sigterm_drains_an_undeclared_node_under_load_losing_nothing(tmp_path: P
         )
 
         def both_busy() -> bool:
-            done = Counter(node for _, node, _ in _progress(progress))
+            done = Counter(node for _, node, _ in read_progress(progress))
             return done["a"] >= 3 and done["b"] >= 3
 
         _wait("results from both nodes", both_busy, 180, procs)
@@ -158,7 +134,7 @@ def test_sigterm_drains_an_undeclared_node_under_load_losing_nothing(tmp_path: P
         time.sleep(2)
         assert "b" not in store.node_records(), "the scheduler removes a node that left"
     finally:
-        _stop(procs)
+        stop_groups(procs, grace_s=20)
         store.close()
         redis.stop()
 

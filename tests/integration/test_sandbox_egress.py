@@ -32,7 +32,8 @@ import pytest
 from tangram_celery.common.actions import ActionStatus
 from tangram_celery.sandbox import ExecRequest
 from tests.fixtures.common import unavailable
-from tests.fixtures.docker import SMALL_LIMITS
+from tests.fixtures.docker import SMALL_LIMITS, backend_config
+from tests.fixtures.netns import namespaces_up
 
 SERVERS = Path(__file__).with_name("egress_servers.py")
 PUBLIC, RESOLVER, ALLOWED, ENDPOINT = "203.0.113.1", "203.0.113.53", "10.9.0.1", "10.9.0.2"
@@ -137,16 +138,8 @@ def internet() -> Iterator[Internet]:
 
     if os.geteuid() != 0 or missing_tools():
         unavailable(f"sandbox egress needs root and {', '.join(missing_tools()) or 'ip, iptables, nsenter'}")
-    net = Internet()
-    try:
-        net.create()
-    except subprocess.CalledProcessError as e:
-        net.delete()
-        unavailable(f"cannot create network namespaces: {e.stderr.decode(errors='replace').strip()}")
-    try:
+    with namespaces_up(Internet()) as net:
         yield net
-    finally:
-        net.delete()
 
 
 @pytest.fixture(scope="module", params=["namespace-builtin", "namespace-bwrap", "docker"])
@@ -155,16 +148,8 @@ def egress_box(request: pytest.FixtureRequest, internet: Internet) -> Iterator[A
     from tangram_celery.common.config import SandboxConfig
     from tangram_celery.common.errors import SandboxError
     from tangram_celery.sandbox import open_sandbox
-    from tangram_celery.sandbox.namespace import bwrap_path
 
-    backend, _, launcher = request.param.partition("-")
-    base: dict[str, object] = {"backend": backend}
-    if backend == "docker":
-        base["docker_host"] = request.getfixturevalue("docker_engine")
-    else:
-        base["namespace_launcher"] = launcher
-        if launcher == "bwrap" and bwrap_path() is None:
-            unavailable("bubblewrap not installed (apt-get install bubblewrap)")
+    base = backend_config(request)
     cfg = SandboxConfig.model_validate(
         {
             **base,
@@ -317,16 +302,12 @@ def image_egress_box(
     request: pytest.FixtureRequest, internet: Internet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     """A pool that runs container images, network on, egress through the test's uplink."""
-    from tests.fixtures.images import ImageBox, images_config, open_image_pool
+    from tests.fixtures.images import ImageBox, image_pool_config, open_image_pool
 
     layout = request.getfixturevalue("image_layout")
-    cfg: dict[str, Any] = {**SMALL_LIMITS, "backend": request.param, "prewarm": 0, "network": True}
-    cfg.update(egress_uplink=internet.up, dns=[RESOLVER])
-    if request.param == "docker":
-        cfg["docker_host"] = request.getfixturevalue("image_engine")
-    else:
-        cfg["namespace_launcher"] = "builtin"
-        cfg["images"] = images_config(layout, tmp_path_factory.mktemp("store"))
+    cfg = image_pool_config(
+        request, layout, tmp_path_factory, network=True, egress_uplink=internet.up, dns=[RESOLVER]
+    )
     for pool in open_image_pool(request.param, cfg):
         yield ImageBox(request.param, pool)
 
