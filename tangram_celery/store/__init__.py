@@ -22,6 +22,9 @@ Keys (all under `tangram:`):
   node_load         hash node -> its load as the scheduler sees it (units in use, running, pinned)
   languages         hash CPU node -> the languages its sandboxes run (JSON list), set by its
                     worker at start; clients refuse code actions in any other language
+  tenants           hash tenant name -> its record (quotas, HTTP token digest; `tenant_side.py`)
+  t:<name>:...      a tenant's own intake, a:, n:, nq: keys (`common.tenants.prefix`); the
+                    `default` tenant's are the keys above
 
 Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
 that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts
@@ -72,10 +75,11 @@ from tangram_celery.store.keys import (
 from tangram_celery.store.node_side import NodeSide
 from tangram_celery.store.scheduler_side import SchedulerSide
 from tangram_celery.store.scripts import CANCEL, SUBMIT
+from tangram_celery.store.tenant_side import TenantSide
 from tangram_celery.store.worker_side import WorkerSide
 
 
-class Store(ClientSide, SchedulerSide, WorkerSide, NodeSide):
+class Store(ClientSide, SchedulerSide, WorkerSide, NodeSide, TenantSide):
     """One interface over one Redis connection pool for everything the client, the scheduler
     and the workers share; each side's operations are in its own module."""
 
