@@ -1,5 +1,5 @@
 """`tangram` command line: config check, up, demo, submit, scheduler, worker, nodes, flower, sim,
-reward."""
+reward, tenant."""
 
 from __future__ import annotations
 
@@ -287,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stack_commands(sub)
     _add_process_commands(sub)
     _add_tool_commands(sub)
+    from tangram_celery.tenant_cli import add_tenant_commands
+
+    add_tenant_commands(sub)
     return p
 
 
