@@ -24,6 +24,7 @@ from scheduler.resources import ClusterState
 from scheduler.round.fetch import has_stores, image_fetches
 from scheduler.round.loans import Loans
 from scheduler.round.steps import MaxBatch, gpu_loads, one_per_sandbox, riders
+from scheduler.tenancy import Ledger, Tenancy
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,7 @@ class Round:
         self.cpu_batch = cpu_batch if observed is not None and not self.execution.cpu_sharing else None
         self.observed = observed
         self._job_of: dict[str, str] = {}  # running action -> its job (fair share's held units)
+        self.tenancy = Tenancy()  # tenants' caps (`scheduler.tenancy`): none until the executor sets them
         self.loans = Loans()  # core loans to running malleable actions (when lending)
         self.demand = GpuDemand(dict(gpu_services or {}))  # for warm placements
         self._gpu_calls: dict[str, str] = {}  # running GPU action -> its service
@@ -113,19 +115,29 @@ class Round:
         restart) towards its job's share."""
         if self.fair is not None:
             self._job_of[action.action_id] = action.job_id
+        self.tenancy.track(action)
 
     def plan(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
         """Decide one round over `queue` (FCFS) on `state`; neither is changed."""
         t0 = time.perf_counter()
         ordered = self.order(queue, state, now_s)
+        caps: Ledger | None = None
+        if self.tenancy.active(queue.jobs()):  # capped tenants wait: hold back what goes over
+            ordered, caps = self.tenancy.admit(ordered, state, now_s)
         allocs = one_per_sandbox(self.policy.decide(ordered, state, now_s), queue, state)
+        if caps is not None:
+            allocs = caps.keep(allocs, queue.action)
         out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
         if self.execution.lend_cores:
             out.lends = self.lend(allocs, queue, state, now_s)
         if allocs and self.max_batch is not None:
             out.riders = riders(allocs, queue, self.max_batch)
+            if caps is not None:
+                out.riders = caps.keep(out.riders, queue.action)
         if self.cpu_batch is not None and self.observed is not None:
             cpu = self._cpu_riders(allocs, ordered, queue, state, now_s, self.cpu_batch, self.observed)
+            if cpu and caps is not None:
+                cpu = caps.keep(cpu, queue.action)
             if cpu:
                 out.riders += cpu
                 out.decision_s = time.perf_counter() - t0
@@ -134,6 +146,8 @@ class Round:
             out.sharers = time_sharers(
                 out.started, ordered, queue, state, share, self.observed, now_s, self._hosts
             )
+            if caps is not None:
+                out.sharers = caps.keep(out.sharers, queue.action)
             out.decision_s = time.perf_counter() - t0
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)
@@ -169,6 +183,10 @@ class Round:
         if self.fair is not None:
             for a in out.started:
                 self._job_of[a.action_id] = queue.action(a.action_id).job_id
+        tenancy = self.tenancy
+        for a in out.started:
+            tenancy.track(queue.action(a.action_id))
+        tenancy.prune(state)
         for a in out.started:
             for tid in a.evict:
                 out.evicted[tid] = a.pool
