@@ -64,7 +64,7 @@ async def _score_all(
     request: Request, scorer: str, items: list[tuple[str, str, Any]]
 ) -> list[Score] | JSONResponse:
     state = request.app.state.tangram
-    gate: Gate = state.gate
+    gate: Gate = state.gate_of(request.scope)  # the tenant the request acts as
     if not gate.admit():
         return _overloaded(gate, f"more than {gate.cfg.max_in_flight} requests in flight")
     try:

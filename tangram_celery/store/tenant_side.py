@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from tangram_celery.common.tenants import REGISTRY, TenantRecord
 from tangram_celery.store.base import StoreBase
+from tangram_celery.store.calls import Call
 
 log = logging.getLogger("tangram.store")
 
@@ -29,6 +30,11 @@ def records_of(raw: dict[str, str]) -> dict[str, TenantRecord]:
             continue
         out[name] = rec
     return out
+
+
+def read_tenants() -> Call[dict[str, TenantRecord]]:
+    """The registry, as a call for either executor (the HTTP server reads it on `AsyncStore`)."""
+    return Call("read tenants", "hgetall", (REGISTRY,), records_of)
 
 
 class TenantSide(StoreBase):

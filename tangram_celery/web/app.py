@@ -1,5 +1,6 @@
 """The FastAPI application: routers, access policy (Host check, bearer token, rate limit: see
-`auth.py`), request-size limit, one AsyncTangramClient.
+`auth.py`), request-size limit, one AsyncTangramClient per tenant (`tenancy.py`): each request
+acts as the tenant its token names.
 
 OpenAPI docs are served at /docs (schema at /openapi.json); they and GET /v1/ping need no token.
 Clients that cannot set headers (verl's SandboxFusion client sends none) may pass the token as
@@ -23,10 +24,12 @@ from tangram_celery.client.aio import AsyncTangramClient
 from tangram_celery.client.gate import Gate
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
+from tangram_celery.common.tenants import DEFAULT
 from tangram_celery.web.auth import Access, Refusal
 from tangram_celery.web.phases import COMPILED, LANGUAGES
 from tangram_celery.web.sandbox_fusion import Answer, run_code_fast
 from tangram_celery.web.sandbox_models import Capabilities
+from tangram_celery.web.tenancy import Tenancy, tenant_of_scope
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -40,7 +43,15 @@ class ServerState:
     client: AsyncTangramClient
     gate: Gate
     default_memory_mb: int
+    tenancy: Tenancy | None = None  # None: the default tenant's client and gate only
     _caps: Capabilities | None = field(default=None, repr=False)
+
+    def gate_of(self, scope: object) -> Gate:
+        """The gate (and through it the client) of the tenant a request acts as."""
+        tenant = tenant_of_scope(scope)
+        if self.tenancy is None:
+            return self.gate
+        return self.tenancy.gate(tenant)
 
     async def offered_languages(self) -> list[str] | None:
         """The languages some CPU worker reported (None: none has reported yet)."""
@@ -99,20 +110,28 @@ def create_app(
     from tangram_celery.web.native import router as native_router
     from tangram_celery.web.sandbox_fusion import router as sandbox_router
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    access = Access.of(cfg.http, token or cfg.http.resolved_token())
+
+    def tenant_client(tenant: str) -> AsyncTangramClient:
         # Redis retries are bounded by the slack: a request must not outlive its deadline
         # waiting for a broker that is away (the caller gets 503 instead, see below)
-        c = client or AsyncTangramClient(broker_url, config=cfg, retry_budget_s=cfg.http.slack_s)
+        return AsyncTangramClient(broker_url, config=cfg, retry_budget_s=cfg.http.slack_s, tenant=tenant)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        c = client or tenant_client(DEFAULT)
         gate = Gate(c, cfg.http)
+        tenancy = Tenancy(cfg, access, gate, tenant_client)
+        await tenancy.start()
         app.state.tangram = ServerState(
-            cfg=cfg, client=c, gate=gate, default_memory_mb=cfg.sandbox.default_memory_mb
+            cfg=cfg, client=c, gate=gate, default_memory_mb=cfg.sandbox.default_memory_mb, tenancy=tenancy
         )
         if registry is not None:
-            _gauges(registry, gate)
+            _gauges(registry, tenancy)
         try:
             yield
         finally:
+            await tenancy.close()
             await c.close()
 
     app = FastAPI(
@@ -129,7 +148,7 @@ def create_app(
     app.include_router(sandbox_router)
     app.include_router(native_router)
     app.include_router(rewards_router)
-    access = Access.of(cfg.http, token or cfg.http.resolved_token())
+    app.state.access = access  # the policy the guard applies (tenants' tokens: `Tenancy`)
     app.add_middleware(Guard, access=access, max_body_bytes=cfg.http.max_body_mb << 20)
     return app
 
@@ -139,18 +158,20 @@ def broker_away(exc: BrokerError) -> str:
     return f"broker unavailable: {exc}"
 
 
-def _gauges(registry: CollectorRegistry, gate: Gate) -> None:
+def _gauges(registry: CollectorRegistry, tenancy: Tenancy) -> None:
+    """Every tenant's requests together (a gauge per tenant would name tenants to whoever
+    reads the metrics; the scheduler's metrics show tenants to the operator)."""
     from prometheus_client import Gauge
 
     Gauge("tangram_http_in_flight", "HTTP requests being served", registry=registry).set_function(
-        lambda: gate.in_flight
+        tenancy.in_flight
     )
     Gauge(
         "tangram_http_overloaded_total", "Requests answered with the overload status", registry=registry
-    ).set_function(lambda: gate.overloaded_total)
+    ).set_function(tenancy.overloaded_total)
     Gauge(
         "tangram_http_awaited_actions", "Actions whose results are awaited", registry=registry
-    ).set_function(lambda: gate.client.outstanding)
+    ).set_function(tenancy.awaited)
 
 
 class Guard:

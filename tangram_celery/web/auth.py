@@ -4,7 +4,9 @@ when the operator opts in, and a token bucket per principal. `app.Guard` asks `A
 once per request and answers the `Refusal` it gets, if any.
 
 Tokens are kept only as SHA-256 digests and a presented one is compared with every digest in
-constant time, so that per-tenant tokens (stored hashed) slot in through `Tokens.add_digest`.
+constant time. The tenants' tokens come from the registry (stored there as digests) and are
+replaced as a whole when it changes (`Access.set_tenants`): a new, rotated or removed tenant's
+token counts from the next refresh (`tenancy.Tenancy`), without a restart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from tangram_celery.common.config_front import HttpConfig
+from tangram_celery.common.tenants import DEFAULT
 
 # ping and the OpenAPI docs need no token (SandboxFusion's clients ping first)
 PUBLIC_PATHS = frozenset({"/v1/ping", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
@@ -24,15 +27,21 @@ QUERY_KEY = b"token"
 
 @dataclass(frozen=True)
 class Principal:
-    """Whom a request acts for: the operator's token's holder, or (with `http.auth: none`) any
-    local caller. Tenants will be principals too."""
+    """Whom a request acts for, and as which tenant: the operator's token's holder and (with
+    `http.auth: none`) any local caller act as the `default` tenant; a tenant's token's holder
+    as that tenant (`Principal(name, name)`)."""
 
     name: str
+    tenant: str = DEFAULT
 
 
 LOOPBACK_CALLER = Principal("loopback")  # http.auth: none
 OPERATOR = Principal("default")  # the holder of http.token
 ANYONE = Principal("public")  # GET /v1/ping and the docs
+
+
+def tenant_principal(name: str) -> Principal:
+    return Principal(name, name)
 
 
 @dataclass(frozen=True)
@@ -137,7 +146,8 @@ class TokenBucket:
 
 @dataclass
 class RateLimit:
-    """One token bucket per principal (principals are the configured tokens: a bounded set)."""
+    """One token bucket per principal, so per tenant (principals are the configured tokens and
+    the registry's tenants: a bounded set)."""
 
     rate: float
     burst: float
@@ -159,6 +169,16 @@ class Access:
     allowed_hosts: frozenset[str] = frozenset()
     token_in_query: bool = False
     rate: RateLimit | None = None
+    tenant_tokens: Tokens = field(default_factory=Tokens)  # the registry's, by tenant
+
+    def set_tenants(self, digests: dict[str, str]) -> None:
+        """The tenants' tokens from now on: tenant name -> hex SHA-256 of its token (a tenant
+        without a token is not listed). Replaced as a whole: a token left out stops working."""
+        tokens = Tokens()
+        for name, hex_digest in sorted(digests.items()):
+            if hex_digest:
+                tokens.add_digest(bytes.fromhex(hex_digest), tenant_principal(name))
+        self.tenant_tokens = tokens
 
     @classmethod
     def of(cls, http: HttpConfig, token: str | None) -> Access:
@@ -206,12 +226,16 @@ class Access:
         return principal
 
     def _principal(self, authorization: bytes | None, in_query: bytes | None) -> Principal | None:
-        if self.tokens is None:
-            return LOOPBACK_CALLER
+        """The presented token's principal: the operator's token, else a tenant's. With
+        `http.auth: none` a tenant's token still acts as its tenant, anything else (no token,
+        or another) as the local caller, the `default` tenant."""
+        presented = in_query  # only reached (not refused) when http.token_in_query
         if authorization is not None:
-            if authorization[:7].lower() != b"bearer ":
-                return None
-            return self.tokens.principal_for(authorization[7:].strip())
-        if in_query is not None:  # only reached when http.token_in_query
-            return self.tokens.principal_for(in_query)
-        return None
+            bearer = authorization[:7].lower() == b"bearer "
+            presented = authorization[7:].strip() if bearer else None
+        found = None if presented is None else self.tenant_tokens.principal_for(presented)
+        if self.tokens is None:
+            return found or LOOPBACK_CALLER
+        if presented is None:
+            return None
+        return self.tokens.principal_for(presented) or found

@@ -3,6 +3,11 @@ action, any action (code, reward, API) with or without waiting, results by id fo
 poll, cancel, close a trajectory, capabilities.
 
 Without `trajectory_id` an action is a one-shot action (see `Gate.run_one_shot`).
+
+Every request acts as its token's tenant (`tenancy.py`): the ids it names are that tenant's
+own, so another tenant's action id is not found (404), never forbidden. A submission the
+intake refuses (`AdmissionError`) is 429 when a limit on queued work or rate refused it, 503
+when the broker is full, with the reason.
 """
 
 from __future__ import annotations
@@ -148,7 +153,22 @@ def problem(status_code: int, detail: str, action_id: str | None = None, **heade
     )
 
 
+ADMISSION_PREFIX = "intake full: "  # how `Gate` words an AdmissionError
+
+
+def admission_status(reason: str) -> int:
+    """429 for a limit on the tenant's queued work or rate (its own: retry later), 503 when the
+    broker itself is full (everyone's)."""
+    return 503 if "broker full" in reason else 429
+
+
+def admission_problem(reason: str, action_id: str | None = None) -> JSONResponse:
+    return problem(admission_status(reason), reason, action_id, **{"Retry-After": "1"})
+
+
 def outcome_response(outcome: Outcome, gate: Gate) -> ActionResult | JSONResponse:
+    if isinstance(outcome, Overloaded) and outcome.reason.startswith(ADMISSION_PREFIX):
+        return admission_problem(outcome.reason, outcome.action_id)
     if isinstance(outcome, Overloaded):
         return problem(gate.cfg.overload_status, outcome.reason, outcome.action_id, **{"Retry-After": "1"})
     if isinstance(outcome, Late):
@@ -171,14 +191,21 @@ async def _run(gate: Gate, body: CodeBody | RewardBody | ApiBody, t0: float) -> 
 
 
 def _gate(request: Request) -> Gate:
-    gate: Gate = request.app.state.tangram.gate
+    """The gate and client of the tenant the request acts as."""
+    gate: Gate = request.app.state.tangram.gate_of(request.scope)
     return gate
 
 
 @router.post(
     "/actions",
     response_model=ActionResult | Submitted,
-    responses={202: {"model": Submitted}, 400: {"model": Problem}, 504: {"model": Problem}},
+    responses={
+        202: {"model": Submitted},
+        400: {"model": Problem},
+        429: {"model": Problem},
+        503: {"model": Problem},
+        504: {"model": Problem},
+    },
 )
 async def submit_action(
     body: ActionBody,
@@ -207,7 +234,7 @@ async def _submit_nowait(gate: Gate, body: CodeBody | RewardBody | ApiBody) -> S
     try:  # without a trajectory: a one-shot action, which releases everything when it completes
         handle = await gate.client.submit(to_action(body, body.trajectory_id))
     except AdmissionError as e:
-        return problem(gate.cfg.overload_status, f"intake full: {e}", **{"Retry-After": "1"})
+        return admission_problem(f"{ADMISSION_PREFIX}{e}")
     submitted = Submitted(action_id=handle.id, trajectory_id=body.trajectory_id or "", state="queued")
     return JSONResponse(submitted.model_dump(), 202)
 
@@ -239,12 +266,15 @@ async def get_action(
     return JSONResponse(Pending(action_id=action_id, state=state).model_dump(), 202)
 
 
-@router.delete("/actions/{action_id}", response_model=Cancelled)
-async def cancel_action(action_id: ActionId, request: Request) -> Cancelled:
+@router.delete("/actions/{action_id}", response_model=Cancelled, responses={404: {"model": Problem}})
+async def cancel_action(action_id: ActionId, request: Request) -> Cancelled | JSONResponse:
     """Cancel an action that has not been dispatched yet (it then never runs)."""
     client = _gate(request).client
     done = await client.cancel(action_id, "cancelled over HTTP")
-    return Cancelled(action_id=action_id, cancelled=done, state=await client.state(action_id))
+    state = await client.state(action_id)
+    if not done and state is None:
+        return problem(404, f"no action {action_id!r} (never submitted, or its result expired)", action_id)
+    return Cancelled(action_id=action_id, cancelled=done, state=state)
 
 
 @router.post("/trajectories/{trajectory_id}/close", status_code=202)
@@ -305,7 +335,7 @@ async def run_tests(req: RunTestsRequest, request: Request) -> RunTestsResponse 
     the elastic cores the scheduler grants (instead of one request per case)."""
     t0 = time.monotonic()
     state = request.app.state.tangram
-    gate: Gate = state.gate
+    gate = _gate(request)
     from tangram_celery.web.sandbox_fusion import language_refusal
 
     why = await language_refusal(state, req.language)

@@ -152,7 +152,7 @@ async def run_code(req: RunCodeRequest, request: Request) -> Response:
     action never runs."""
     # Requests with a JSON body that validates are answered by `run_code_fast` before they
     # reach FastAPI; this route serves the rest (and documents the endpoint).
-    answer = await run_code_answer(req, request.app.state.tangram)
+    answer = await run_code_answer(req, request.app.state.tangram, request.scope)
     return Response(answer.body, answer.status_code, dict(answer.headers), media_type="application/json")
 
 
@@ -168,12 +168,13 @@ async def run_code_fast(scope: Scope, body: bytes) -> Answer | None:
         req = RunCodeRequest.model_validate_json(body)
     except ValidationError:
         return None
-    return await run_code_answer(req, state)
+    return await run_code_answer(req, state, scope)
 
 
-async def run_code_answer(req: RunCodeRequest, state: Any) -> Answer:
+async def run_code_answer(req: RunCodeRequest, state: Any, scope: Scope) -> Answer:
+    """The answer to a `/run_code` request, acting as the tenant of the request (`scope`)."""
     t0 = time.monotonic()
-    gate: Gate = state.gate
+    gate: Gate = state.gate_of(scope)
     why = await language_refusal(state, req.language)
     if why is not None:  # refused before anything is queued; HTTP 400, SandboxFusion-shaped
         return Answer.of(refusal(why), 400)
