@@ -23,6 +23,7 @@ from scheduler.service.cluster import alloc_to_wire
 from scheduler.service.record import RunRecorder
 from scheduler.service.sandboxes import is_one_shot
 from scheduler.service.sender import Sender
+from scheduler.service.tenants import TenantBook
 from scheduler.service.trajectories import TrajectoryBook
 from scheduler.service.warmer import GpuWarmer, predict_host
 from tangram_celery.common.records import PinRecord
@@ -60,6 +61,7 @@ class Dispatcher:
         self.state, self.books, self.trajectories, self.warmer = state, books, trajectories, warmer
         self.sender, self.store, self.recorder, self.clock = sender, store, recorder, clock
         self.check_invariants = check_invariants
+        self.tenants = TenantBook(store, recorder.metrics)  # quotas per tenant (issue 37)
         self.dispatched_total = 0
         self.progress_s = time.monotonic()  # when actions were last dispatched
 
@@ -68,6 +70,7 @@ class Dispatcher:
         nothing waiting, the round's idle steps (loans, warm placements)."""
         now = self.clock()
         waiting = self.books.waiting
+        self.tenants.maybe_sync(rnd, self.books)  # about once a second: the round's caps
         if not waiting:
             self._idle(rnd, now)
             self._check(rnd)

@@ -99,6 +99,13 @@ class SchedulerMetrics:
             "Idle trajectories released because their sandbox was gone (worker restarted or lost)",
             registry=r,
         )
+        # issue 37: labelled by tenant name only (never an action's ids or payload)
+        self.tenant_actions = Gauge(
+            "tangram_tenant_actions",
+            "Actions per tenant: queued, running, held (queued but held back by its caps)",
+            ["tenant", "state"],
+            registry=r,
+        )
         self.decision = Histogram(
             "tangram_decision_seconds",
             "Policy decision time per round",

@@ -5,6 +5,7 @@ round decides exactly as before."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,14 @@ from scheduler.policies import get_policy
 from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 from scheduler.round import FairShareSpec, Round, RoundPlan
+from scheduler.service import SchedulerService
 from scheduler.tenancy import TenantCaps, api_limit
-from tangram_celery.common.tenants import PRIORITY_OF_CLASS
+from tangram_celery.common.config import parse_config
+from tangram_celery.common.tenants import PRIORITY_OF_CLASS, Quotas, TenantRecord
+from tangram_celery.common.wire import ActionMeta
+from tangram_celery.store import akey
+from tangram_celery.store.quota_side import limits_of
+from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
 
 
 def cpu(
@@ -205,3 +212,85 @@ def test_a_high_class_tenant_goes_first_among_equals() -> None:
     ]
     assert started(plan_of("fcfs-min", q, cpus(1), {})) == ["h0"]
     assert started(plan_of("fcfs-min", q, cpus(2), {})) == ["h0", "n0"]
+
+
+# ---- the scheduler service: the registry's quotas, on the in-memory twin of the store ----------
+
+
+def _service(tmp: str, store: MemoryStore) -> SchedulerService:
+    cfg = parse_config(
+        {
+            "state_dir": tmp,
+            "nodes": {"cpu": [{"name": "n0", "cores": 4, "memory_mb": 4096}]},
+            "scheduler": {"policy": "fcfs-min"},
+        }
+    )
+    return SchedulerService(cfg, "memory://", store=store, app=memory_app(), record=False)
+
+
+def _gauge(svc: SchedulerService, tenant: str, state: str) -> float | None:
+    return svc.metrics.registry.get_sample_value("tangram_tenant_actions", {"tenant": tenant, "state": state})
+
+
+def test_the_book_publishes_max_queued_and_gives_the_round_its_caps(tmp_path: Path) -> None:
+    """Given tenants a (at most 2 queued, 1 core) and b (no limits), a sync writes a's
+    `<prefix>limits` and none of b's, and the round holds a's caps; when the operator lifts a's
+    queue cap, and then removes a, its limits key goes and so do its caps."""
+    store = memory_store()
+    store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_queued=2, max_cores=1)))
+    store.put_tenant(TenantRecord(name="b"))
+    store.r.hset(limits_of("b"), "max_queued", 9)  # left by an earlier run: cleaned up
+    svc = _service(str(tmp_path), store)
+    book, rnd = svc.dispatcher.tenants, svc.round
+    book.sync(rnd)
+    assert store.r.hgetall(limits_of("a")) == {"max_queued": "2"} and not store.r.exists(limits_of("b"))
+    assert limits_of("a") == "tangram:t:a:limits" and rnd.tenancy.caps == {"a": TenantCaps(cores=1)}
+    store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_cores=1)))
+    book.sync(rnd)
+    assert not store.r.exists(limits_of("a")) and rnd.tenancy.caps == {"a": TenantCaps(cores=1)}
+    store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_queued=5)))
+    book.sync(rnd)
+    assert store.r.hget(limits_of("a"), "max_queued") == "5" and rnd.tenancy.caps == {}
+    store.remove_tenant("a")
+    book.sync(rnd)
+    assert not store.r.exists(limits_of("a"))
+
+
+def test_the_service_holds_a_capped_tenant_back_and_counts_it(tmp_path: Path) -> None:
+    """Given tenant a allowed 1 core with 3 code actions queued and tenant b's 2 behind them on
+    4 cores, one step dispatches one of a's and both of b's; the gauges say a has 1 running and
+    2 queued, held back."""
+    store = memory_store()
+    store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_cores=1)))
+    store.put_tenant(TenantRecord(name="b"))
+    svc = _service(str(tmp_path), store)
+    svc.start()
+    book, rnd = svc.dispatcher.tenants, svc.round
+    book.sync(rnd)
+    for job, n, t in (("a", 3, 0.0), ("b", 2, 1.0)):
+        for i in range(n):
+            qa = cpu(f"{job}/x{i}", job, t + i * 0.01, mem=256)
+            qa.trajectory_id = f"{job}/t{i}"
+            meta = _meta(qa)
+            store.r.hset(akey(qa.action_id), mapping={"meta": meta.model_dump_json(), "state": "queued"})
+            svc.books.admit(meta, qa)
+    assert svc.schedule() == 3
+    assert sorted(svc.state.running) == ["a/x0", "b/x0", "b/x1"]
+    book.sync(rnd, svc.books)
+    assert _gauge(svc, "a", "running") == 1 and _gauge(svc, "a", "queued") == 2
+    assert _gauge(svc, "a", "held") == 2 and _gauge(svc, "b", "running") == 2
+    assert _gauge(svc, "default", "queued") == 0
+    for q in ("tangram.cpu.n0",):
+        sent_messages(svc.sender.app, q)
+
+
+def _meta(qa: QueuedAction) -> ActionMeta:
+    return ActionMeta(
+        id=qa.action_id,
+        type="code",
+        trajectory_id=qa.trajectory_id,
+        job_id=qa.job_id,
+        submitted_s=qa.submitted_s,
+        cpus=(1, 1),
+        memory_mb=qa.cost.memory_mb,
+    )
