@@ -6,6 +6,12 @@ workers-page Refresh); a worker that came up later (a GPU worker still starting 
 not been inspected yet is missing, and with no worker inspected Flower falls back to the app's
 `task_queues`. This app declares the queue of every configured pool (`TANGRAM_FLOWER_QUEUES`,
 comma-separated, set by `flower_command`), and the page lists the union of both.
+
+Tenants (issue 37): Flower is the operator's, and it shows tenants by name only. A task's
+arguments are an action id and its order (allocation, attempt, sandbox), and their repr the
+action's kind, trajectory and units (`scheduler.service.sender`); a named tenant's ids read
+`<tenant>/<id>`. A task's result is its status word. Payloads, outputs and results stay in the
+tenants' own keys, which Flower's Redis user cannot read (`transport.acl`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""API worker: calls a rate-limited external API; the scheduler enforces the pool's limits."""
+"""API worker: calls a rate-limited external API; the scheduler enforces the pool's limits, and
+each tenant's share of them (`api_share`, `scheduler.tenancy`), before it sends a call here."""
 
 from __future__ import annotations
 

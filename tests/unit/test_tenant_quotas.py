@@ -19,7 +19,7 @@ from scheduler.service import SchedulerService
 from scheduler.tenancy import TenantCaps, api_limit
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.tenants import PRIORITY_OF_CLASS, Quotas, TenantRecord
-from tangram_celery.common.wire import ActionMeta
+from tangram_celery.common.wire import ActionMeta, TaskOrder
 from tangram_celery.store import akey
 from tangram_celery.store.quota_side import limits_of
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
@@ -280,8 +280,11 @@ def test_the_service_holds_a_capped_tenant_back_and_counts_it(tmp_path: Path) ->
     assert _gauge(svc, "a", "running") == 1 and _gauge(svc, "a", "queued") == 2
     assert _gauge(svc, "a", "held") == 2 and _gauge(svc, "b", "running") == 2
     assert _gauge(svc, "default", "queued") == 0
-    for q in ("tangram.cpu.n0",):
-        sent_messages(svc.sender.app, q)
+    # what Flower shows of a task is its arguments: ids and the order, never a payload
+    sent = sent_messages(svc.sender.app, "tangram.cpu.n0")
+    assert sorted(args[0] for _, args in sent) == ["a/x0", "b/x0", "b/x1"]
+    for _, args in sent:
+        assert len(args) == 2 and set(args[1]) <= set(TaskOrder.model_fields)
 
 
 def _meta(qa: QueuedAction) -> ActionMeta:
