@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from tangram_celery.store import Store
 
 ACTIVE_STATES = ("queued", "dispatched", "running")
+_UNKNOWN_RULE = re.compile(r"modifier '(\+[^']+)': Unknown command")
 
 
 # ---- pure: arguments, secrets, URLs, printing ------------------------------------------------
@@ -166,10 +168,24 @@ def show_list(records: dict[str, TenantRecord], users: set[str], as_json: bool) 
 
 
 # ---- Redis: the operator's side ------------------------------------------------------------
-def _acl_rules(name: str) -> list[str]:
-    from tangram_celery.transport.acl import tenant_rules
+def set_user(r: redis.Redis, name: str, password: str) -> None:
+    """Make `name`'s Redis user exactly its rules (`transport.acl.tenant_rules`) with `password`
+    (sent as its SHA-256 only), replacing whatever rules and passwords it had."""
+    import redis as redis_mod
 
-    return list(tenant_rules(name))
+    from tangram_celery.transport.acl import setuser_args, tenant_rules
+
+    args = setuser_args(redis_user(name), password, tenant_rules(name))
+    while True:
+        try:
+            r.execute_command("ACL", "SETUSER", *args)
+            return
+        except redis_mod.ResponseError as e:
+            # a command this Redis does not have (CLIENT SETINFO is 7.2's): nothing to allow
+            m = _UNKNOWN_RULE.search(str(e))
+            if m is None or m.group(1) not in args[1:]:
+                raise
+            args = [a for a in args if a != m.group(1)]
 
 
 def acl_save(r: redis.Redis) -> str | None:
@@ -243,7 +259,7 @@ class Admin:
                 f"(`tangram tenant remove {name} --force`)"
             )
         password, token = new_password(), new_token()
-        self.r.execute_command("ACL", "SETUSER", user, "reset", *_acl_rules(name), "on", f">{password}")
+        set_user(self.r, name, password)
         try:
             note = acl_save(self.r)
             record = TenantRecord(
@@ -262,8 +278,7 @@ class Admin:
         user, url, new, note = redis_user(name), None, None, None
         if password:
             pw = new_password()
-            # every rule as `add` gives it (rules may have changed since), the new password only
-            self.r.execute_command("ACL", "SETUSER", user, "reset", *_acl_rules(name), "on", f">{pw}")
+            set_user(self.r, name, pw)  # the rules as `add` gives them (they may have changed)
             note = acl_save(self.r)
             kill_connections(self.r, user)
             url = client_url(self.url, user, pw)
