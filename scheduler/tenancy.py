@@ -251,7 +251,8 @@ class Tenancy:
         ledger for step 2; `held` is what step 1 held back."""
         base = self.usage(state)
         look = Ledger(self, {j: u.copy() for j, u in base.items()}, state, now_s)
-        self.held = held = {}
+        held: dict[str, int] = {}
+        self.held = held
         caps = self.caps
         out: list[QueuedAction] = []
         cpu = ResourceKind.CPU

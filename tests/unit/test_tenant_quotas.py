@@ -190,11 +190,13 @@ def test_without_capped_tenants_queued_the_round_is_unchanged(policy: str) -> No
     class Seen:
         name, execution = inner.name, inner.execution
 
-        def decide(self, queue, state, now_s):  # type: ignore[no-untyped-def]
+        def decide(
+            self, queue: Sequence[QueuedAction], state: ClusterState, now_s: float
+        ) -> list[Allocation]:
             seen.append(queue)
             return inner.decide(queue, state, now_s)
 
-    rnd = Round(Seen())  # type: ignore[arg-type]
+    rnd = Round(Seen())
     rnd.tenancy.set_caps({"z": TenantCaps(cores=1)})
     wq = WaitingQueue(cpu(f"x{i}", "x", i * 0.01) for i in range(3))
     rnd.plan(wq, cpus(8), 1.0)
