@@ -69,6 +69,31 @@ def api_limit(total: int | None, share: float) -> int | None:
     return max(1, math.floor(total * min(max(share, 0.0), 1.0)))
 
 
+def refusal(qa: QueuedAction, caps: TenantCaps | None, api: Mapping[str, ApiPool]) -> str | None:
+    """Why `qa` could never start under its tenant's `caps`, even with nothing else of its
+    tenant running (None: it can). Such an action would wait for ever: refuse it at intake.
+    `api`: the API pools (`ClusterState.api`)."""
+    if caps is None:
+        return None
+    cost = qa.cost
+    if cost.key is ResourceKind.CPU:
+        if caps.cores and cost.units.min > caps.cores:
+            return f"it needs {cost.units.min} cores; its tenant may hold {caps.cores}"
+        if caps.memory_mb and cost.sandbox and cost.memory_mb > caps.memory_mb:
+            return f"it needs {cost.memory_mb} MB of memory; its tenant may hold {caps.memory_mb} MB"
+    elif cost.key is ResourceKind.GPU:
+        if caps.gpu_memory_mb and cost.gpu_memory_mb > caps.gpu_memory_mb:
+            return (
+                f"it needs {cost.gpu_memory_mb} MB of GPU memory; its tenant may hold {caps.gpu_memory_mb} MB"
+            )
+    else:
+        share, pool = caps.api_share.get(qa.target), api.get(qa.target)
+        tokens = api_limit(pool.quota_per_window, share) if share is not None and pool is not None else None
+        if tokens is not None and cost.api_quota > tokens:
+            return f"a call takes {cost.api_quota} tokens of API {qa.target}; its tenant's share is {tokens}"
+    return None
+
+
 @dataclass(slots=True)
 class Usage:
     """What one tenant's actions hold: cores, sandbox memory, GPU memory, API calls in flight

@@ -16,7 +16,7 @@ from scheduler.queue import WaitingQueue
 from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 from scheduler.round import FairShareSpec, Round, RoundPlan
 from scheduler.service import SchedulerService
-from scheduler.tenancy import TenantCaps, api_limit
+from scheduler.tenancy import TenantCaps, api_limit, refusal
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.tenants import PRIORITY_OF_CLASS, Quotas, TenantRecord
 from tangram_celery.common.wire import ActionMeta, TaskOrder
@@ -160,6 +160,20 @@ def test_api_share_of_the_rate() -> None:
         state.release(aid)
     assert started(run(rnd, q, state, 2.0)) == []  # the pool has tokens; a's bucket has none
     assert started(run(rnd, q, state, 22.0)) == ["a3"]  # 3 tokens per 60 s: one per 20 s
+
+
+def test_an_action_its_caps_can_never_hold_is_refused() -> None:
+    """An action that needs more than its tenant may hold at all (cores, memory, GPU memory,
+    API tokens per window) has a refusal saying so; one that fits, or has no caps, has none."""
+    pools = {"calc": ApiPool("calc", quota_per_window=10)}
+    caps = TenantCaps(cores=2, memory_mb=1024, gpu_memory_mb=500, api_share={"calc": 0.2})
+    assert "needs 4 cores" in str(refusal(cpu("x", "a", units=(4, 8)), caps, pools))
+    assert "2048 MB of memory" in str(refusal(cpu("x", "a", mem=2048), caps, pools))
+    assert "GPU memory" in str(refusal(gpu("x", "a", gmem=600), caps, pools))
+    assert "share is 2" in str(refusal(api("x", "a", quota=3), caps, pools))
+    for fits in (cpu("x", "a", units=(1, 8), mem=512), gpu("x", "a"), api("x", "a", quota=2)):
+        assert refusal(fits, caps, pools) is None
+    assert refusal(cpu("x", "a", units=(64,)), None, pools) is None
 
 
 def test_default_job_and_uncapped_tenants_are_never_held() -> None:
