@@ -19,7 +19,8 @@ from typing import Any
 
 from celery import Celery
 
-from tangram_celery.store import Store
+from tangram_celery.common.wire import ActionMeta, AllocationWire, DispatchRecord, TaskOrder
+from tangram_celery.store import RUNNING, Store, akey
 from tangram_celery.transport.app import make_app
 
 
@@ -39,7 +40,7 @@ class MemoryStore(Store):
     """A `Store` on an in-memory Redis (fakeredis). `server` can be shared by several stores,
     as several processes share one Redis."""
 
-    def __init__(self, server: Any = None) -> None:
+    def __init__(self, server: Any = None, tenant: str | None = None) -> None:
         fakeredis = _fakeredis()
         self.server = server or fakeredis.FakeServer()
         client = fakeredis.FakeRedis(server=self.server, decode_responses=True)
@@ -48,15 +49,19 @@ class MemoryStore(Store):
         client.eval("return 1", 0)
         lua = self.server._lua_runtime
         lua.globals().redis.sha1hex = lambda b: hashlib.sha1(b).hexdigest().encode()
-        super().__init__("memory://", client=client)
+        super().__init__("memory://", client=client, tenant=tenant)
 
     def memory_use(self) -> tuple[int, int]:
         return 0, 0  # fakeredis has no INFO: no memory ceiling
 
+    def redis_memory(self) -> tuple[int, int]:
+        return 0, 0
 
-def memory_store(server: Any = None) -> MemoryStore:
-    """A fresh in-memory store (or one more connection to `server`)."""
-    return MemoryStore(server)
+
+def memory_store(server: Any = None, tenant: str | None = None) -> MemoryStore:
+    """A fresh in-memory store (or one more connection to `server`), acting as `tenant`'s client
+    (default: the default tenant)."""
+    return MemoryStore(server, tenant)
 
 
 def memory_app() -> Celery:
@@ -82,3 +87,28 @@ def sent_messages(app: Celery, queue: str) -> list[tuple[str, list[Any]]]:
         finally:
             q.close()
     return out
+
+
+def dispatch(
+    store: Store,
+    action_id: str,
+    attempt: int = 1,
+    *,
+    kind: str = "api",
+    pool: str = "calc",
+    unit_ids: tuple[int, ...] = (),
+) -> TaskOrder:
+    """Dispatch a submitted action by hand, as the scheduler's `DISPATCH` does (its hash's state
+    and attempt, and its record in `tangram:running`, which a worker's claim checks); returns
+    the worker's order. `action_id` is qualified (`tenants.qualify`) for a named tenant's."""
+    meta = ActionMeta.model_validate_json(store.r.hget(akey(action_id), "meta"))
+    tenant, sep, _ = action_id.partition("/")
+    if sep:
+        tid = f"{tenant}/{meta.trajectory_id}" if meta.trajectory_id else ""
+        meta = meta.model_copy(update={"id": action_id, "trajectory_id": tid, "job_id": tenant})
+    units = max(1, len(unit_ids))
+    alloc = AllocationWire(action_id=action_id, kind=kind, pool=pool, units=units, unit_ids=unit_ids)  # type: ignore[arg-type]
+    record = DispatchRecord(alloc=alloc, meta=meta, attempt=attempt)
+    store.r.hset(RUNNING, action_id, record.model_dump_json(exclude_none=True))
+    store.r.hset(akey(action_id), mapping={"state": "dispatched", "attempt": str(attempt)})
+    return TaskOrder(**dict(alloc), attempt=attempt)

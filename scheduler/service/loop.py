@@ -56,12 +56,13 @@ from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.metrics import SchedulerMetrics
 from tangram_celery.common.node_record import NodeState, live_pools
 from tangram_celery.common.wire import PoolView
-from tangram_celery.store import EVENTS, INTAKE, IntakeEntry, Store
+from tangram_celery.store import EVENTS, IntakeEntry, Store
 from tangram_celery.transport.app import make_app
 
 log = logging.getLogger("tangram.scheduler")
 
 NODES_EVERY_S = 0.25  # how often the nodes' records are read between liveness passes
+TENANTS_EVERY_S = 1.0  # how often the tenant registry is read and Redis's memory published
 
 _TRANSIENT = (
     redis.ConnectionError,
@@ -135,6 +136,7 @@ class SchedulerService:
             state, books, trajectories, store, sender, self.liveness, clock, metrics
         )
         self.intake = Intake(cfg, self.view, books, trajectories, self.estimator, store, metrics)
+        self.intake.on_cancel = faults.drop_cancelled
         declared = {n.name for n in cfg.nodes.cpu} | {g.name for g in cfg.nodes.gpu}
         self.nodes = NodeBook(state, declared, self.restore_costs, gpu_footprint(cfg))
         self.shape = CpuShape.of_config(cfg)
@@ -186,6 +188,7 @@ class SchedulerService:
     def start(self) -> None:
         """Connect, publish the pool view, and recover state left by a previous run."""
         self.store.ping()
+        self.sync_tenants()
         self.store.ensure_groups()
         self.store.publish_config(self.view)
         self.sync_nodes()  # nodes that joined before this start: their pins and actions recover
@@ -219,8 +222,22 @@ class SchedulerService:
         # Unacknowledged events and intake entries of the previous run, in stream (FCFS) order.
         for page in store.read_pending(EVENTS):
             self.on_events(page)
-        for page in store.read_pending(INTAKE):
-            self.on_intake(page)
+        for stream in list(store.intakes):  # every tenant's intake
+            for page in store.read_pending(stream):
+                self.on_intake(page)
+
+    def sync_tenants(self) -> None:
+        """Read the tenant registry: the intakes to read (`Store.watch_tenants`), each tenant's
+        limits for its submits (written when they change) and its record for intake; and
+        publish Redis's memory use for the clients' admission (`Store.publish_memory`)."""
+        records = self.store.tenants()
+        self.store.watch_tenants(records)
+        for name, rec in records.items():
+            old = self.intake.tenants.get(name)
+            if old is None or old.quotas.max_queued != rec.quotas.max_queued:
+                self.store.publish_limits(name, rec.quotas)
+        self.intake.tenants = records
+        self.store.publish_memory()
 
     def _restore(self, plan: RecoveryPlan) -> None:
         """Carry out a recovery plan on the fresh state and books."""
@@ -266,7 +283,7 @@ class SchedulerService:
             len(self.waiting),
             len(self.state.running),
         )
-        next_check = next_nodes = 0.0
+        next_check = next_nodes = next_tenants = 0.0
         while not self._stop.is_set():
             try:
                 # API pools refill over time: wake up often while API actions wait for quota.
@@ -281,6 +298,9 @@ class SchedulerService:
                 elif time.monotonic() >= next_nodes:  # a joining node takes work within a step
                     self._update("nodes", self._poll_nodes)
                     next_nodes = time.monotonic() + NODES_EVERY_S
+                if time.monotonic() >= next_tenants:
+                    self._update("tenants", self.sync_tenants)
+                    next_tenants = time.monotonic() + TENANTS_EVERY_S
             except _TRANSIENT as e:
                 if isinstance(e, redis.ResponseError) and not _is_oom(e):
                     raise

@@ -94,14 +94,19 @@ class AsyncTangramClient:
         poll_s: float = 2.0,
         max_connections: int = 32,
         retry_budget_s: float = 120.0,
+        tenant: str | None = None,
     ) -> None:
         self.url = broker_url
         self.config = config
         self.poll_s = poll_s
         self.retry_budget_s = retry_budget_s
         self.client_id = new_id()[:16]
-        self.notify = notify_key(self.client_id)
-        self.store = AsyncStore(broker_url, max_connections=max_connections, retry_budget_s=retry_budget_s)
+        self.store = AsyncStore(
+            broker_url, max_connections=max_connections, retry_budget_s=retry_budget_s, tenant=tenant
+        )
+        # whose work this client submits and reads: `tenant`, else its URL's Redis user's
+        self.tenant = self.store.tenant
+        self.notify = notify_key(self.store.qualified(self.client_id))
         self.core = ClientCore(config)
         self._waiters: dict[str, _Waiter] = {}
         self._read: list[str] = []  # results handed to their callers, not yet given READ_TTL_S
@@ -220,11 +225,11 @@ class AsyncTangramClient:
 
     async def state(self, action_id: str) -> str | None:
         """queued | dispatched | running | done | cancelled, or None if unknown."""
-        return await self.store.run(ops.state(action_id))
+        return await self.store.run(ops.state(self.store.qualified(action_id)))
 
     async def peek(self, action_id: str) -> tuple[str | None, ActionResult | None]:
         """(state, result if final) without waiting."""
-        state, raw = await self.store.run(ops.outcome(action_id))
+        state, raw = await self.store.run(ops.outcome(self.store.qualified(action_id)))
         return state, (None if raw is None else ActionResult.model_validate_json(raw))
 
     def _resolve(self, action_id: str, raw: str | ActionResult) -> None:
@@ -243,7 +248,8 @@ class AsyncTangramClient:
         `tangram_celery.store.keys`): one pipeline for all, from the listener, off the callers'
         path (`retry` False: one try, as at close)."""
         ids, self._read = self._read, []
-        await self.store.run_all("expire read results", [ops.read_done(i) for i in ids], retry=retry)
+        q = self.store.qualified
+        await self.store.run_all("expire read results", [ops.read_done(q(i)) for i in ids], retry=retry)
 
     def _deliver(self, raws: list[str]) -> None:
         """Resolve the waiters of the results popped from the notification list."""
@@ -262,7 +268,8 @@ class AsyncTangramClient:
         if not wanted:
             return
 
-        outcomes = await self.store.run_all("read results", [ops.outcome(i) for i in wanted])
+        q = self.store.qualified
+        outcomes = await self.store.run_all("read results", [ops.outcome(q(i)) for i in wanted])
         for action_id, (state, raw) in zip(wanted, outcomes, strict=True):
             if raw is not None:
                 self._resolve(action_id, raw)
@@ -308,7 +315,8 @@ class AsyncTangramClient:
         """Withdraw an action that no scheduler has dispatched yet. True: it will never run and
         its result has status `cancelled`. False: already dispatched, finished, or unknown."""
         result_json = cancelled_result(action_id, reason)
-        return await self.store.run(ops.cancel(action_id, result_json)) == "cancelled"
+        notify = await self.store.run(ops.notify_of(self.store.qualified(action_id)))
+        return await self.store.run(ops.cancel(action_id, result_json, self.tenant, notify)) == "cancelled"
 
     async def fork(
         self, trajectory_id: str, n: int = 0, ids: list[str] | None = None, timeout: float | None = 600.0
@@ -320,7 +328,7 @@ class AsyncTangramClient:
     async def close_trajectory(self, trajectory_id: str) -> None:
         """The trajectory is finished: its sandbox and reserved memory are released once its
         queued and running actions are done."""
-        await self.store.run(ops.close_trajectory(trajectory_id))
+        await self.store.run(ops.close_trajectory(trajectory_id, self.tenant))
 
     @property
     def outstanding(self) -> int:

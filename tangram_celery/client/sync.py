@@ -61,9 +61,17 @@ class TangramClient:
     """Submit actions to a running Tangram deployment (thread-safe; one per process is enough)."""
 
     def __init__(
-        self, broker_url: str, *, config: TangramConfig | None = None, store: Store | None = None
+        self,
+        broker_url: str,
+        *,
+        config: TangramConfig | None = None,
+        store: Store | None = None,
+        tenant: str | None = None,
     ) -> None:
-        self.store = store or Store(broker_url, socket_timeout_s=None)
+        """`tenant`: whose work this client submits and reads (default: the one its URL's Redis
+        user acts as, `tenants.tenant_of_user`); its ids are that tenant's own."""
+        self.store = store or Store(broker_url, socket_timeout_s=None, tenant=tenant)
+        self.tenant = self.store.tenant
         self.config = config
         self.core = ClientCore(config)
 
@@ -126,13 +134,13 @@ class TangramClient:
     def close_trajectory(self, trajectory_id: str) -> None:
         """The trajectory is finished: its sandbox and reserved memory are released once its
         queued and running actions are done."""
-        self.store.run(ops.close_trajectory(trajectory_id))
+        self.store.close_trajectory(trajectory_id)
 
     def cancel(self, action_id: str, reason: str = "cancelled by its caller") -> bool:
         """Withdraw an action that no scheduler has dispatched yet. True: it will never run and
         its result has status `cancelled`. False: it was already dispatched (it runs to the
         end), finished, or is unknown."""
-        return self.store.run(ops.cancel(action_id, cancelled_result(action_id, reason))) == "cancelled"
+        return self.store.cancel(action_id, cancelled_result(action_id, reason)) == "cancelled"
 
     def close(self) -> None:
         self.store.close()

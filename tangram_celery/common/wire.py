@@ -8,12 +8,10 @@ to a running malleable action) and `GpuWarm` (a warm restore or retirement on a 
 Worker -> scheduler: `Completion` and `ResidencyReport` (the events stream).
 Worker (or scheduler) -> client: `ActionResult` (the action's hash; what the client returns).
 
-Each side validates what it reads with these models and nothing else, so a field is added or
-renamed in one place. Every model has a version `v`; records written before versions existed
-read as version 1 (`ActionMeta`: as its current version); a model whose fields changed since
-reads its older versions too. `PoolView.refusal` is the one check of whether an action can run
-on the deployment, made by the clients (sync and async) at submit and by the scheduler at
-intake.
+Each side validates what it reads with these models only. Every model has a version `v`;
+records older than versions read as version 1 (`ActionMeta`: as its current one); a model whose
+fields changed reads its older versions too. `PoolView.refusal` is the one check of whether an
+action can run here, made by the clients at submit and by the scheduler at intake.
 """
 
 from __future__ import annotations
@@ -26,11 +24,9 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from tangram_celery.common.actions import (
-    ID_PATTERN,
     IMAGE_PATTERN,
     JOB_PATTERN,
     NAME_PATTERN,
-    TRAJECTORY_PATTERN,
     ActionStatus,
     ApiAction,
     CodeAction,
@@ -40,17 +36,16 @@ from tangram_celery.common.actions import (
     TestOutcome,
 )
 from tangram_celery.common.config import LimitsConfig, TangramConfig
+from tangram_celery.common.tenants import QUALIFIED_PATTERN, QUALIFIED_TRAJECTORY_PATTERN, SEP
 
 WIRE_VERSION = 1  # of every model that has not changed since versions began
 Chunk = tuple[int, ...]
-_ID = ID_PATTERN
 _NAME = NAME_PATTERN
 NO_TRAJECTORY = ""  # the trajectory of a one-shot action without one, in every model here
 
 
 def wire_trajectory(trajectory_id: str | None) -> str:
-    """An action's trajectory id as every model between processes carries it (`NO_TRAJECTORY`
-    for none; an action has None)."""
+    """An action's trajectory id between processes (`NO_TRAJECTORY` for an action's None)."""
     return trajectory_id or NO_TRAJECTORY
 
 
@@ -70,12 +65,13 @@ class ActionMeta(_Wire):
     (min, max) and `memory_mb`, reward actions `model`, API actions `api`.
 
     Version 2 renamed `ephemeral` to `one_shot`; version 1 records read as before.
-    """
+
+    Its ids are qualified (`tenants.qualify`) by the scheduler; an intake entry's are `is_local`."""
 
     v: Literal[1, 2] = 2  # type: ignore[assignment]
-    id: str = Field(pattern=_ID)
+    id: str = Field(pattern=QUALIFIED_PATTERN)
     type: Literal["code", "reward", "api"]
-    trajectory_id: str = Field(NO_TRAJECTORY, pattern=TRAJECTORY_PATTERN)
+    trajectory_id: str = Field(NO_TRAJECTORY, pattern=QUALIFIED_TRAJECTORY_PATTERN)
     job_id: str = Field("default", pattern=JOB_PATTERN)
     priority: Priority = 0
     timeout_s: float = Field(10.0, gt=0)
@@ -132,6 +128,10 @@ class ActionMeta(_Wire):
 
     def dumps(self) -> str:
         return self.model_dump_json(exclude_none=True)
+
+    @property
+    def is_local(self) -> bool:
+        return SEP not in self.id and SEP not in self.trajectory_id  # not qualified
 
 
 # ---- scheduler -> clients ----------------------------------------------------------------------
@@ -249,7 +249,7 @@ class CoreLoan(_Wire):
     scheduler sends, across its restarts: a worker applies a borrower's loans newest first and
     drops older ones that arrive late (`tangram_celery.workers.loans`)."""
 
-    action_id: str = Field(pattern=_ID)
+    action_id: str = Field(pattern=QUALIFIED_PATTERN)
     pool: str
     cores: tuple[int, ...] = ()
     seq: int = Field(ge=1)

@@ -17,6 +17,8 @@ import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
 import tangram_celery.store.client_ops as ops
+from tangram_celery.common import tenants
+from tangram_celery.store.base import tenant_of_url
 from tangram_celery.store.calls import RETRYABLE, Backoff, Call
 from tangram_celery.store.scripts import SUBMIT
 
@@ -24,10 +26,19 @@ T = TypeVar("T")
 
 
 class AsyncStore:
-    """The client side of the store for asyncio code (one per client)."""
+    """The client side of the store for asyncio code (one per client), for `tenant` (default:
+    the URL's Redis user's, `base.tenant_of_url`)."""
 
-    def __init__(self, url: str, *, max_connections: int = 32, retry_budget_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 32,
+        retry_budget_s: float = 120.0,
+        tenant: str | None = None,
+    ) -> None:
         self.url = url
+        self.tenant = tenants.valid_name(tenant) if tenant is not None else tenant_of_url(url)
         self.retry_budget_s = retry_budget_s
         pool = aredis.BlockingConnectionPool.from_url(
             url,
@@ -104,7 +115,7 @@ class AsyncStore:
         await self._admit_memory(admit_memory_fraction, len(items))
 
         async def send() -> list[Any]:
-            batch = ops.SubmitBatch(items, max_queued, ops.ttl_arg(ttl_s), notify)
+            batch = ops.SubmitBatch(items, max_queued, ops.ttl_arg(ttl_s), notify, self.tenant)
             while not batch.take(await self.send_all(batch.pending(), raise_on_error=False)):
                 await self.r.script_load(SUBMIT)
             return batch.replies
@@ -114,8 +125,23 @@ class AsyncStore:
     async def _admit_memory(self, fraction: float, n: int) -> None:
         now = time.monotonic()
         if self._memory.due(now):
-            self._memory.saw(await self.run(ops.memory_use()), now)
+            self._memory.saw(await self.memory_use(), now)
         self._memory.admit(fraction, n)
+
+    async def memory_use(self) -> tuple[int, int]:
+        """`StoreBase.memory_use`: as the scheduler published it, else INFO (default tenant)."""
+        got = await self.run(ops.published_memory())
+        if got is not None:
+            return got
+        if self.tenant != tenants.DEFAULT:
+            return 0, 0
+        try:
+            return await self.run(ops.memory_use())
+        except redis.exceptions.NoPermissionError:
+            return 0, 0
+
+    def qualified(self, local_id: str) -> str:
+        return tenants.qualify(self.tenant, local_id)
 
     async def close(self) -> None:
         await self._listen.aclose()

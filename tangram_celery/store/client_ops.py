@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,22 +19,27 @@ import redis
 from redis.exceptions import NoScriptError
 
 from tangram_celery.common.errors import ActionRejected, AdmissionError, BrokerError
-from tangram_celery.common.wire import Completion, EventStatus, PoolView
+from tangram_celery.common.tenants import DEFAULT, qualify, tenant_of
+from tangram_celery.common.wire import PoolView
 from tangram_celery.store.calls import Call
 from tangram_celery.store.keys import (
     CONFIG,
-    EVENTS,
     GROUP,
     IMAGES,
-    INTAKE,
     LANGS,
+    MEMORY,
     READ_TTL_S,
     RESULT_TTL_S,
     ActionState,
     akey,
+    intake_key,
+    limits_key,
     nkey,
+    notify_prefix,
 )
 from tangram_celery.store.scripts import CANCEL, SUBMIT
+
+log = logging.getLogger("tangram.store")
 
 Item = tuple[str, str, str]  # (action id, meta JSON, payload JSON), as `admit` makes them
 FINAL = (ActionState.DONE, ActionState.CANCELLED)
@@ -124,8 +130,9 @@ def images() -> Call[dict[str, set[str]]]:
     return Call("read images", "hgetall", (IMAGES,), images_of)
 
 
-def queued_count() -> Call[int]:
-    return Call("queue length", "xlen", (INTAKE,), int)
+def queued_count(tenant: str = DEFAULT) -> Call[int]:
+    """Entries waiting in `tenant`'s intake."""
+    return Call("queue length", "xlen", (intake_key(tenant),), int)
 
 
 def _used_and_max(info: Any) -> tuple[int, int]:
@@ -133,8 +140,22 @@ def _used_and_max(info: Any) -> tuple[int, int]:
 
 
 def memory_use() -> Call[tuple[int, int]]:
-    """(used, maxmemory) bytes of Redis memory (maxmemory 0: no ceiling)."""
+    """(used, maxmemory) bytes of Redis memory (maxmemory 0: no ceiling), from INFO."""
     return Call("memory check", "info", ("memory",), _used_and_max)
+
+
+def _published(raw: Any) -> tuple[int, int] | None:
+    try:
+        used, most = str(raw).split()
+        return int(used), int(most)
+    except (TypeError, ValueError):
+        return None
+
+
+def published_memory() -> Call[tuple[int, int] | None]:
+    """(used, maxmemory) bytes as the scheduler last published them (`MEMORY`); None before it
+    has (or unreadable)."""
+    return Call("memory check", "get", (MEMORY,), lambda raw: None if raw is None else _published(raw))
 
 
 # ---- waiting for results ------------------------------------------------------------------
@@ -169,36 +190,51 @@ def read_done(action_id: str) -> Call[None]:
 
 
 # ---- control -------------------------------------------------------------------------------
-def control(fields: dict[str, str], what: str = "control") -> Call[None]:
-    """A control message on the intake (sent again after a lost reply: a control applied twice
-    changes nothing more)."""
-    return Call(what, "xadd", (INTAKE, dict(fields.items())), _nothing)
+def control(fields: dict[str, str], what: str = "control", tenant: str = DEFAULT) -> Call[None]:
+    """A control message on `tenant`'s intake (sent again after a lost reply: a control applied
+    twice changes nothing more). Its ids are the caller's own: the scheduler qualifies them
+    with the tenant of the intake it came on."""
+    return Call(what, "xadd", (intake_key(tenant), dict(fields.items())), _nothing)
 
 
-def close_trajectory(trajectory_id: str) -> Call[None]:
+def close_trajectory(trajectory_id: str, tenant: str = DEFAULT) -> Call[None]:
     """The trajectory is finished: its sandbox and memory go once its actions are done."""
-    return control({"control": "close", "trajectory_id": trajectory_id}, "close trajectory")
+    return control({"control": "close", "trajectory_id": trajectory_id}, "close trajectory", tenant)
 
 
-def cancel_keys(action_id: str) -> list[str]:
-    return [akey(action_id), nkey(action_id), EVENTS, INTAKE]
+def checked_notify(action_id: str, notify: str | None) -> str:
+    """The list a completion of `action_id` (qualified) may wake: the notification list its hash
+    names if that is its own tenant's (`keys.notify_prefix`), else the action's own list. A
+    tenant writes its hashes itself: a list of another tenant's is never pushed onto."""
+    if notify and notify.startswith(notify_prefix(tenant_of(action_id))):
+        return notify
+    if notify:
+        log.warning("action %s names a notification list not of its tenant; ignored", action_id)
+    return nkey(action_id)
+
+
+def notify_of(action_id: str) -> Call[str | None]:
+    """The notification list the hash of `action_id` (qualified) names (None: none)."""
+    return Call("read notify", "hget", (akey(action_id), "notify"), _text)
+
+
+def cancel_keys(action_id: str, tenant: str = DEFAULT, notify: str | None = None) -> list[str]:
+    """The cancel script's keys for `tenant`'s `action_id` (its own id); `notify`: the
+    notification list its hash names (`notify_of`)."""
+    q = qualify(tenant, action_id)
+    return [akey(q), nkey(q), intake_key(tenant), checked_notify(q, notify)]
 
 
 def cancel_args(action_id: str, result_json: str) -> list[Any]:
-    return [
-        action_id,
-        result_json,
-        Completion(status=EventStatus.CANCELLED).model_dump_json(),
-        RESULT_TTL_S,
-        GROUP,
-    ]
+    return [action_id, result_json, "", RESULT_TTL_S, GROUP]
 
 
-def cancel(action_id: str, result_json: str) -> Call[str]:
+def cancel(action_id: str, result_json: str, tenant: str = DEFAULT, notify: str | None = None) -> Call[str]:
     """Cancel an action that no scheduler has dispatched yet: 'cancelled' if it was, else its
     state ('dispatched', 'running', 'done', 'cancelled', or 'missing'), untouched. A second run
-    after a lost reply finds it 'cancelled' already, which is the answer."""
-    keys = cancel_keys(action_id)
+    after a lost reply finds it 'cancelled' already, which is the answer. The scheduler hears
+    of it on `tenant`'s intake (a `cancel` control)."""
+    keys = cancel_keys(action_id, tenant, notify)
     return Call(
         "cancel",
         "evalsha",
@@ -222,14 +258,30 @@ class SubmitBatch:
     again, once; a second miss is left as the item's reply (an error for `check_submitted`).
 
     `notify`: the asyncio client's notification list ("" for the blocking client, whose
-    waiters pop the action's own list)."""
+    waiters pop the action's own list). `tenant`: whose intake, keys and limits (the items'
+    ids are its own)."""
 
-    def __init__(self, items: Sequence[Item], max_queued: int, ttl: str, notify: str) -> None:
+    def __init__(
+        self, items: Sequence[Item], max_queued: int, ttl: str, notify: str, tenant: str = DEFAULT
+    ) -> None:
+        intake, limits = intake_key(tenant), limits_key(tenant)
         self.calls = [
             Call(
                 "submit",
                 "evalsha",
-                (SUBMIT_SHA, 2, INTAKE, akey(i), i, meta, payload, max_queued, ttl, notify),
+                (
+                    SUBMIT_SHA,
+                    3,
+                    intake,
+                    akey(qualify(tenant, i)),
+                    limits,
+                    i,
+                    meta,
+                    payload,
+                    max_queued,
+                    ttl,
+                    notify,
+                ),
                 lambda rep: rep,
                 script=SUBMIT,
             )
@@ -297,6 +349,13 @@ def check_submitted(items: Sequence[Item], replies: Sequence[Any], max_queued: i
     for n, ((action_id, _, _), rep) in enumerate(zip(items, replies, strict=True)):
         if isinstance(rep, redis.ResponseError):
             msg = str(rep)
+            if "TANGRAM_FULL tenant" in msg:
+                own = msg.rsplit(" ", 1)[-1]
+                raise AdmissionError(
+                    f"your tenant's intake is full ({own} actions waiting, its own max_queued "
+                    f"set by the operator): the first {n} of this batch were enqueued, action "
+                    f"{action_id} and the rest were not; retry them later"
+                )
             if "TANGRAM_FULL" in msg:
                 raise AdmissionError(
                     f"intake is full ({max_queued} actions waiting): the first {n} of this "

@@ -16,6 +16,9 @@ from tangram_celery.store.scripts import SUBMIT
 
 
 class ClientSide(StoreBase):
+    """What a client does, for its tenant (`StoreBase.tenant`): every id it is given or returns
+    is the tenant's own; the keys are the tenant's (`keys.akey` of the qualified id)."""
+
     def submit(
         self,
         items: Sequence[ops.Item],
@@ -34,7 +37,7 @@ class ClientSide(StoreBase):
         self._admit_memory(admit_memory_fraction, len(items))
 
         def send() -> list[Any]:
-            batch = ops.SubmitBatch(items, max_queued, ops.ttl_arg(ttl_s), notify="")
+            batch = ops.SubmitBatch(items, max_queued, ops.ttl_arg(ttl_s), notify="", tenant=self.tenant)
             while not batch.take(self.send_all(batch.pending(), raise_on_error=False)):
                 self.r.script_load(SUBMIT)
             return batch.replies
@@ -48,11 +51,16 @@ class ClientSide(StoreBase):
         self._memory.admit(fraction, n)
 
     def control(self, fields: dict[str, str]) -> None:
-        self.run(ops.control(fields))
+        """A control message on this tenant's intake (`client_ops.control`)."""
+        self.run(ops.control(fields, tenant=self.tenant))
+
+    def close_trajectory(self, trajectory_id: str) -> None:
+        self.run(ops.close_trajectory(trajectory_id, self.tenant))
 
     def cancel(self, action_id: str, result_json: str) -> str:
         """Cancel an action that no scheduler has dispatched yet (`client_ops.cancel`)."""
-        return self.run(ops.cancel(action_id, result_json))
+        notify = self.run(ops.notify_of(self.qualified(action_id)))
+        return self.run(ops.cancel(action_id, result_json, self.tenant, notify))
 
     def wait_result(
         self, action_id: str, timeout_s: float | None, poll_s: float = 2.0, look_first: bool = False
@@ -68,11 +76,12 @@ class ClientSide(StoreBase):
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         wait = not look_first  # (else the first pass reads the hash without waiting)
+        q = self.qualified(action_id)
         while True:
             left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
-            res = self.run(ops.pop_result(action_id, left)) if wait and left > 0 else None
+            res = self.run(ops.pop_result(q, left)) if wait and left > 0 else None
             if res is None:
-                res = self.run(ops.stored_result(action_id))
+                res = self.run(ops.stored_result(q))
             if res is not None:
                 self.read_done(action_id)
                 return res
@@ -81,10 +90,12 @@ class ClientSide(StoreBase):
                 return None
 
     def read_done(self, action_id: str) -> None:
-        self.run(ops.read_done(action_id))
+        self.run(ops.read_done(self.qualified(action_id)))
 
     def action_state(self, action_id: str) -> str | None:
-        return self.run(ops.state(action_id))
+        """The state of this tenant's `action_id`; the scheduler's side passes qualified ids
+        (its tenant is the default one, which qualifies nothing)."""
+        return self.run(ops.state(self.qualified(action_id)))
 
     def pool_view(self) -> PoolView | None:
         return self.run(ops.pool_view())
@@ -93,4 +104,4 @@ class ClientSide(StoreBase):
         return self.run(ops.languages())
 
     def queued_count(self) -> int:
-        return self.run(ops.queued_count())
+        return self.run(ops.queued_count(self.tenant))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tangram_celery.common.tenants import DEFAULT, SEP, prefix
+
 P = "tangram:"
 INTAKE = P + "intake"
 EVENTS = P + "events"
@@ -25,6 +27,7 @@ NODES = P + "nodes"  # node -> its membership record (`common.node_record.NodeRe
 NODE_LOAD = P + "node_load"  # node -> its load as the scheduler sees it (`NodeLoad`, JSON)
 GROUP = "sched"
 CONSUMER = "scheduler"
+MEMORY = P + "memory"  # "<used_bytes> <maxmemory_bytes>" of Redis, published by the scheduler
 RESULT_TTL_S = 24 * 3600
 # A result its caller has read is kept this much longer only (a re-read, a second handle),
 # not a day: broker memory then follows the rate of results times minutes. At 100 results a
@@ -40,24 +43,68 @@ class ActionState(StrEnum):
     CANCELLED = "cancelled"
 
 
+def _key(kind: str, qualified: str) -> str:
+    """`kind`'s key of the qualified id `<tenant>/<id>` (a bare id: the default tenant's), under
+    its tenant's prefix (`tenants.prefix`)."""
+    tenant, sep, local = qualified.partition(SEP)
+    return f"{P}{kind}{qualified}" if not sep else f"{prefix(tenant)}{kind}{local}"
+
+
 def akey(action_id: str) -> str:
-    return f"{P}a:{action_id}"
+    """The hash of the action with the qualified id `action_id`."""
+    return _key("a:", action_id)
 
 
 def nkey(action_id: str) -> str:
-    return f"{P}n:{action_id}"
+    """The result list of the action with the qualified id `action_id`."""
+    return _key("n:", action_id)
 
 
 def notify_key(client_id: str) -> str:
-    return f"{P}nq:{client_id}"
+    """An asyncio client's notification list; `client_id` qualified by its tenant."""
+    return _key("nq:", client_id)
+
+
+def intake_key(tenant: str = DEFAULT) -> str:
+    """`tenant`'s intake stream (the default tenant's is `INTAKE`)."""
+    return prefix(tenant) + "intake"
+
+
+def limits_key(tenant: str = DEFAULT) -> str:
+    """`tenant`'s limits (hash, `max_queued`), written by the scheduler, read by its submits."""
+    return prefix(tenant) + "limits"
+
+
+def notify_prefix(tenant: str) -> str:
+    """What every notification list of `tenant` starts with."""
+    return prefix(tenant) + "nq:"
 
 
 @dataclass(frozen=True)
 class IntakeEntry:
-    """One entry of a stream (intake or events): its id and fields."""
+    """One entry of a stream (intake or events): its id and fields, and the tenant whose intake
+    it came on (`DEFAULT` for the events stream)."""
 
     stream_id: str
     fields: dict[str, str]
+    tenant: str = DEFAULT
+
+    @property
+    def ref(self) -> str:
+        """The entry as the scheduler's books keep it: its stream id, qualified by the tenant
+        whose intake holds it (`entry_ref`; `Store.ack` and `mark_dispatched` take it)."""
+        return entry_ref(self.tenant, self.stream_id)
+
+
+def entry_ref(tenant: str, stream_id: str) -> str:
+    """An intake entry's reference: `<tenant>/<stream id>` (the default tenant's: the bare id)."""
+    return stream_id if tenant == DEFAULT else f"{tenant}{SEP}{stream_id}"
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """(the intake stream, the stream id) of an entry's reference (`entry_ref`)."""
+    tenant, sep, sid = ref.partition(SEP)
+    return (intake_key(tenant), sid) if sep else (INTAKE, ref)
 
 
 def redact(url: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -12,6 +13,7 @@ import redis
 from pydantic import ValidationError
 
 from tangram_celery.common.records import PinRecord, SandboxReport
+from tangram_celery.common.tenants import DEFAULT, Quotas
 from tangram_celery.common.wire import Completion, DispatchRecord, EventStatus, PoolView
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import (
@@ -23,6 +25,7 @@ from tangram_celery.store.keys import (
     GROUP,
     IMAGES,
     INTAKE,
+    MEMORY,
     RESETS,
     RUNNING,
     SANDBOXES,
@@ -31,6 +34,9 @@ from tangram_celery.store.keys import (
     WORKERS,
     IntakeEntry,
     akey,
+    intake_key,
+    limits_key,
+    split_ref,
 )
 
 log = logging.getLogger("tangram.store")
@@ -56,23 +62,58 @@ class SchedulerSide(StoreBase):
         # Writes `events_done` owes Redis: (command, arguments), sent with the next command
         # (`_owed_first`, `settle`).
         self._owed: list[tuple[str, tuple[Any, ...]]] = []
+        # intake stream -> its tenant: the default tenant's and every registered tenant's
+        # (`watch_tenants`); an entry's tenant is the stream it came on, never a field of it
+        self.intakes: dict[str, str] = {INTAKE: DEFAULT}
+        self._memory_published_s = float("-inf")
 
     def ensure_groups(self) -> None:
-        for stream in (INTAKE, EVENTS):
-            try:
-                self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
-            except redis.ResponseError as e:
-                if "BUSYGROUP" not in str(e):
-                    raise
+        for stream in (*self.intakes, EVENTS):
+            self._group(stream)
+
+    def _group(self, stream: str) -> None:
+        try:
+            self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def watch_tenants(self, names: Iterable[str]) -> list[str]:
+        """Read the intakes of the default tenant and of `names` (the registered tenants) from
+        now on, and no other: a removed tenant's intake is no longer read. Returns the intake
+        streams new to this call (their consumer group made, with the stream if need be)."""
+        wanted = {INTAKE: DEFAULT} | {intake_key(t): t for t in sorted(names) if t != DEFAULT}
+        new = [k for k in wanted if k not in self.intakes]
+        for stream in new:
+            self._group(stream)
+        self.intakes = wanted
+        return new
+
+    def publish_limits(self, tenant: str, quotas: Quotas) -> None:
+        """Write what `tenant`'s submits check themselves (`limits_key`: `max_queued`)."""
+        self.r.hset(limits_key(tenant), mapping={"max_queued": quotas.max_queued})
+
+    def publish_memory(self, every_s: float = 1.0) -> bool:
+        """Publish Redis's memory use (`MEMORY`: "<used> <maxmemory>" bytes) for clients, whose
+        users may not read INFO, at most every `every_s`; True when it did."""
+        now = time.monotonic()
+        if now - self._memory_published_s < every_s:
+            return False
+        self._memory_published_s = now
+        used, most = self.memory_use()
+        self.r.set(MEMORY, f"{used} {most}")
+        return True
 
     def publish_config(self, view: PoolView) -> None:
         self.r.set(CONFIG, view.model_dump_json())
 
     def read(self, count: int, block_ms: int | None) -> tuple[list[IntakeEntry], list[IntakeEntry]]:
-        """Read new intake and events (one blocking call over both streams), and write what
-        `events_done` owes in the same round trip: after the read, whose answer comes with
-        theirs (written first, their answers would wake the scheduler once more)."""
-        streams: dict[Any, Any] = {EVENTS: ">", INTAKE: ">"}
+        """Read new intake (every tenant's, `intakes`) and events (one blocking call over all the
+        streams), and write what `events_done` owes in the same round trip: after the read,
+        whose answer comes with theirs (written first, their answers would wake the scheduler
+        once more)."""
+        streams: dict[Any, Any] = {EVENTS: ">"}
+        streams.update((k, ">") for k in self.intakes)
         resp: Any
         if self._owed:
             pipe = self.r.pipeline(transaction=False)
@@ -84,28 +125,37 @@ class SchedulerSide(StoreBase):
         intake: list[IntakeEntry] = []
         events: list[IntakeEntry] = []
         for stream, entries in resp or []:
-            target = intake if stream == INTAKE else events
-            target.extend(IntakeEntry(sid, fields) for sid, fields in entries)
+            if stream == EVENTS:
+                events.extend(IntakeEntry(sid, fields) for sid, fields in entries)
+            else:
+                tenant = self.intakes.get(stream, DEFAULT)
+                intake.extend(IntakeEntry(sid, fields, tenant) for sid, fields in entries)
         return intake, events
 
     def read_pending(self, stream: str, count: int = 10_000) -> Iterator[list[IntakeEntry]]:
-        """This consumer's delivered but unacknowledged entries of `stream`, in order, in pages."""
+        """This consumer's delivered but unacknowledged entries of `stream`, in order, in pages
+        (an intake's entries carry its tenant)."""
         self.settle()
         after = "0"
+        tenant = self.intakes.get(stream, DEFAULT)
         while True:
             resp: Any = self.r.xreadgroup(GROUP, CONSUMER, {stream: after}, count=count)
-            entries = [IntakeEntry(sid, fields) for _, page in resp or [] for sid, fields in page]
+            entries = [IntakeEntry(sid, fields, tenant) for _, page in resp or [] for sid, fields in page]
             if not entries:
                 return
             yield entries
             after = entries[-1].stream_id
 
     def ack(self, stream: str, ids: Iterable[str]) -> None:
-        ids = list(ids)
-        if ids:
+        """Acknowledge and delete entries of `stream`; of the intakes (`stream` INTAKE), `ids`
+        are entry references (`IntakeEntry.ref`), each acknowledged on its own tenant's intake."""
+        by_stream = _by_stream(ids) if stream == INTAKE else {stream: list(ids)}
+        by_stream = {k: v for k, v in by_stream.items() if v}
+        if by_stream:
             pipe = self.r.pipeline(transaction=False)
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xdel(stream, *ids)
+            for key, sids in by_stream.items():
+                pipe.xack(key, GROUP, *sids)
+                pipe.xdel(key, *sids)
             pipe.execute()
 
     def load_running(self) -> dict[str, DispatchRecord]:
@@ -143,7 +193,8 @@ class SchedulerSide(StoreBase):
         resets: dict[str, float] | None = None,
         resets_done: Sequence[str] = (),
     ) -> list[str]:
-        """Persist dispatch records and take their entries off the intake, in one atomic script.
+        """Persist dispatch records and take their entries off the intakes (`intake_ids`: entry
+        references, `IntakeEntry.ref`), in one atomic script.
 
         `pins` are pin records to write, `forget_pins` pins to delete (evicted trajectories),
         `resets` and `resets_done` trajectories to mark reset and to unmark (`update_pins`).
@@ -154,7 +205,8 @@ class SchedulerSide(StoreBase):
         re-sends every action still in state `dispatched` when it restarts (the worker's claim
         makes a duplicate message harmless).
         """
-        args: list[Any] = [GROUP, repr(now_s), len(records)]
+        streams = _by_stream(intake_ids)
+        args: list[Any] = [GROUP, repr(now_s), len(records), len(streams)]
         for rec in records:
             args += [rec.alloc.action_id, rec.model_dump_json(exclude_none=True), rec.attempt]
         args.append(len(pins))
@@ -168,8 +220,10 @@ class SchedulerSide(StoreBase):
             args += [tid, repr(at)]
         args.append(len(resets_done))
         args += list(resets_done)
-        args += list(intake_ids)
-        keys = [RUNNING, TRAJ, INTAKE, RESETS, *(akey(r.alloc.action_id) for r in records)]
+        for sids in streams.values():
+            args.append(len(sids))
+            args += sids
+        keys = [RUNNING, TRAJ, RESETS, *streams, *(akey(r.alloc.action_id) for r in records)]
         self.settle()  # first: a pin written by a completion, deleted here by an eviction
         return [str(a) for a in self._dispatch(keys=keys, args=args)]
 
@@ -285,11 +339,32 @@ class SchedulerSide(StoreBase):
         return [(s, w, int(n or 0), float(d or 0.0)) for s, w, n, d in pipe.execute()]
 
     def requeue(self, action_id: str, worker: str, to_state: str, attempt: int, now_s: float) -> bool:
-        """Take an action back from a worker presumed dead (or a pool that is gone)."""
-        return bool(self._requeue(keys=[akey(action_id)], args=[worker, to_state, str(attempt), repr(now_s)]))
+        """Take an action back from a worker presumed dead (or a pool that is gone). Sent again
+        (`dispatched`), its dispatch record names the new attempt, which its worker's claim
+        checks (`scripts.CLAIM`)."""
+        record = ""
+        if to_state == "dispatched":
+            raw = self.r.hget(RUNNING, action_id)
+            if raw is not None:
+                try:
+                    rec = DispatchRecord.model_validate_json(raw)
+                    record = rec.model_copy(update={"attempt": attempt}).model_dump_json(exclude_none=True)
+                except ValidationError as e:
+                    log.error("dispatch record of %s unreadable, left as it was: %s", action_id, e)
+        args = [worker, to_state, str(attempt), repr(now_s), action_id, record]
+        return bool(self._requeue(keys=[akey(action_id), RUNNING], args=args))
 
     def finish_unrun(self, action_id: str, result_json: str, trajectory_id: str) -> None:
         """Final result for an action the scheduler refused or gave up on (no worker ran it)."""
         self._finish(
             action_id, result_json, Completion(status=EventStatus.UNRUN, trajectory_id=trajectory_id)
         )
+
+
+def _by_stream(refs: Iterable[str]) -> dict[str, list[str]]:
+    """Intake entry references (`IntakeEntry.ref`) by the intake stream they are on."""
+    out: dict[str, list[str]] = {}
+    for ref in refs:
+        stream, sid = split_ref(ref)
+        out.setdefault(stream, []).append(sid)
+    return out

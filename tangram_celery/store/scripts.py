@@ -1,9 +1,15 @@
 """The Lua scripts: every transition of an action's state happens in one of these, atomically.
 
 `SUBMIT` and `CANCEL` are run by both clients (sync and async) with the same keys and arguments
-(`cancel_keys`, `cancel_args` in `tangram_celery.store.client_side`).
+(`cancel_keys`, `cancel_args` in `tangram_celery.store.client_ops`).
+
+Every key a script touches is one of its KEYS, never a name it reads or builds: Redis checks
+each `redis.call` against the caller's ACL user, and a tenant's user reaches only its own keys
+(`transport.acl`). A notification list named in an action's hash is therefore passed in by the
+caller, who checked it is the action's tenant's (`WAKE`).
 """
 
+# KEYS: the tenant's intake, a:<id>, its limits. ARGV: id, meta, payload, cap, ttl, notify.
 SUBMIT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
@@ -19,8 +25,14 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   end
   return redis.error_reply('TANGRAM_DUPLICATE')
 end
+-- KEYS[3]: the tenant's limits, written by the scheduler (`max_queued`: its own bound)
 local cap = tonumber(ARGV[4])
-if cap > 0 and redis.call('XLEN', KEYS[1]) >= cap then return redis.error_reply('TANGRAM_FULL') end
+local own = tonumber(redis.call('HGET', KEYS[3], 'max_queued') or '0') or 0
+if cap > 0 or own > 0 then
+  local n = redis.call('XLEN', KEYS[1])
+  if own > 0 and n >= own then return redis.error_reply('TANGRAM_FULL tenant ' .. own) end
+  if cap > 0 and n >= cap then return redis.error_reply('TANGRAM_FULL') end
+end
 local entry = redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'meta', ARGV[2])
 redis.call('HSET', KEYS[2], 'meta', ARGV[2], 'payload', ARGV[3], 'digest', redis.sha1hex(ARGV[3]),
            'state', 'queued', 'entry', entry)
@@ -31,40 +43,69 @@ if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
 return entry
 """
 
-# dispatched -> running for the current attempt only, returning meta and payload; otherwise the
-# state (or 'stale' for a message of an earlier attempt) is returned as a string.
-# ARGV: worker, now_s, attempt, token. The token is the claim call's own (one per call, the same
-# for its retries): a retry whose first try ran on Redis but lost its reply finds its own claim,
-# while a second delivery of the same attempt to the same worker (a re-sent message, a
-# redelivered unacknowledged one, taken by another of its threads) is refused as 'running'.
+# dispatched -> running for the current attempt only, returning meta, payload, dispatched_s,
+# notify and the scheduler's dispatch record; otherwise the state (or 'stale' for a message of an
+# earlier attempt) is returned as a string.
+# KEYS: a:<id>, running. ARGV: worker, now_s, attempt, token, then the order: action id (as
+# `running` names it), kind, pool, units, unit ids (comma-joined). The token is the claim call's
+# own (one per call, the same for its retries): a retry whose first try ran on Redis but lost its
+# reply finds its own claim, while a second delivery of the same attempt to the same worker (a
+# re-sent message, a redelivered unacknowledged one, taken by another of its threads) is refused
+# as 'running'.
+# Only the scheduler makes a worker act: an order that is not what the scheduler recorded in
+# `running` for this action (its attempt, pool, units and cores; only its attempt when ARGV[6],
+# the kind, is empty) is refused as 'unordered', before anything changes.
 CLAIM = """
+local function ordered()
+  local raw = redis.call('HGET', KEYS[2], ARGV[5])
+  if not raw then return nil end
+  local ok, rec = pcall(cjson.decode, raw)
+  if not ok or type(rec) ~= 'table' or type(rec.alloc) ~= 'table' then return nil end
+  local a = rec.alloc
+  if a.action_id ~= ARGV[5] or (rec.attempt or 1) ~= tonumber(ARGV[3]) then return nil end
+  if ARGV[6] ~= '' and (a.kind ~= ARGV[6] or a.pool ~= ARGV[7] or a.units ~= tonumber(ARGV[8])
+     or table.concat(a.unit_ids or {}, ',') ~= ARGV[9]) then return nil end
+  return raw
+end
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'dispatched' then
   if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[3] then return 'stale' end
+  local rec = ordered()
+  if not rec then return 'unordered' end
   redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_s', ARGV[2],
              'claim', ARGV[4])
   -- queued too long (limits.queued_ttl_s): the payload expired; the worker reports it
   if redis.call('HEXISTS', KEYS[1], 'payload') == 0 then return 'expired' end
   redis.call('PERSIST', KEYS[1])  -- a started action's record lives until its result's TTL
-  return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
+  local got = redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s', 'notify')
+  got[5] = rec
+  return got
 end
 if s == 'running' and redis.call('HGET', KEYS[1], 'claim') == ARGV[4]
    and redis.call('HGET', KEYS[1], 'worker') == ARGV[1]
    and redis.call('HGET', KEYS[1], 'attempt') == ARGV[3] then
   -- This very call's claim, whose reply was lost (Redis went away): idempotent.
-  return redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s')
+  local rec = ordered()
+  if not rec then return 'unordered' end
+  local got = redis.call('HMGET', KEYS[1], 'meta', 'payload', 'dispatched_s', 'notify')
+  got[5] = rec
+  return got
 end
 if not s then return 'missing' end
 return s
 """
 
 # running -> done: store the result, notify the client, tell the scheduler. Exactly once.
+# KEYS: a:<id>, n:<id>, events, the notification list (`WAKE`).
 # running (by the worker presumed dead) -> dispatched (retry) or queued (re-route), next attempt.
+# KEYS: a:<id>, running. ARGV: worker, state, attempt, now, the action's id in `running` and its
+# dispatch record as of the new attempt ("" to leave it: a re-route writes one when it dispatches).
 REQUEUE = """
 local s = redis.call('HGET', KEYS[1], 'state')
 if s == 'done' or s == false then return 0 end
 if s == 'running' and redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'attempt', ARGV[3], 'dispatched_s', ARGV[4])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], ARGV[5], ARGV[6]) end
 return 1
 """
 
@@ -88,11 +129,14 @@ return 1
 
 # Wake whoever waits for the result, with the result itself (no second read): the asyncio
 # client's per-process list if the action names one, else the action's own list (BLPOP).
+# KEYS[4] is that list as the caller read it from the hash and checked it (its own tenant's;
+# `keys.notify_prefix`), or the action's own list: the push goes there only if the hash still
+# names it, so no caller can make a script push onto a list of its choosing.
 WAKE = """
 local q = redis.call('HGET', KEYS[1], 'notify')
-if q then
-  redis.call('RPUSH', q, ARGV[2])
-  redis.call('EXPIRE', q, ARGV[4])
+if q and q == KEYS[4] then
+  redis.call('RPUSH', KEYS[4], ARGV[2])
+  redis.call('EXPIRE', KEYS[4], ARGV[4])
 else
   redis.call('RPUSH', KEYS[2], ARGV[2])
   redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -118,8 +162,11 @@ return 1
 # told that its action failed must be able to rely on it never running. The intake entry goes
 # (so it no longer counts against the intake bound and is never read), the result is stored
 # and the waiter woken like a completion, and the scheduler is told to drop the action from its
-# waiting queue. `DISPATCH` dispatches only actions still queued, so a scheduler that decided
-# on the action before it read the event does not run it either.
+# waiting queue (a `cancel` control entry on the tenant's own intake). `DISPATCH` dispatches only
+# actions still queued, so a scheduler that decided on the action before it read the notice
+# does not run it either.
+# KEYS: a:<id>, n:<id>, the tenant's intake, the notification list (`WAKE`).
+# ARGV: id (the caller's), result, (unused), ttl, group.
 CANCEL = (
     """
 local s = redis.call('HGET', KEYS[1], 'state')
@@ -127,8 +174,8 @@ if not s then return 'missing' end
 if s ~= 'queued' or redis.call('HEXISTS', KEYS[1], 'attempt') == 1 then return s end
 local entry = redis.call('HGET', KEYS[1], 'entry')
 if entry then
-  redis.pcall('XACK', KEYS[4], ARGV[5], entry)  -- no group yet: nothing to acknowledge
-  redis.call('XDEL', KEYS[4], entry)
+  redis.pcall('XACK', KEYS[3], ARGV[5], entry)  -- no group yet: nothing to acknowledge
+  redis.call('XDEL', KEYS[3], entry)
 end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'result', ARGV[2])
 redis.call('HDEL', KEYS[1], 'payload')  -- it will never run: free the broker's memory now
@@ -136,24 +183,25 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 """
     + WAKE
     + """
-redis.call('XADD', KEYS[3], '*', 'id', ARGV[1], 'event', ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'control', 'cancel', 'id', ARGV[1])
 return 'cancelled'
 """
 )
 
-# Persist allocations (queued -> dispatched) and take their entries off the intake, atomically;
+# Persist allocations (queued -> dispatched) and take their entries off the intakes, atomically;
 # an action no longer queued (cancelled meanwhile) is skipped and returned.
-# KEYS: running, traj, intake, then a:<id> per record.
-# ARGV: group, now, n, then (id, record, attempt) per record, then m, then (trajectory, pin) per
-# pin, then the intake entry ids.
+# KEYS: running, traj, reset, then the s intake streams the entries are on, then a:<id> per record.
+# ARGV: group, now, n, s, then (id, record, attempt) per record, then m, then (trajectory, pin)
+# per pin, then the pins to forget, the resets to mark and to unmark (each counted first), then
+# per intake stream: its count of entry ids, and those ids.
 DISPATCH = """
-local group, now, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local group, now, n, streams = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local skipped = {}
-local i = 4
+local i = 5
 for k = 1, n do
   local id, rec, attempt = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
-  local key = KEYS[4 + k]
+  local key = KEYS[3 + streams + k]
   if redis.call('HGET', key, 'state') == 'queued' then
     redis.call('HSET', KEYS[1], id, rec)
     redis.call('HSET', key, 'state', 'dispatched', 'dispatched_s', now, 'attempt', attempt)
@@ -177,20 +225,25 @@ end
 local r = tonumber(ARGV[i])
 i = i + 1
 for k = 1, r do
-  redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
 local d = tonumber(ARGV[i])
 i = i + 1
 for k = 1, d do
-  redis.call('HDEL', KEYS[4], ARGV[i])
+  redis.call('HDEL', KEYS[3], ARGV[i])
   i = i + 1
 end
-while i <= #ARGV do
-  local last = math.min(i + 499, #ARGV)
-  redis.call('XACK', KEYS[3], group, unpack(ARGV, i, last))
-  redis.call('XDEL', KEYS[3], unpack(ARGV, i, last))
-  i = last + 1
+for s = 1, streams do
+  local stream = KEYS[3 + s]
+  local last_of_stream = i + tonumber(ARGV[i])
+  i = i + 1
+  while i <= last_of_stream do
+    local last = math.min(i + 499, last_of_stream)
+    redis.call('XACK', stream, group, unpack(ARGV, i, last))
+    redis.call('XDEL', stream, unpack(ARGV, i, last))
+    i = last + 1
+  end
 end
 return skipped
 """

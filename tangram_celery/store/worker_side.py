@@ -9,24 +9,53 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from tangram_celery.common import tenants
 from tangram_celery.common.records import SandboxReport, WarmStatus
-from tangram_celery.common.wire import ActionMeta, Chunk, Completion, GpuWarm, ResidencyReport, residency
+from tangram_celery.common.wire import (
+    ActionMeta,
+    AllocationWire,
+    Chunk,
+    Completion,
+    DispatchRecord,
+    GpuWarm,
+    ResidencyReport,
+    residency,
+)
 from tangram_celery.store.base import StoreBase
-from tangram_celery.store.keys import EVENTS, IMAGES, LANGS, SANDBOXES, WARM, WORKER_POOLS, WORKERS, akey
+from tangram_celery.store.keys import (
+    EVENTS,
+    IMAGES,
+    LANGS,
+    RUNNING,
+    SANDBOXES,
+    WARM,
+    WORKER_POOLS,
+    WORKERS,
+    akey,
+)
 
 
 class Claim(NamedTuple):
-    """A granted claim: the action is this worker's to run now, as the attempt it claimed."""
+    """A granted claim: the action is this worker's to run now, as the attempt it claimed.
+
+    `meta` is the scheduler's (its dispatch record's: qualified ids, `tenants.qualify`), and the
+    payload carries the same ids: its action and trajectory ids are the record's, the ids of
+    the trajectories it forks are qualified with its tenant. `notify`: the notification list
+    its hash names ("" for none), for `complete`."""
 
     meta: ActionMeta
     payload: dict[str, Any]  # the action as its client stored it (`actions.stored_action`)
     dispatched_s: float
+    notify: str = ""
 
 
 class Refused(StrEnum):
     """Why a claim was not granted: the state the action is in, or one of three reasons."""
 
     STALE = "stale"  # dispatched again since, as a later attempt: this message is superseded
+    # not what the scheduler recorded for the action (`tangram:running`): not the scheduler's
+    # order (a forged or garbled message); refused before anything changed
+    UNORDERED = "unordered"
     # granted, but its payload expired while it waited (limits.queued_ttl_s): the worker reports it
     EXPIRED = "expired"
     MISSING = "missing"  # no such action (its record expired)
@@ -45,45 +74,83 @@ def new_token() -> str:
 def _claimed(rep: Any) -> Claim | Refused:
     """The claim script's reply, typed."""
     if isinstance(rep, list):
-        meta = ActionMeta.model_validate_json(rep[0])
-        return Claim(meta, json.loads(rep[1]), float(rep[2] or 0.0))
+        meta = DispatchRecord.model_validate_json(rep[4]).meta
+        return Claim(meta, own_ids(json.loads(rep[1]), meta), float(rep[2] or 0.0), str(rep[3] or ""))
     return Refused(str(rep))
+
+
+def own_ids(payload: dict[str, Any], meta: ActionMeta) -> dict[str, Any]:
+    """The payload with the ids of the scheduler's record `meta` (qualified): its action and
+    trajectory ids, and the trajectories it forks qualified with its tenant. A tenant writes
+    its own hashes, so what it stored there is never taken for the ids the worker acts on."""
+    payload["id"] = meta.id
+    payload["trajectory_id"] = meta.trajectory_id or None
+    forks = payload.get("fork_to")
+    if forks:  # a caller's own ids (no `/`: none other can be submitted) in its tenant's names
+        tenant = tenants.tenant_of(meta.id)
+        payload["fork_to"] = [tenants.qualify(tenant, str(t)) for t in forks if tenants.SEP not in str(t)]
+    return payload
+
+
+def order_args(action_id: str, order: AllocationWire | None) -> list[str]:
+    """The claim script's order arguments (`scripts.CLAIM`): what the scheduler's record must
+    say. Without an order only the record's action and attempt are checked."""
+    if order is None:
+        return [action_id, "", "", "", ""]
+    ids = ",".join(str(u) for u in order.unit_ids)
+    return [action_id, order.kind, order.pool, str(order.units), ids]
 
 
 class WorkerSide(StoreBase):
     def claim(
-        self, action_id: str, attempt: int, worker: str, now_s: float, token: str | None = None
+        self,
+        action_id: str,
+        attempt: int,
+        worker: str,
+        now_s: float,
+        token: str | None = None,
+        order: AllocationWire | None = None,
     ) -> Claim | Refused:
         """dispatched -> running for `attempt`: the action's metadata and payload, or why not.
 
         Exactly once per call: the call's `token` (a fresh one by default) lets its own retries
         find their claim after a lost reply; another call, even of the same worker and attempt
-        (a second delivery of the message), is refused as `running`."""
-        args = [worker, repr(now_s), str(attempt), token or new_token()]
-        rep = self.retrying("claim", lambda: self._claim(keys=[akey(action_id)], args=args))
+        (a second delivery of the message), is refused as `running`. Only the scheduler's
+        orders are claimed: `order` (the Celery message's) must be what its dispatch record
+        says (`Refused.UNORDERED`)."""
+        args = [worker, repr(now_s), str(attempt), token or new_token(), *order_args(action_id, order)]
+        keys = [akey(action_id), RUNNING]
+        rep = self.retrying("claim", lambda: self._claim(keys=keys, args=args))
         return _claimed(rep)
 
     def claim_many(
-        self, claims: Sequence[tuple[str, int]], worker: str, now_s: float
+        self,
+        claims: Sequence[tuple[str, int]],
+        worker: str,
+        now_s: float,
+        orders: Sequence[AllocationWire | None] | None = None,
     ) -> list[Claim | Refused]:
         """`claim` for each (action, attempt), in one round trip (the actions of a CPU batch,
         claimed when the batch starts so that none looks unclaimed while it waits its turn).
         Exactly once like `claim`: a retried pipeline finds its own claims (one token per call)."""
         token = new_token()
+        each = list(orders) if orders is not None else [None] * len(claims)
 
         def run() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
-            for action_id, attempt in claims:
-                self._claim(
-                    keys=[akey(action_id)], args=[worker, repr(now_s), str(attempt), token], client=pipe
-                )
+            for (action_id, attempt), order in zip(claims, each, strict=True):
+                args = [worker, repr(now_s), str(attempt), token, *order_args(action_id, order)]
+                self._claim(keys=[akey(action_id), RUNNING], args=args, client=pipe)
             return list(pipe.execute())
 
         return [_claimed(rep) for rep in self.retrying("claim", run)]
 
-    def complete(self, action_id: str, result_json: str, event: Completion) -> bool:
-        """Store the result, wake the client, emit the release event. False if already done."""
-        return self._finish(action_id, result_json, event)
+    def complete(
+        self, action_id: str, result_json: str, event: Completion, notify: str | None = None
+    ) -> bool:
+        """Store the result, wake the client, emit the release event. False if already done.
+        `notify`: the notification list its claim read (`Claim.notify`); None: read it now."""
+        return self._finish(action_id, result_json, event, notify)
 
     def give_back(self, action_id: str, worker: str, attempt: int, event: Completion) -> bool:
         """Hand a running action back to the scheduler to place again (no result for the client).

@@ -180,7 +180,8 @@ class WorkerRuntime:
         order = self._order(action_id, order_msg)
         if order is None:
             return "skipped:malformed"
-        claimed = self.store.claim(action_id, order.attempt, self.name, time.time())
+        claimed = self.store.claim(action_id, order.attempt, self.name, time.time(), order=order)
+        self._closes(order, claimed)
         if not isinstance(claimed, Claim):
             return self._refused(action_id, order, claimed)
         with self.turns.turn(turn_key(order), self.batch_hand_back_s) as mine:
@@ -203,7 +204,11 @@ class WorkerRuntime:
                 out.append("skipped:malformed")
             else:
                 orders.append((action_id, order))
-        claims = self.store.claim_many([(aid, o.attempt) for aid, o in orders], self.name, time.time())
+        claims = self.store.claim_many(
+            [(aid, o.attempt) for aid, o in orders], self.name, time.time(), [o for _, o in orders]
+        )
+        for (_, order), claimed in zip(orders, claims, strict=True):
+            self._closes(order, claimed)
         todo = [(aid, o, c) for (aid, o), c in zip(orders, claims, strict=True)]
         lock = threading.Lock()
         nxt = [0]  # the next to start; past the end once the rest was handed back
@@ -260,16 +265,19 @@ class WorkerRuntime:
         return "skipped:not_ours"
 
     def _order(self, action_id: str, order_msg: Any) -> TaskOrder | None:
-        """The task order, once the sandbox closes it carries are done (None: unreadable)."""
+        """The task order (None: unreadable)."""
         try:
-            order = TaskOrder.model_validate(order_msg)
+            return TaskOrder.model_validate(order_msg)
         except ValueError as e:
             log.error("action %s: unreadable task order, not run: %s", action_id, e)
             return None
-        if order.closes and self.closer is not None:
-            for tid, gen in order.closes:  # evicted for this round's actions: their sandboxes go
+
+    def _closes(self, order: TaskOrder, claimed: Claim | Refused) -> None:
+        """Remove the sandboxes the order's round evicted (`TaskOrder.closes`), before its action
+        runs; not for an order the scheduler did not give (`Refused.UNORDERED`)."""
+        if order.closes and self.closer is not None and claimed is not Refused.UNORDERED:
+            for tid, gen in order.closes:
                 self.closer(tid, gen)
-        return order
 
     def _refused(self, action_id: str, order: TaskOrder, refused: Refused) -> str:
         """Report why a delivery was not run: an expired payload completes the action (rejected);
@@ -284,6 +292,17 @@ class WorkerRuntime:
             )
             self.store.complete(action_id, res.model_dump_json(), Completion(status=EventStatus.REJECTED))
             return str(res.status)
+        if refused is Refused.UNORDERED:
+            log.error(
+                "refused %s: its message is not the scheduler's order (no dispatch record of "
+                "attempt %d on %s:%s with these cores); not run",
+                action_id,
+                order.attempt,
+                order.kind,
+                order.pool,
+            )
+            self.metrics.outcomes.labels(pool=self.pool_key, status="unordered").inc()
+            return f"skipped:{refused}"
         log.info("skip %s: %s (duplicate or superseded delivery)", action_id, refused)
         self.metrics.duplicates.labels(pool=self.pool_key).inc()
         return f"skipped:{refused}"
@@ -316,7 +335,7 @@ class WorkerRuntime:
         )
         self.metrics.outcomes.labels(pool=self.pool_key, status=str(result.status)).inc()
         self.metrics.exec.labels(pool=self.pool_key).observe(result.exec_s)
-        self.store.complete(action_id, result.model_dump_json(), event)
+        self.store.complete(action_id, result.model_dump_json(), event, claimed.notify)
         return str(result.status)
 
     def _retry(self, action_id: str, order: TaskOrder, meta: ActionMeta, e: Exception) -> bool:

@@ -7,9 +7,8 @@ import time
 
 from tangram_celery.common.actions import ApiAction
 from tangram_celery.common.wire import ActionMeta
-from tangram_celery.store import akey
 from tangram_celery.store.worker_side import Claim, Refused
-from tangram_celery.testing import memory_store
+from tangram_celery.testing import dispatch, memory_store
 
 
 def test_a_claim_is_granted_once_with_its_typed_metadata_and_refused_with_a_reason() -> None:
@@ -20,7 +19,7 @@ def test_a_claim_is_granted_once_with_its_typed_metadata_and_refused_with_a_reas
     action = ApiAction(id="a1", trajectory_id="t", api="calc", request={"x": 1})
     meta = ActionMeta.of(action, time.time())
     store.submit([(action.id, meta.dumps(), action.model_dump_json())], max_queued=0)
-    store.r.hset(akey("a1"), mapping={"state": "dispatched", "attempt": "2"})
+    dispatch(store, "a1", 2)
 
     assert store.claim("a1", 1, "w1", time.time()) is Refused.STALE
     claim = store.claim("a1", 2, "w1", time.time())
@@ -38,7 +37,7 @@ def test_a_second_delivery_to_the_same_worker_does_not_run_the_action_again() ->
     store = memory_store()
     action = ApiAction(id="a1", trajectory_id="t", api="calc", request={"x": 1})
     store.submit([(action.id, ActionMeta.of(action, 0.0).dumps(), action.model_dump_json())], max_queued=0)
-    store.r.hset(akey("a1"), mapping={"state": "dispatched", "attempt": "1"})
+    dispatch(store, "a1", 1)
 
     first = store.claim("a1", 1, "w1", time.time(), token="first-call")
     second_delivery = store.claim("a1", 1, "w1", time.time())

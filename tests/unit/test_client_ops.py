@@ -14,8 +14,10 @@ from tangram_celery.common.admission import cancelled_result
 from tangram_celery.common.errors import ActionRejected, AdmissionError, BrokerError
 from tangram_celery.common.wire import PoolView
 from tangram_celery.store.calls import Backoff
-from tangram_celery.store.keys import INTAKE, akey
+from tangram_celery.store.keys import INTAKE, akey, limits_key
 from tangram_celery.store.scripts import CANCEL, SUBMIT
+
+LIMITS = limits_key()
 
 
 def test_a_batch_sends_each_item_by_digest_and_again_once_after_a_missing_script() -> None:
@@ -24,7 +26,7 @@ def test_a_batch_sends_each_item_by_digest_and_again_once_after_a_missing_script
     batch = ops.SubmitBatch([("a", "{}", "{}"), ("b", "{}", "{}")], 5, ops.ttl_arg(0), notify="nq")
     first, second = batch.pending()
     assert first.method == "evalsha" and first.script == SUBMIT
-    assert first.args == (ops.SUBMIT_SHA, 2, INTAKE, akey("a"), "a", "{}", "{}", 5, "0", "nq")
+    assert first.args == (ops.SUBMIT_SHA, 3, INTAKE, akey("a"), LIMITS, "a", "{}", "{}", 5, "0", "nq")
     assert not batch.take(["1-0", NoScriptError("NOSCRIPT")])
     assert batch.pending() == [second]
     miss = NoScriptError("NOSCRIPT")

@@ -10,6 +10,7 @@ from typing import Any
 
 from tangram_celery.common.actions import ActionStatus, CodeAction
 from tangram_celery.common.wire import ActionResult, TaskOrder
+from tangram_celery.store import RUNNING
 from tangram_celery.testing import sent_messages
 from tangram_celery.workers.base import WorkerRuntime
 from tangram_celery.workers.turns import CoreTurns, turn_key
@@ -109,6 +110,9 @@ def _hand_back_behind_a_hung_batch(h: Any) -> None:
         order = TaskOrder(
             action_id=aid, kind="cpu", pool=rec.alloc.pool, units=1, unit_ids=(0,), attempt=rec.attempt
         )
+        # the scheduler's record says so too (a worker runs only what it records)
+        alloc = rec.alloc.model_copy(update={"units": 1, "unit_ids": (0,)})
+        h.store.r.hset(RUNNING, aid, rec.model_copy(update={"alloc": alloc}).model_dump_json())
         return [aid, order.model_dump(mode="json")]
 
     rt = WorkerRuntime("redis://127.0.0.1:1/0", "cpu", records["hung"].alloc.pool)
