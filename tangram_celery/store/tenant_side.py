@@ -5,6 +5,8 @@ read it (`transport.acl`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -15,11 +17,12 @@ from tangram_celery.store.calls import Call
 log = logging.getLogger("tangram.store")
 
 
-def records_of(raw: dict[str, str]) -> dict[str, TenantRecord]:
-    """The registry's hash parsed; an unreadable record is logged and left out (its tenant's
-    work then waits, it is never given another tenant's identity)."""
+def records_of(raw: Mapping[Any, Any]) -> dict[str, TenantRecord]:
+    """The registry's hash parsed (str or bytes); an unreadable record is logged and left out
+    (its tenant's work then waits, it is never given another tenant's identity)."""
     out: dict[str, TenantRecord] = {}
-    for name, value in raw.items():
+    for key, value in raw.items():
+        name = key.decode() if isinstance(key, bytes) else str(key)
         try:
             rec = TenantRecord.model_validate_json(value)
         except ValidationError as e:
@@ -40,7 +43,7 @@ def read_tenants() -> Call[dict[str, TenantRecord]]:
 class TenantSide(StoreBase):
     def tenants(self) -> dict[str, TenantRecord]:
         """Every registered tenant, by name."""
-        return records_of(self.retrying("read tenants", lambda: self.r.hgetall(REGISTRY)))
+        return self.run(read_tenants())
 
     def put_tenant(self, record: TenantRecord) -> None:
         """Add or replace `record` (its name is the field)."""
