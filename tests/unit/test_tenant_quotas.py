@@ -17,12 +17,15 @@ from scheduler.resources import ApiPool, ClusterState, CpuNode, GpuNode
 from scheduler.round import FairShareSpec, Round, RoundPlan
 from scheduler.service import SchedulerService
 from scheduler.tenancy import TenantCaps, api_limit, refusal
+from tangram_celery.client.sync import TangramClient
+from tangram_celery.common.actions import ApiAction, CodeAction
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.tenants import PRIORITY_OF_CLASS, Quotas, TenantRecord
 from tangram_celery.common.wire import ActionMeta, TaskOrder
 from tangram_celery.store import akey
 from tangram_celery.store.quota_side import limits_of
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
+from tests.unit.test_service_loop import Harness
 
 
 def cpu(
@@ -314,3 +317,51 @@ def _meta(qa: QueuedAction) -> ActionMeta:
         cpus=(1, 1),
         memory_mb=qa.cost.memory_mb,
     )
+
+
+# ---- end to end on the twin: tenant clients, the scheduler's intake per tenant, the round ------
+
+
+def _harness(tmp: str, **quotas: Quotas) -> tuple[Harness, dict[str, TangramClient]]:
+    h = Harness(tmp)
+    h.svc.start()
+    for name, q in quotas.items():
+        h.store.put_tenant(TenantRecord(name=name, quotas=q))
+    h.svc.sync_tenants()  # the intakes to read
+    h.svc.dispatcher.tenants.sync(h.svc.round)  # the caps
+    clients = {
+        name: TangramClient("memory://", config=h.cfg, store=memory_store(h.store.server, tenant=name))
+        for name in quotas
+    }
+    return h, clients
+
+
+def _drain(h: Harness) -> list[str]:
+    out = [aid for q in ("tangram.cpu.n0", "tangram.cpu.n1") for aid, _ in h.messages(q)]
+    return sorted(out + [aid for aid, _ in h.messages("tangram.api.calc")])
+
+
+def test_a_tenants_core_cap_holds_its_own_submits_back(tmp_path: Path) -> None:
+    """Given tenant a allowed 1 core and tenant b without caps, each submitting code actions
+    on 4 free cores (a first), one step dispatches one of a's and all 3 of b's: a's others stay
+    queued, and go once its running action ends."""
+    h, c = _harness(str(tmp_path), a=Quotas(max_cores=1), b=Quotas())
+    for name in ("a", "b"):
+        for i in range(3):
+            c[name].submit(CodeAction(id=f"x{i}", trajectory_id=f"t{i}", code="print(1)"))
+    h.svc.step(block_ms=None)
+    assert _drain(h) == ["a/x0", "b/x0", "b/x1", "b/x2"]
+    assert sorted(qa.action_id for qa in h.svc.waiting) == ["a/x1", "a/x2"]
+    h.svc.state.release("a/x0")  # as its completion would
+    h.svc.schedule()
+    assert _drain(h) == ["a/x1"]
+
+
+def test_a_high_class_tenant_is_served_first(tmp_path: Path) -> None:
+    """Given one API slot and two tenants submitting at once, the tenant of class `high` is
+    dispatched before the one of class `low`, although `low` submitted first."""
+    h, c = _harness(str(tmp_path), lo=Quotas(priority="low"), hi=Quotas(priority="high"))
+    c["lo"].submit(ApiAction(id="x1", api="calc", request={}))
+    c["hi"].submit(ApiAction(id="x1", api="calc", request={}))
+    h.svc.step(block_ms=None)
+    assert _drain(h) == ["hi/x1"]
