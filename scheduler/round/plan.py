@@ -124,6 +124,8 @@ class Round:
         caps: Ledger | None = None
         if self.tenancy.active(queue.jobs()):  # capped tenants wait: hold back what goes over
             ordered, caps = self.tenancy.admit(ordered, state, now_s)
+        elif self.tenancy.held:
+            self.tenancy.held = {}
         allocs = one_per_sandbox(self.policy.decide(ordered, state, now_s), queue, state)
         if caps is not None:
             allocs = caps.keep(allocs, queue.action)

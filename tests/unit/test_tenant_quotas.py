@@ -99,6 +99,9 @@ def test_cores_held_by_running_actions_count_and_come_back() -> None:
     assert rnd.tenancy.held == {"a": 2} and len(q) == 2  # held, not dropped
     state.release("a0")
     assert started(run(rnd, q, state, 3.0)) == ["a2"]
+    q.pop("a3")  # withdrawn: nothing of a's waits, nothing is held
+    run(rnd, q, state, 4.0)
+    assert rnd.tenancy.held == {}
 
 
 @pytest.mark.parametrize("policy", ["tangram-fast", "tangram-dp", "fcfs-min"])
