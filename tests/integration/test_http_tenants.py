@@ -1,0 +1,96 @@
+"""Two tenants on one live deployment over HTTP (issue 37): each token acts as its tenant
+through /run_code and the native API; the same trajectory name is two sandboxes; the other
+tenant's action id is 404 (never 403); a rotated token is 401 within the registry's refresh;
+403 stays the Host check's."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tangram_celery.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _call(url: str, method: str, path: str, token: str, body: Any = None, **headers: str) -> tuple[int, Any]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(
+            method,
+            path,
+            body=data,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}", **headers},
+        )
+        r = conn.getresponse()
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else {}
+    finally:
+        conn.close()
+
+
+def _tenant(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["tenant", *argv, "--json"]) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def _until(what: str, check: Any, timeout_s: float = 10.0) -> None:
+    """Wait for the server's next registry read (every 2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.deploy(http={"token": "operator-s3cret"})
+def test_two_tenants_act_apart_over_http(http_deployment: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    url = http_deployment.http_url
+    admin = ["--broker-url", http_deployment.url]
+    a = _tenant(capsys, "add", "acme", *admin)["http_token"]
+    b = _tenant(capsys, "add", "bee", *admin)["http_token"]
+    _until("the tenants' tokens count", lambda: _call(url, "GET", "/tangram/v1/capabilities", b)[0] == 200)
+    assert _call(url, "GET", "/tangram/v1/capabilities", a)[0] == 200
+
+    # /run_code as acme, in its trajectory t1: a file there
+    write = {"code": "open('f', 'w').write('acme'); print('ok')", "language": "python", "trajectory_id": "t1"}
+    status, res = _call(url, "POST", "/run_code", a, write)
+    assert status == 200 and res["run_result"]["stdout"] == "ok\n", res
+    acme_id = res["tangram"]["action_id"]
+
+    # the native API as bee, in ITS trajectory t1: acme's file is not there
+    read = {"type": "code", "trajectory_id": "t1", "code": "import os; print(os.path.exists('f'))"}
+    status, res = _call(url, "POST", "/tangram/v1/actions", b, read)
+    assert status == 200 and res["stdout"] == "False\n", res
+    bee_id = res["action_id"]
+    assert res["trajectory_id"] == "t1"  # the caller's own ids come back
+
+    # each reads its own; the other's id is 404, for reading, waiting and cancelling alike
+    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", b)[0] == 200
+    assert _call(url, "GET", f"/tangram/v1/actions/{acme_id}", a)[0] == 200
+    for path in (f"/tangram/v1/actions/{acme_id}", f"/tangram/v1/actions/{acme_id}?wait_s=1"):
+        assert _call(url, "GET", path, b)[0] == 404
+    assert _call(url, "DELETE", f"/tangram/v1/actions/{acme_id}", b)[0] == 404
+    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", "operator-s3cret")[0] == 404
+    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", a, Host="evil.example.com")[0] == 403
+    status, _ = _call(url, "GET", f"/tangram/v1/actions/{bee_id}", "nope")
+    assert status == 401
+    for tid in ("t1",):
+        assert _call(url, "POST", f"/tangram/v1/trajectories/{tid}/close", a)[0] == 202
+
+    # a rotated token: 401 from the next registry read; the new one acts as bee
+    new_b = _tenant(capsys, "rotate", "bee", "--token-only", *admin)["http_token"]
+    _until("the old token is refused", lambda: _call(url, "GET", "/tangram/v1/capabilities", b)[0] == 401)
+    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", new_b)[0] == 200
+    # a removed tenant: 401 too
+    capsys.readouterr()
+    assert main(["tenant", "remove", "acme", "--force", *admin]) == 0
+    _until("a removed tenant is refused", lambda: _call(url, "GET", "/tangram/v1/capabilities", a)[0] == 401)
