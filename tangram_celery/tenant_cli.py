@@ -343,7 +343,10 @@ def cmd_tenant(args: argparse.Namespace) -> int:
         print(show_list(admin.store.tenants(), redis_users(admin.r), args.json))
     elif args.tenant_cmd == "remove":
         for line in _admin(args).remove(_checked(args.name), args.force):
-            print(line)
+            if line.startswith("note:"):
+                _note(line)
+            else:
+                print(line)
     else:
         pw, tok = not args.token_only, not args.password_only
         secrets_, note = _admin(args).rotate(_checked(args.name), pw, tok)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,3 +127,38 @@ def test_remove_waits_for_work_unless_forced(redis_url: str, capsys: pytest.Capt
     assert f"tenant-{a}" not in admin.acl_users()
     rc, _, err = _tangram(capsys, redis_url, "remove", a)
     assert rc == 2 and "no tenant" in err
+
+
+def test_an_external_redis_without_aclfile_gets_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`add` on a Redis with no aclfile (an external one) works and says the user is not
+    saved across its restart; `remove` too."""
+    import shutil
+    import socket
+    import subprocess
+
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([binary, *args, "--requirepass", "pw", "--dir", str(tmp_path)])
+    url = f"redis://:pw@127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if redis.Redis.from_url(url).ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+        rc, out, err = _tangram(capsys, url, "add", "ext")
+        assert rc == 0 and "tenant ext added" in out and "no aclfile" in err
+        assert "tenant-ext" in redis.Redis.from_url(url, decode_responses=True).acl_users()
+        rc, out, err = _tangram(capsys, url, "remove", "ext")
+        assert rc == 0 and "deleted" in out and "no aclfile" in err
+    finally:
+        proc.terminate()
+        proc.wait(10)
