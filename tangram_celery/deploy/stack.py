@@ -30,7 +30,14 @@ from tangram_celery.deploy.readiness import (
     warm_nodes,
 )
 from tangram_celery.store import Store, redact
-from tangram_celery.transport.broker import URL_FILE, EmbeddedRedis, resolve_url, write_url
+from tangram_celery.transport.broker import (
+    SECRETS_DIR,
+    URL_FILE,
+    EmbeddedRedis,
+    resolve_url,
+    write_role_urls,
+    write_url,
+)
 
 log = logging.getLogger("tangram.deploy")
 
@@ -43,7 +50,8 @@ class Deployment:
     config_path: Path
     with_flower: bool = True
     redis: EmbeddedRedis | None = None
-    url: str = ""
+    url: str = ""  # the admin's (the operator's); each child gets its role's (`role_url`)
+    role_urls: dict[str, str] = field(default_factory=dict)
     children: dict[str, Child] = field(default_factory=dict)
     flower_url: str = ""
     flower_auth: tuple[str, str] = ("", "")
@@ -107,11 +115,19 @@ class Deployment:
                 keep_address=True,  # the same URL as the last run's: its clients reconnect
             ).start()
             self.url = self.redis.url
+            self.role_urls = self.redis.role_urls()
+            write_role_urls(self.state_dir, self.role_urls)
         else:
             self.url = resolve_url(self.cfg)  # ${VAR} expanded, broker.tls in a rediss:// URL
             Store(self.url).ping()
         write_url(self.state_dir, self.url)
         say(f"broker: {redact(self.url)}")
+
+    def role_url(self, child: str) -> str:
+        """The broker URL child `child` connects with: its role's user on the embedded Redis
+        (`worker-cpu-n0` -> `worker-cpu`), the configured URL otherwise."""
+        role = next((r for r in self.role_urls if child == r or child.startswith(r + "-")), None)
+        return self.role_urls[role] if role is not None else self.url
 
     def _start_workers(self, gpu: list[str]) -> None:
         """One worker per CPU node, API and GPU node (`gpu`: those that get one)."""
@@ -189,7 +205,7 @@ class Deployment:
         # the child arms its parent-death signal against this pid first thing (cli.main)
         env = dict(
             os.environ,
-            TANGRAM_BROKER_URL=self.url,
+            TANGRAM_BROKER_URL=self.role_url(name),
             PYTHONUNBUFFERED="1",
             **{lifeline.PARENT_ENV: str(os.getpid())},
         )
@@ -227,7 +243,9 @@ class Deployment:
     def _spawn_flower(self, port: int) -> Child:
         """Flower on `port` with the deployment's credentials; the supervisor starts it again
         the same way (same URL and password) when it exits."""
-        cmd, extra = flower_command(self.url, port, "127.0.0.1", self.flower_auth, pool_queues(self.cfg))
+        cmd, extra = flower_command(
+            self.role_url("flower"), port, "127.0.0.1", self.flower_auth, pool_queues(self.cfg)
+        )
         log_path = kids.log_path(self.state_dir, "flower")
         proc = kids.popen(lifeline.wrapper_argv(cmd, os.getpid()), log_path, dict(os.environ, **extra))
         child = Child("flower", proc, log_path, again=lambda: self._spawn_flower(port))
@@ -270,6 +288,8 @@ class Deployment:
             with self._lock:  # not while the supervisor restarts it
                 self.redis.stop()
             (self.state_dir / URL_FILE).unlink(missing_ok=True)
+            for role in self.role_urls:
+                (self.state_dir / SECRETS_DIR / f"{role}.url").unlink(missing_ok=True)
         (self.state_dir / "http.url").unlink(missing_ok=True)
 
     def __enter__(self) -> Deployment:

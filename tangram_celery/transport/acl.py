@@ -14,9 +14,10 @@ Celery's Redis transport (kombu 5.7, `transport.app`'s settings: db 0, `fanout_p
   steps add a suffix to the name (`<queue>\\x06\\x16<n>`): `tangram.*`;
 - bindings: `_kombu.binding.<exchange>`, `_kombu.binding_permanent.<exchange>`,
   `_kombu.binding_deadlines`: `_kombu.binding*`;
+- an event receiver's queue (Flower's) `celeryev.<uuid>`, which kombu declares and sizes;
 - late acks: `unacked` (hash), `unacked_index` (sorted set), `unacked_mutex`;
 - remote control: a worker's pidbox queue `<host>.celery.pidbox` and reply queues
-  `<oid>.reply.celery.pidbox` (lists): `*.celery.pidbox`; broadcasts go on the channel
+  `<oid>.reply.celery.pidbox` (lists, with the priority suffix too): `*.celery.pidbox*`; broadcasts go on the channel
   `/0.celery.pidbox`;
 - task events (for Flower) on the channels `/0.celeryev/<type>` (Flower PSUBSCRIBEs
   `/0.celeryev/*`, and a PSUBSCRIBE is allowed only by an identical channel pattern);
@@ -41,7 +42,15 @@ ADMIN = "admin"
 ROLES = ("admin", "scheduler", "worker-cpu", "worker-gpu", "worker-api", "http", "flower")
 WORKER_ROLES = ("worker-cpu", "worker-gpu", "worker-api")
 
-CELERY_KEYS = ("tangram.*", "_kombu.binding*", "unacked", "unacked_index", "unacked_mutex", "*.celery.pidbox")
+CELERY_KEYS = (
+    "tangram.*",
+    "celeryev.*",
+    "_kombu.binding*",
+    "unacked",
+    "unacked_index",
+    "unacked_mutex",
+    "*.celery.pidbox*",
+)
 
 
 def events_channel(db: int = 0) -> str:

@@ -37,7 +37,12 @@ CELERY = [
     "unacked",
     "unacked_index",
 ]
-CELERY += ["worker-cpu-n0@host.celery.pidbox", "1b2c.reply.celery.pidbox"]
+CELERY += [
+    "worker-cpu-n0@host.celery.pidbox",
+    "1b2c.reply.celery.pidbox",
+    "1b2c.reply.celery.pidbox\x06\x169",
+]
+CELERY += ["celeryev.5e1f"]  # Flower's event receiver queue (kombu sizes it)
 
 
 def patterns(rules: list[str]) -> tuple[list[str], list[str]]:
