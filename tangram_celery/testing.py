@@ -101,9 +101,12 @@ def dispatch(
     """Dispatch a submitted action by hand, as the scheduler's `DISPATCH` does (its hash's state
     and attempt, and its record in `tangram:running`, which a worker's claim checks); returns
     the worker's order. `action_id` is qualified (`tenants.qualify`) for a named tenant's."""
-    meta = ActionMeta.model_validate_json(store.r.hget(akey(action_id), "meta"))
+    raw = store.r.hget(akey(action_id), "meta")
+    meta = ActionMeta(id=action_id, type="api", api=pool, submitted_s=0.0)  # its record expired
     tenant, sep, _ = action_id.partition("/")
-    if sep:
+    if raw is not None:
+        meta = ActionMeta.model_validate_json(raw)
+    if raw is not None and sep:
         tid = f"{tenant}/{meta.trajectory_id}" if meta.trajectory_id else ""
         meta = meta.model_copy(update={"id": action_id, "trajectory_id": tid, "job_id": tenant})
     units = max(1, len(unit_ids))

@@ -3,13 +3,17 @@
 `SUBMIT` and `CANCEL` are run by both clients (sync and async) with the same keys and arguments
 (`cancel_keys`, `cancel_args` in `tangram_celery.store.client_ops`).
 
-Every key a script touches is one of its KEYS, never a name it reads or builds: Redis checks
+Every key a script writes is one of its KEYS, never a name it reads or builds: Redis checks
 each `redis.call` against the caller's ACL user, and a tenant's user reaches only its own keys
 (`transport.acl`). A notification list named in an action's hash is therefore passed in by the
-caller, who checked it is the action's tenant's (`WAKE`).
+caller, who checked it is the action's tenant's (`WAKE`). A key the caller may only read
+(a tenant's `limits`, the workers' `running`) is passed by name in ARGV instead: Redis takes
+every declared key of EVAL/EVALSHA as read-write and refuses a read-only one, while the
+script's own read of it is checked as the read it is.
 """
 
-# KEYS: the tenant's intake, a:<id>, its limits. ARGV: id, meta, payload, cap, ttl, notify.
+# KEYS: the tenant's intake, a:<id>. ARGV: id, meta, payload, cap, ttl, notify, and the name of
+# the tenant's limits (read-only to it; see the module doc).
 SUBMIT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   -- Idempotent: the same action submitted again (a retry after a lost reply) is accepted once.
@@ -25,9 +29,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   end
   return redis.error_reply('TANGRAM_DUPLICATE')
 end
--- KEYS[3]: the tenant's limits, written by the scheduler (`max_queued`: its own bound)
+-- ARGV[7]: the tenant's limits, written by the scheduler (`max_queued`: its own bound)
 local cap = tonumber(ARGV[4])
-local own = tonumber(redis.call('HGET', KEYS[3], 'max_queued') or '0') or 0
+local own = tonumber(redis.call('HGET', ARGV[7], 'max_queued') or '0') or 0
 if cap > 0 or own > 0 then
   local n = redis.call('XLEN', KEYS[1])
   if own > 0 and n >= own then return redis.error_reply('TANGRAM_FULL tenant ' .. own) end
@@ -46,8 +50,9 @@ return entry
 # dispatched -> running for the current attempt only, returning meta, payload, dispatched_s,
 # notify and the scheduler's dispatch record; otherwise the state (or 'stale' for a message of an
 # earlier attempt) is returned as a string.
-# KEYS: a:<id>, running. ARGV: worker, now_s, attempt, token, then the order: action id (as
-# `running` names it), kind, pool, units, unit ids (comma-joined). The token is the claim call's
+# KEYS: a:<id>. ARGV: worker, now_s, attempt, token, then the order: action id (as `running`
+# names it), kind, pool, units, unit ids (comma-joined), then the name of `running` (read-only
+# to workers; see the module doc). The token is the claim call's
 # own (one per call, the same for its retries): a retry whose first try ran on Redis but lost its
 # reply finds its own claim, while a second delivery of the same attempt to the same worker (a
 # re-sent message, a redelivered unacknowledged one, taken by another of its threads) is refused
@@ -57,7 +62,7 @@ return entry
 # the kind, is empty) is refused as 'unordered', before anything changes.
 CLAIM = """
 local function ordered()
-  local raw = redis.call('HGET', KEYS[2], ARGV[5])
+  local raw = redis.call('HGET', ARGV[10], ARGV[5])
   if not raw then return nil end
   local ok, rec = pcall(cjson.decode, raw)
   if not ok or type(rec) ~= 'table' or type(rec.alloc) ~= 'table' then return nil end

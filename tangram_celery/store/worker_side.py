@@ -96,9 +96,9 @@ def order_args(action_id: str, order: AllocationWire | None) -> list[str]:
     """The claim script's order arguments (`scripts.CLAIM`): what the scheduler's record must
     say. Without an order only the record's action and attempt are checked."""
     if order is None:
-        return [action_id, "", "", "", ""]
+        return [action_id, "", "", "", "", RUNNING]
     ids = ",".join(str(u) for u in order.unit_ids)
-    return [action_id, order.kind, order.pool, str(order.units), ids]
+    return [action_id, order.kind, order.pool, str(order.units), ids, RUNNING]
 
 
 class WorkerSide(StoreBase):
@@ -119,7 +119,7 @@ class WorkerSide(StoreBase):
         orders are claimed: `order` (the Celery message's) must be what its dispatch record
         says (`Refused.UNORDERED`)."""
         args = [worker, repr(now_s), str(attempt), token or new_token(), *order_args(action_id, order)]
-        keys = [akey(action_id), RUNNING]
+        keys = [akey(action_id)]
         rep = self.retrying("claim", lambda: self._claim(keys=keys, args=args))
         return _claimed(rep)
 
@@ -140,7 +140,7 @@ class WorkerSide(StoreBase):
             pipe = self.r.pipeline(transaction=False)
             for (action_id, attempt), order in zip(claims, each, strict=True):
                 args = [worker, repr(now_s), str(attempt), token, *order_args(action_id, order)]
-                self._claim(keys=[akey(action_id), RUNNING], args=args, client=pipe)
+                self._claim(keys=[akey(action_id)], args=args, client=pipe)
             return list(pipe.execute())
 
         return [_claimed(rep) for rep in self.retrying("claim", run)]

@@ -8,6 +8,7 @@ import pytest
 
 from tangram_celery.common.wire import ActionMeta, Completion, EventStatus
 from tangram_celery.store import Store, akey, nkey
+from tangram_celery.testing import dispatch
 
 OK = Completion(status=EventStatus.OK)
 
@@ -27,7 +28,7 @@ def test_result_survives_a_wake_up_lost_with_its_reply(redis_url: str) -> None:
     the waiter still gets the result (from the action's hash) instead of blocking forever."""
     store = Store(redis_url)
     _submit(store, "a1")
-    store.r.hset(akey("a1"), mapping={"state": "dispatched", "attempt": "1"})
+    dispatch(store, "a1", 1)
     assert not isinstance(store.claim("a1", 1, "w", time.time()), str)
     store.complete("a1", '{"status": "ok"}', OK)
     store.r.lpop(nkey("a1"))  # what a BLPOP whose reply died with Redis leaves behind
@@ -40,7 +41,7 @@ def test_claims_are_exactly_once_and_attempt_scoped(redis_url: str) -> None:
     """A second claim, a stale attempt, and a second completion are all refused."""
     store = Store(redis_url)
     _submit(store, "a2")
-    store.r.hset(akey("a2"), mapping={"state": "dispatched", "attempt": "2"})
+    dispatch(store, "a2", 2)
     assert store.claim("a2", 1, "w1", time.time()) == "stale"
     assert not isinstance(store.claim("a2", 2, "w1", time.time(), token="call-1"), str)
     assert store.claim("a2", 2, "w2", time.time()) == "running"
@@ -102,7 +103,7 @@ def test_queued_payload_expires_and_its_claim_reports_it(redis_url: str) -> None
     assert 0 < store.r.ttl(akey("e1")) <= 1
     time.sleep(1.5)
     assert not store.r.exists(akey("e1"))
-    store.r.hset(akey("e1"), mapping={"state": "dispatched", "attempt": "1"})  # what dispatch writes
+    dispatch(store, "e1", 1)  # what dispatch writes
     assert store.claim("e1", 1, "w", time.time()) == "expired"
 
 
@@ -112,7 +113,7 @@ def test_completion_drops_the_payload_but_resubmission_stays_idempotent(redis_ur
     store = Store(redis_url)
     meta = _meta("d1")
     store.submit([("d1", meta, '{"p": 1}')], max_queued=0, ttl_s=600)
-    store.r.hset(akey("d1"), mapping={"state": "dispatched", "attempt": "1"})
+    dispatch(store, "d1", 1)
     assert not isinstance(store.claim("d1", 1, "w", time.time()), str)
     assert store.r.ttl(akey("d1")) == -1
     store.complete("d1", '{"status": "ok"}', OK)
@@ -134,7 +135,7 @@ def test_a_read_result_is_kept_minutes_and_an_unread_one_a_day(redis_url: str) -
     store = Store(redis_url)
     for i in ("r1", "r2"):
         _submit(store, i)
-        store.r.hset(akey(i), mapping={"state": "dispatched", "attempt": "1"})
+        dispatch(store, i, 1)
         assert not isinstance(store.claim(i, 1, "w", time.time()), str)
         store.complete(i, '{"status": "ok"}', OK)
     assert store.r.ttl(akey("r1")) > READ_TTL_S

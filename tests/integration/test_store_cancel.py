@@ -26,21 +26,22 @@ def _record(action_id: str) -> DispatchRecord:
 
 def test_a_queued_action_is_cancelled_and_leaves_the_intake(redis_url: str) -> None:
     """Given a queued action, cancel succeeds: its intake entry is gone, its result says
-    cancelled, its waiter is woken and the scheduler gets a cancelled event."""
+    cancelled, its waiter is woken and the scheduler gets a cancel notice on the intake (the
+    caller's own stream: nothing is written on the shared events stream)."""
     store = Store(redis_url)
     store.ensure_groups()
     _submit(store, "c1")
     assert store.queued_count() == 1
     assert store.cancel("c1", cancelled_result("c1", "deadline")) == "cancelled"
-    assert store.queued_count() == 0
+    notices = [e for _, e in store.r.xrange(INTAKE)]
+    assert notices == [{"control": "cancel", "id": "c1"}]  # the action's own entry is gone
     assert store.action_state("c1") == "cancelled"
     assert json.loads(store.r.hget(akey("c1"), "result"))["status"] == "cancelled"
     assert json.loads(store.r.lpop(nkey("c1")))["status"] == "cancelled"
-    events = store.r.xrange(EVENTS)
-    assert [(e["id"], json.loads(e["event"])["status"]) for _, e in events] == [("c1", "cancelled")]
+    assert store.r.xlen(EVENTS) == 0
     # a second cancel changes nothing and says so
     assert store.cancel("c1", cancelled_result("c1", "again")) == "cancelled"
-    assert len(store.r.xrange(EVENTS)) == 1
+    assert store.r.xlen(INTAKE) == 1
 
 
 def test_a_dispatched_action_cannot_be_cancelled(redis_url: str) -> None:
@@ -52,7 +53,7 @@ def test_a_dispatched_action_cannot_be_cancelled(redis_url: str) -> None:
     assert store.mark_dispatched([_record("c2")], {}, [e.stream_id for e in entries], time.time()) == []
     assert store.cancel("c2", cancelled_result("c2", "late")) == "dispatched"
     assert store.action_state("c2") == "dispatched"
-    assert not isinstance(store.claim("c2", 1, "w", time.time()), str)
+    assert not isinstance(store.claim("c2", 1, "w", time.time(), order=_record("c2").alloc), str)
     assert store.cancel("c2", cancelled_result("c2", "late")) == "running"
 
 
@@ -71,7 +72,7 @@ def test_dispatch_skips_an_action_cancelled_after_the_policy_chose_it(redis_url:
     assert skipped == ["c3"]
     assert store.states(["c3", "c4"]) == ["cancelled", "dispatched"]
     assert store.claim("c3", 1, "w", time.time()) == "cancelled"
-    assert store.r.xlen(INTAKE) == 0
+    assert [e for _, e in store.r.xrange(INTAKE)] == [{"control": "cancel", "id": "c3"}]
     assert store.complete("c3", "{}", Completion(status=EventStatus.OK)) is False
 
 
@@ -111,7 +112,7 @@ def _celery_messages(store: Store) -> int:
 
 def test_the_scheduler_drops_an_action_cancelled_while_it_waits(redis_url: str, tmp_path: Path) -> None:
     """An action in the scheduler's waiting queue (no free core) that is cancelled leaves the
-    queue on the cancel event, frees its trajectory's count, and is never sent to a worker."""
+    queue on the cancel notice, frees its trajectory's count, and is never sent to a worker."""
     from tangram_celery.client.sync import TangramClient
     from tangram_celery.common.actions import CodeAction
 
@@ -145,13 +146,13 @@ def test_a_cancel_between_decision_and_dispatch_sends_nothing(redis_url: str, tm
     intake, events = store.read(10, 100)
     svc.on_events(events)
     svc.on_intake(intake)  # in the waiting queue; the policy has not run yet
-    assert client.cancel(first.id, "deadline") is True  # the event is not read yet
+    assert client.cancel(first.id, "deadline") is True  # the notice is not read yet
     assert svc.schedule() == 0
     assert svc.books.running(first.id) is None and first.id not in svc.state.running
     assert len(svc.state.cpu["n0"].free) == 2 and _celery_messages(store) == 0
     assert store.action_state(first.id) == "cancelled"
     second = client.submit(CodeAction(trajectory_id="t2", code="y", cpus=2))
-    svc.step(block_ms=100)  # reads the cancel event (ignored: already dropped) and the new one
+    svc.step(block_ms=100)  # reads the cancel notice (ignored: already dropped) and the new one
     assert svc.books.running(second.id) is not None and _celery_messages(store) == 1
     assert svc.trajectories.active.get("t1", 0) == 0
     client.close()

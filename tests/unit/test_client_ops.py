@@ -26,7 +26,7 @@ def test_a_batch_sends_each_item_by_digest_and_again_once_after_a_missing_script
     batch = ops.SubmitBatch([("a", "{}", "{}"), ("b", "{}", "{}")], 5, ops.ttl_arg(0), notify="nq")
     first, second = batch.pending()
     assert first.method == "evalsha" and first.script == SUBMIT
-    assert first.args == (ops.SUBMIT_SHA, 3, INTAKE, akey("a"), LIMITS, "a", "{}", "{}", 5, "0", "nq")
+    assert first.args == (ops.SUBMIT_SHA, 2, INTAKE, akey("a"), "a", "{}", "{}", 5, "0", "nq", LIMITS)
     assert not batch.take(["1-0", NoScriptError("NOSCRIPT")])
     assert batch.pending() == [second]
     miss = NoScriptError("NOSCRIPT")
