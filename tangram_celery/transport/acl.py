@@ -79,7 +79,8 @@ _WORKER_KEYS = (
 _WORKER_READS = (keys.CONFIG, keys.RUNNING, keys.TRAJ, keys.P + "memory")
 _ANY_TENANT = "tangram:t:*:"  # every named tenant's prefix (names hold no glob character)
 
-# redis-py's connection set-up, pipelines (MULTI/EXEC) and scripts (SCRIPT EXISTS/LOAD)
+# redis-py's connection set-up, pipelines (MULTI/EXEC) and scripts (SCRIPT EXISTS/LOAD). Not
+# CLIENT SETINFO: Redis 7.0 has none (redis-py ignores its refusal)
 _CLIENT_COMMANDS = [
     "+ping",
     "+hello",
@@ -90,7 +91,6 @@ _CLIENT_COMMANDS = [
     "+reset",
     "+client|setname",
     "+client|getname",
-    "+client|setinfo",
     "+client|id",
     "+multi",
     "+exec",
@@ -116,6 +116,7 @@ _TENANT_COMMANDS = [
     "+expire",
     "+xadd",
     "+xlen",
+    *("+hset", "+hdel", "+rpush", "+xack", "+xdel"),  # what the submit and cancel scripts run
 ]
 _INTERNAL_COMMANDS = ["+@all", "-@admin", "-@dangerous", "-function", "-script|flush", "-script|kill"]
 
