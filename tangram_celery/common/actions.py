@@ -360,8 +360,17 @@ _ACTION: TypeAdapter[CodeAction | RewardAction | ApiAction] = TypeAdapter(Action
 
 def stored_action(payload: Mapping[str, Any]) -> CodeAction | RewardAction | ApiAction:
     """The action of a payload its client stored (`action.model_dump()`, checked at submit):
-    typed again for the worker, without the submit's checks of user input (validated once)."""
-    return _ACTION.validate_python(payload, context=STORED)
+    typed again for the worker, without the submit's checks of user input (validated once).
+    Its ids may be qualified by a tenant (`<tenant>/<id>`, `store.worker_side.own_ids`): they
+    are checked as the caller's own and kept qualified."""
+    ids = {k: payload[k] for k in ("id", "trajectory_id", "fork_to") if payload.get(k)}
+    if not any("/" in str(v) for v in ids.values()):
+        return _ACTION.validate_python(payload, context=STORED)
+    local = {
+        k: [str(t).rpartition("/")[2] for t in v] if k == "fork_to" else str(v).rpartition("/")[2]
+        for k, v in ids.items()
+    }
+    return _ACTION.validate_python({**payload, **local}, context=STORED).model_copy(update=ids)
 
 
 class TestOutcome(BaseModel):
