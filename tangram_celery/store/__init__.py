@@ -1,9 +1,12 @@
 """Tangram's state in Redis: one interface for everything the client, scheduler and workers share.
 
 Keys (all under `tangram:`):
-  intake            stream of submitted action metadata and control messages (group `sched`);
-                    its length is the number of actions not yet dispatched (entries are deleted
-                    on dispatch), which bounds the intake
+  intake            stream of submitted action metadata and control messages (close, cancel)
+                    of the default tenant (group `sched`); its length is the number of actions
+                    not yet dispatched (entries are deleted on dispatch), which bounds the intake
+  limits            hash the scheduler writes, a tenant's submits read: `max_queued`
+  memory            "<used> <maxmemory>" bytes of Redis, published by the scheduler every second
+                    (clients' memory admission without INFO)
   events            stream of completion events from workers (group `sched`)
   a:<id>            hash per action: meta, payload, state, timings, result
   n:<id>            list the client blocks on; one element pushed when the result is written
@@ -23,8 +26,9 @@ Keys (all under `tangram:`):
   languages         hash CPU node -> the languages its sandboxes run (JSON list), set by its
                     worker at start; clients refuse code actions in any other language
   tenants           hash tenant name -> its record (quotas, HTTP token digest; `tenant_side.py`)
-  t:<name>:...      a tenant's own intake, a:, n:, nq: keys (`common.tenants.prefix`); the
-                    `default` tenant's are the keys above
+  t:<name>:...      a tenant's own intake, limits, a:, n:, nq: keys (`common.tenants.prefix`);
+                    the `default` tenant's are the keys above. Between processes its ids are
+                    qualified, `<name>/<id>` (`akey` and `nkey` map them into its prefix)
 
 Action states: queued -> dispatched -> running -> done, and queued -> cancelled (only an action
 that was never dispatched; see `cancel`). Transitions happen only in the Lua scripts
@@ -56,6 +60,7 @@ from tangram_celery.store.keys import (
     GROUP,
     INTAKE,
     LANGS,
+    MEMORY,
     READ_TTL_S,
     RESETS,
     RESULT_TTL_S,
@@ -68,6 +73,8 @@ from tangram_celery.store.keys import (
     ActionState,
     IntakeEntry,
     akey,
+    intake_key,
+    limits_key,
     nkey,
     notify_key,
     redact,
@@ -94,6 +101,7 @@ __all__ = [
     "GROUP",
     "INTAKE",
     "LANGS",
+    "MEMORY",
     "READ_TTL_S",
     "RESETS",
     "RESULT_TTL_S",
@@ -112,7 +120,9 @@ __all__ = [
     "cancel_args",
     "cancel_keys",
     "check_submitted",
+    "intake_key",
     "languages_of",
+    "limits_key",
     "memory_refusal",
     "nkey",
     "notify_key",
