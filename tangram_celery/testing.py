@@ -110,7 +110,7 @@ def dispatch(
         tid = f"{tenant}/{meta.trajectory_id}" if meta.trajectory_id else ""
         meta = meta.model_copy(update={"id": action_id, "trajectory_id": tid, "job_id": tenant})
     units = max(1, len(unit_ids))
-    alloc = AllocationWire(action_id=action_id, kind=kind, pool=pool, units=units, unit_ids=unit_ids)  # type: ignore[arg-type]
+    alloc = AllocationWire(action_id=action_id, kind=kind, pool=pool, units=units, unit_ids=unit_ids)
     record = DispatchRecord(alloc=alloc, meta=meta, attempt=attempt)
     store.r.hset(RUNNING, action_id, record.model_dump_json(exclude_none=True))
     store.r.hset(akey(action_id), mapping={"state": "dispatched", "attempt": str(attempt)})

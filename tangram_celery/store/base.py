@@ -148,8 +148,9 @@ class StoreBase:
         was claimed ("" for none); None: read it now."""
         ev = event.model_dump_json(exclude_none=True)
         if notify is None:
-            notify = self.retrying("read notify", lambda: self.r.hget(akey(action_id), "notify"))
+            raw: Any = self.retrying("read notify", lambda: self.r.hget(akey(action_id), "notify"))
+            notify = None if raw is None else str(raw)
         keys = [akey(action_id), nkey(action_id), EVENTS, ops.checked_notify(action_id, notify)]
-        args = [action_id, caller_result(action_id, result_json), ev, RESULT_TTL_S]
+        args: list[Any] = [action_id, caller_result(action_id, result_json), ev, RESULT_TTL_S]
         rep = self.retrying("complete", lambda: self._complete(keys=keys, args=args))
         return bool(rep)

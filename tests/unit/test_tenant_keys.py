@@ -123,7 +123,12 @@ def test_a_tenant_cancels_and_closes_only_its_own_work(tmp_path: Any) -> None:
     h.svc.on_intake(h.store.read(100, None)[0])
     closes: list[str] = []
     request_close = h.svc.trajectories.request_close
-    h.svc.trajectories.request_close = lambda tid, ref: (closes.append(tid), request_close(tid, ref))[1]  # type: ignore[method-assign]
+
+    def spy(tid: str, ref: str) -> None:
+        closes.append(tid)
+        request_close(tid, ref)
+
+    h.svc.trajectories.request_close = spy  # type: ignore[method-assign,assignment]
     assert clients["b"].cancel("x1") is True
     clients["b"].close_trajectory("t1")
     assert clients["a"].store.action_state("x1") == "queued"
@@ -156,7 +161,7 @@ def test_an_entry_or_control_naming_a_qualified_id_is_refused(tmp_path: Any) -> 
     h.svc.start()
     clients = _tenants(h, a=Quotas())
     clients["a"].submit(CodeAction(id="x1", trajectory_id="t1", code="print(1)"))
-    meta = h.store.r.hget(akey("a/x1"), "meta").replace('"x1"', '"a/x9"')
+    meta = str(h.store.r.hget(akey("a/x1"), "meta")).replace('"x1"', '"a/x9"')
     h.store.r.xadd(INTAKE, {"id": "a/x9", "meta": meta})
     h.store.r.xadd(INTAKE, {"control": "close", "trajectory_id": "a/t1"})
     h.store.r.xadd(INTAKE, {"control": "cancel", "id": "a/x1"})
