@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from pathlib import Path
 
 from tangram_celery.common import tenants
 from tangram_celery.store import keys
@@ -194,22 +195,45 @@ def acl_file(passwords: dict[str, str], db: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_acl_file(passwords: dict[str, str], existing: str = "", db: int = 0) -> str:
+    """`acl_file(passwords)` followed by every user of the `existing` aclfile that is neither a
+    role nor `default` (the tenants `tangram tenant` saved there)."""
+    ours = {"default", *ROLES}
+    kept = []
+    for line in existing.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "user" and words[1] not in ours:
+            kept.append(line + "\n")
+    return acl_file(passwords, db) + "".join(kept)
+
+
 def env_name(role: str) -> str:
     """The environment variable compose gives a role's password in: TANGRAM_REDIS_PASSWORD_<ROLE>."""
     return "TANGRAM_REDIS_PASSWORD_" + role.upper().replace("-", "_")
 
 
 def main(argv: list[str]) -> int:
-    """`python -m tangram_celery.transport.acl render`: the aclfile on stdout, each role's
-    password from `env_name(role)` (compose's Redis container writes it before it starts)."""
-    if argv != ["render"]:
-        print("usage: python -m tangram_celery.transport.acl render", file=sys.stderr)
+    """`python -m tangram_celery.transport.acl render [--out FILE]`: the aclfile, each role's
+    password from `env_name(role)`, on stdout or into FILE (0600), where the users of FILE's
+    earlier version that are not roles (tenants) are kept: compose's `redis-users` service."""
+    if argv[:1] != ["render"] or not (len(argv) == 1 or (len(argv) == 3 and argv[1] == "--out")):
+        print("usage: python -m tangram_celery.transport.acl render [--out FILE]", file=sys.stderr)
         return 2
+    out = argv[2] if len(argv) == 3 else None
     try:
-        sys.stdout.write(acl_file({r: os.environ.get(env_name(r), "") for r in ROLES}))
+        existing = Path(out).read_text() if out and os.path.exists(out) else ""
+        text = merge_acl_file({r: os.environ.get(env_name(r), "") for r in ROLES}, existing)
     except ValueError as e:
         print(f"acl render: {e} (set {', '.join(env_name(r) for r in ROLES)})", file=sys.stderr)
         return 1
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    tmp = out + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
     return 0
 
 

@@ -109,15 +109,9 @@ def write_users(data_dir: Path, passwords: dict[str, str], account: Account | No
             "client of the old URL must take a new one (broker.url, secrets/<role>.url)",
             data_dir,
         )
-    kept = []
-    if acl_path.exists():
-        ours = {"default", *acl.ROLES}
-        for line in acl_path.read_text().splitlines():
-            words = line.split()
-            if len(words) >= 2 and words[0] == "user" and words[1] not in ours:
-                kept.append(line)
+    existing = acl_path.read_text() if acl_path.exists() else ""
     _private_write(data_dir / PASSWORDS_FILE, json.dumps(passwords))
-    _private_write(acl_path, acl.acl_file(passwords) + "".join(line + "\n" for line in kept))
+    _private_write(acl_path, acl.merge_acl_file(passwords, existing))
     if account is not None:
         os.chown(acl_path, account.uid, account.gid)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +184,18 @@ def test_render_reads_each_password_from_its_variable(
     assert acl.password_digest("p-flower") in capsys.readouterr().out
     monkeypatch.delenv(acl.env_name("http"))
     assert acl.main(["render"]) == 1
+
+
+@pytest.mark.unit
+def test_render_into_a_file_keeps_its_tenants(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Rendering over an aclfile rewrites the role users and keeps the tenants saved in it."""
+    for role in acl.ROLES:
+        monkeypatch.setenv(acl.env_name(role), "p-" + role)
+    out = tmp_path / "users.acl"
+    out.write_text("user default on nopass ~* +@all\nuser tenant-acme on #abc ~tangram:t:acme:*\n")
+    assert acl.main(["render", "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("user default off") and "nopass" not in out.read_text()
+    assert lines[-1] == "user tenant-acme on #abc ~tangram:t:acme:*"
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    assert acl.main(["render", "--out"]) == 2
