@@ -60,7 +60,10 @@ class Intake:
         for e in intake:
             f = e.fields
             if "control" in f:
-                if self._control(e):
+                why = self._control(e)
+                if why is not None:
+                    if why:
+                        self.dead_letter(e, why, finish=False)
                     rejected.append(e.ref)
                 continue
             try:
@@ -105,31 +108,32 @@ class Intake:
         }
         return meta.model_copy(update=update)
 
-    def _control(self, e: IntakeEntry) -> bool:
+    def _control(self, e: IntakeEntry) -> str | None:
         """Carry out a control entry of its tenant's: close one of its trajectories (acknowledged
         once it is closed) or note that one of its actions was cancelled. Its ids are the
         caller's own, qualified with the tenant of its intake: a tenant reaches only its own.
-        Returns whether to acknowledge it now."""
+        Returns None to keep the entry (a close waiting), "" to acknowledge it now, or why it
+        is malformed (dead-lettered)."""
         f = e.fields
         kind, tid, action_id = f.get("control"), f.get("trajectory_id", ""), f.get("id", "")
         if SEP in tid or SEP in action_id:
-            log.warning("control entry %s of %s names a qualified id; ignored", e.stream_id, e.tenant)
-        elif kind == "close" and tid:
+            return f"malformed control entry: ids with {SEP!r} are not a caller's own"
+        if kind == "close" and tid:
             self.trajectories.request_close(qualify(e.tenant, tid), e.ref)
-            return False
-        elif kind == "cancel" and action_id:
+            return None
+        if kind == "cancel" and action_id:
             self.on_cancel(qualify(e.tenant, action_id))
-        else:
-            log.warning("control entry %s of %s not understood; ignored", e.stream_id, e.tenant)
-        return True
+            return ""
+        return f"malformed control entry: {kind!r} with trajectory {tid!r}, action {action_id!r}"
 
-    def dead_letter(self, entry: IntakeEntry, why: str) -> None:
-        """Park a malformed intake entry in the dead-letter stream and, when it names an action,
-        finish that action as `rejected` with the reason (its caller is waiting)."""
-        log.error("intake entry %s dead-lettered: %s", entry.stream_id, why)
+    def dead_letter(self, entry: IntakeEntry, why: str, finish: bool = True) -> None:
+        """Park a malformed intake entry in the dead-letter stream and, when it names an action
+        (and `finish`: not a control entry), finish that action as `rejected` with the reason
+        (its caller is waiting)."""
+        log.error("intake entry %s of %s dead-lettered: %s", entry.stream_id, entry.tenant, why)
         self.metrics.rejected.inc()
         self.store.dead_letter(entry.stream_id, entry.fields, why)
-        local_id = entry.fields.get("id", "")
+        local_id = entry.fields.get("id", "") if finish else ""
         action_id = qualify(entry.tenant, local_id) if SEP not in local_id else ""
         if action_id and self.store.action_state(action_id) not in (None, "done"):
             res = ActionResult(

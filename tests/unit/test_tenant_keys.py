@@ -156,7 +156,7 @@ def test_a_tenant_over_its_own_max_queued_is_refused_for_itself_alone(tmp_path: 
 
 def test_an_entry_or_control_naming_a_qualified_id_is_refused(tmp_path: Any) -> None:
     """Given raw intake entries that name qualified ids (another tenant's work), then the
-    action is dead-lettered and the control ignored: neither reaches tenant a's work."""
+    action and the controls are dead-lettered: none reaches tenant a's work."""
     h = Harness(str(tmp_path))
     h.svc.start()
     clients = _tenants(h, a=Quotas())
@@ -167,7 +167,7 @@ def test_an_entry_or_control_naming_a_qualified_id_is_refused(tmp_path: Any) -> 
     h.store.r.xadd(INTAKE, {"control": "cancel", "id": "a/x1"})
     h.svc.on_intake(h.store.read(100, None)[0])
     assert [qa.action_id for qa in h.svc.waiting] == ["a/x1"]
-    assert not h.svc.trajectories.closing and h.store.r.xlen(DEAD) == 1
+    assert not h.svc.trajectories.closing and h.store.r.xlen(DEAD) == 3
 
 
 def test_a_worker_runs_only_the_order_the_scheduler_recorded(tmp_path: Any) -> None:
