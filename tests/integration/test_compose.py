@@ -31,6 +31,7 @@ import httpx
 import pytest
 import yaml
 
+from tangram_celery.transport import acl
 from tests.fixtures.common import free_port
 from tests.fixtures.compose import (
     BASE,
@@ -52,7 +53,9 @@ UP = ("-d", "--no-build", "--wait", "--wait-timeout", "180")
 
 def _config() -> dict[str, Any]:
     return {  # no `nodes:`: every CPU worker container joins as a node of its own
-        "broker": {"url": "redis://:${TANGRAM_REDIS_PASSWORD}@${TANGRAM_REDIS_HOST}:6379/0"},
+        "broker": {
+            "url": "redis://${TANGRAM_REDIS_USER}:${TANGRAM_REDIS_PASSWORD}@${TANGRAM_REDIS_HOST}:6379/0"
+        },
         "state_dir": "/var/lib/tangram",
         "apis": [
             {
@@ -82,7 +85,8 @@ class Deployment:
     def __init__(self, compose: Compose, ports: dict[str, int], env: dict[str, str]) -> None:
         self.compose, self.ports, self.env = compose, ports, env
         self.nodes_seen: set[str] = set()  # their sandbox cgroups are removed at the end
-        self.broker_url = f"redis://:{env['TANGRAM_REDIS_PASSWORD']}@127.0.0.1:{ports['redis']}/0"
+        # the operator's (admin) user: each service has its own role's (docs/operations.md)
+        self.broker_url = f"redis://admin:{env['TANGRAM_REDIS_PASSWORD_ADMIN']}@127.0.0.1:{ports['redis']}/0"
 
     def docker(self, *args: str) -> str:
         return self.compose.docker(*args)
@@ -132,7 +136,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         "TANGRAM_REDIS_IMAGE": REDIS,
         "TANGRAM_CONFIG": str(config),
         "TANGRAM_API": "calc",
-        "TANGRAM_REDIS_PASSWORD": secrets.token_hex(16),
+        **{acl.env_name(role): secrets.token_hex(16) for role in acl.ROLES},
         "TANGRAM_FLOWER_PASSWORD": secrets.token_hex(16),
         "TANGRAM_HTTP_TOKEN": secrets.token_hex(16),
     }

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 EXAMPLE = ROOT / "configs" / "multinode.example.yaml"
 ENV = {"TANGRAM_REDIS_PASSWORD": "s3cret"}  # node and API names: the file's defaults
+ROLES = ("admin", "scheduler", "worker-cpu", "worker-gpu", "worker-api", "http", "flower")
 
 
 def _interpolate(value: str, env: dict[str, str]) -> str:
@@ -51,8 +52,8 @@ def test_every_tangram_service_command_is_accepted_by_the_cli() -> None:
     parser = build_parser()
     checked = []
     for name, svc in _services().items():
-        if "command" not in svc or svc.get("image", "").startswith("redis"):
-            continue
+        if "command" not in svc or svc.get("image", "").startswith("redis") or "entrypoint" in svc:
+            continue  # (redis-users runs `python -m tangram_celery.transport.acl`: test_compose_security_defaults)
         argv = [_interpolate(str(a), ENV) for a in svc["command"]]
         args = parser.parse_args(argv)
         assert args.config == "/etc/tangram/tangram.yaml", name
@@ -71,14 +72,15 @@ def test_the_example_config_validates_and_takes_its_secrets_from_the_environment
     """Given the example config, then it validates, holds no password, and its broker URL gets
     the password and host from the environment (a missing one is a clear error)."""
     cfg = load_config(EXAMPLE)
-    assert "${TANGRAM_REDIS_PASSWORD}" in cfg.broker.url
+    assert "${TANGRAM_REDIS_USER}:${TANGRAM_REDIS_PASSWORD}" in cfg.broker.url
     assert cfg.sandbox.network is False
     monkeypatch.delenv("TANGRAM_REDIS_PASSWORD", raising=False)
+    monkeypatch.setenv("TANGRAM_REDIS_USER", "scheduler")
     with pytest.raises(BrokerError, match="TANGRAM_REDIS_PASSWORD"):
         expand_env(cfg.broker.url)
     monkeypatch.setenv("TANGRAM_REDIS_PASSWORD", "s3cret")
     monkeypatch.setenv("TANGRAM_REDIS_HOST", "10.0.0.5")
-    assert expand_env(cfg.broker.url) == "redis://:s3cret@10.0.0.5:6379/0"
+    assert expand_env(cfg.broker.url) == "redis://scheduler:s3cret@10.0.0.5:6379/0"
     # the HTTP API listens beyond loopback in its container, so its token is required
     assert not cfg.http.loopback and cfg.http.token == "${TANGRAM_HTTP_TOKEN}"
     monkeypatch.setenv("TANGRAM_HTTP_TOKEN", "t0ken")
@@ -86,17 +88,31 @@ def test_the_example_config_validates_and_takes_its_secrets_from_the_environment
 
 
 def test_compose_security_defaults() -> None:
-    """Redis requires a password and keeps an AOF, with the password on no command line (its
-    own or the health check's); Flower requires one; Redis is published on TANGRAM_BIND, the
+    """Redis takes its users from the aclfile redis-users renders (default user off) and keeps
+    an AOF, with no password on any command line (its own or the health check's); each Tangram
+    service connects as its own role's user with that role's password only; Flower requires one; Redis is published on TANGRAM_BIND, the
     unauthenticated metrics and the plain-HTTP Flower only on loopback unless the operator says
     otherwise; the CPU worker keeps Docker's seccomp profile."""
     services = _services()
     redis = services["redis"]
     script = " ".join(str(a) for a in redis["entrypoint"])
-    assert "requirepass %s" in script and '"$$TANGRAM_REDIS_PASSWORD"' in script
-    assert "--appendonly yes" in script and "unset TANGRAM_REDIS_PASSWORD REDISCLI_AUTH" in script
+    assert "--aclfile /acl/users.acl" in script and "requirepass" not in script
+    assert "--appendonly yes" in script and "--protected-mode yes" in script
     assert "command" not in redis and "-a " not in " ".join(redis["healthcheck"]["test"])
-    assert redis["environment"]["REDISCLI_AUTH"].startswith("${TANGRAM_REDIS_PASSWORD:?")
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${TANGRAM_REDIS_PASSWORD_ADMIN:?")
+    assert redis["depends_on"]["redis-users"]["condition"] == "service_completed_successfully"
+    users = services["redis-users"]
+    assert users["command"] == ["render", "--out", "/acl/users.acl"]
+    want = {f"TANGRAM_REDIS_PASSWORD_{r.upper().replace('-', '_')}" for r in ROLES}
+    assert set(users["environment"]) == want
+    for name, role in [("scheduler", "scheduler"), ("flower", "flower"), ("http", "http")] + [
+        (f"worker-{k}", f"worker-{k}") for k in ("cpu", "gpu", "api")
+    ]:
+        env = services[name]["environment"]
+        assert env["TANGRAM_REDIS_USER"] == role, name
+        own = f"TANGRAM_REDIS_PASSWORD_{role.upper().replace('-', '_')}"
+        assert env["TANGRAM_REDIS_PASSWORD"].startswith(f"${{{own}:?"), name
+        assert not any(k.startswith("TANGRAM_REDIS_PASSWORD_") for k in env), name
     assert services["flower"]["environment"]["TANGRAM_FLOWER_PASSWORD"].startswith(
         "${TANGRAM_FLOWER_PASSWORD:?"
     )
@@ -110,7 +126,6 @@ def test_compose_security_defaults() -> None:
             assert port.startswith(f"${{{want}:-127.0.0.1}}:"), (name, port)
         for arg in svc.get("command", []):
             assert "PASSWORD" not in str(arg), (name, arg)
-    assert services["worker-cpu"]["environment"]["TANGRAM_REDIS_PASSWORD"].startswith("${")
     assert services["http"]["environment"]["TANGRAM_HTTP_TOKEN"].startswith("${TANGRAM_HTTP_TOKEN:?")
     assert not any("seccomp" in o for o in services["worker-cpu"]["security_opt"])
 
