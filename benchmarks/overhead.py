@@ -53,8 +53,8 @@ def add_tenant(admin_url: str, name: str) -> str:
         secrets, _ = admin.add(name, Quotas())
     finally:
         admin.store.close()
-    assert secrets.url is not None
-    return secrets.url
+    assert secrets.client_url is not None
+    return secrets.client_url
 
 
 def latency(tmp: Path, url: str, n: int) -> dict[str, float]:

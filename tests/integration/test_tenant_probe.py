@@ -50,8 +50,8 @@ def _add(admin_url: str, name: str) -> tuple[str, str]:
         secrets, _ = admin.add(name, Quotas())
     finally:
         admin.store.close()
-    assert secrets.url and secrets.token
-    return secrets.url, secrets.token
+    assert secrets.client_url and secrets.http_token
+    return secrets.client_url, secrets.http_token
 
 
 def _refused(r: Any, *command: Any) -> str:
@@ -121,6 +121,22 @@ def _raw_redis_probe(bee_url: str, victim_ids: list[str]) -> list[str]:
         r.close()
 
 
+def _crafted_submit(bee: Any, action: Any, *, replace: tuple[str, str] = ("", ""), notify: str = "") -> None:
+    """Submit `action` for `bee` past its client's checks: its stored metadata and payload with
+    `replace` applied, and `notify` as its notification list, through the submit script."""
+    import time as _time
+
+    from tangram_celery.store.client_ops import SubmitBatch
+
+    batch = bee.core.batch([action], _time.time())
+    old, new = replace
+    items = [(i, meta.replace(old, new), payload.replace(old, new)) for i, meta, payload in batch.items]
+    sub = SubmitBatch(items, 0, "0", notify=notify, tenant=bee.tenant)
+    replies = bee.store.send_all(sub.pending(), raise_on_error=False)
+    assert not any(isinstance(x, Exception) for x in replies), replies
+
+
+@pytest.mark.deploy(http={"token": "operator-s3cret"})
 def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
     from tangram_celery import CodeAction, TangramClient
     from tangram_celery.common.actions import ActionStatus, TestCase
@@ -155,9 +171,32 @@ def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
         ).result(timeout=60)
         assert peek.stdout.strip() == "absent", peek
 
+        # past its client's checks: a trajectory id naming the victim's, and its result's
+        # notification pointed at a list of the victim's
+        if bee.core.wants_view(0.0):
+            bee.core.saw_view(bee.store.pool_view(), 0.0)
+        _crafted_submit(
+            bee,
+            CodeAction(id="x1", trajectory_id="zz9", language="bash", code="cat secret.txt || echo absent"),
+            replace=("zz9", "acme/t1"),
+        )
+        _crafted_submit(
+            bee, CodeAction(id="x2", language="bash", code="echo forged"), notify="tangram:t:acme:nq:v"
+        )
+        x1 = bee.handle("x1").result(timeout=60)
+        assert SECRET not in x1.stdout + x1.stderr, x1
+        bee.handle("x2").result(timeout=60)
+        import redis
+
+        admin = redis.Redis.from_url(dep.url, decode_responses=True)
+        assert admin.llen("tangram:t:acme:nq:v") == 0
+        admin.close()
+
         # the attacker over raw Redis, with its own credential
         refusals = _raw_redis_probe(bee_url, ["w1", "h1"])
-        assert all(("NOPERM" in e or "no permissions" in e.lower()) for e in refusals), refusals
+        said = ("noperm", "no permissions", "not allowed", "can't run", "can't access")  # ACL's, DEBUG's
+        other = [e for e in refusals if not any(w in e.lower() for w in said)]
+        assert not other, other
 
         # over HTTP with its own token: the victim's ids are 404 (never 403)
         http_url = dep.http_url
