@@ -171,6 +171,14 @@ def tenant_rules(tenant: str) -> list[str]:
     return [*rules, "resetchannels", "-@all", *_CLIENT_COMMANDS, *_TENANT_COMMANDS]
 
 
+# The default user is off and has no password: no client can authenticate as it, and a client
+# that has not authenticated runs nothing but AUTH and HELLO. Its permissions are still all:
+# Redis 7.0 replays the AOF as `default`, and refuses a MULTI/EXEC there (a script's writes are
+# logged as one: every SUBMIT) that `default` may not run, dropping it with "NOPERM ACLs rules
+# changed" in its log: a restart would lose every action. (7.2 replays as no user.)
+DEFAULT_USER = "user default off resetpass ~* &* +@all"
+
+
 def password_digest(password: str) -> str:
     """`#<sha256>`: how a password is given to ACL SETUSER and kept in an aclfile."""
     return "#" + hashlib.sha256(password.encode()).hexdigest()
@@ -188,7 +196,7 @@ def acl_file(passwords: dict[str, str], db: int = 0) -> str:
     missing = [r for r in ROLES if not passwords.get(r)]
     if missing:
         raise ValueError(f"no password for role(s) {', '.join(missing)}")
-    lines = ["user default off resetpass resetkeys resetchannels -@all"]
+    lines = [DEFAULT_USER]
     for role in ROLES:
         rules = ["on", password_digest(passwords[role]), "resetkeys", "resetchannels", *role_rules(role, db)]
         lines.append(f"user {role} {' '.join(rules)}")

@@ -177,3 +177,27 @@ def test_every_component_of_a_deployment_connects_as_its_role(deployment: object
     assert oct(os.stat(urls).st_mode & 0o777) == "0o700"
     assert {p.name for p in urls.iterdir()} == {f"{role}.url" for role in acl.ROLES}
     r.close()
+
+
+def test_a_restart_replays_scripts_and_transactions_with_the_default_user_off(tmp_path: Path) -> None:
+    """Redis 7.0 replays its AOF as the `default` user: a script's writes (logged as one
+    MULTI/EXEC) and a transaction written by a role are there after a SIGKILL and a restart."""
+    from tangram_celery.transport.broker import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis", keep_address=True).start()
+    try:
+        r = _connect(server.role_url("scheduler"))
+        script = "redis.call('HSET', KEYS[1], 'a', 1); redis.call('XADD', KEYS[2], '*', 'id', 'x'); return 1"
+        r.eval(script, 2, keys.akey("x"), keys.INTAKE)
+        with r.pipeline(transaction=True) as p:
+            p.hset(keys.akey("y"), "b", 2).hset(keys.akey("z"), "c", 3).execute()
+        r.close()
+        server.kill()
+        server.restart()
+        admin = _connect(server.url)
+        assert admin.hgetall(keys.akey("x")) == {b"a": b"1"} and admin.xlen(keys.INTAKE) == 1
+        assert admin.hgetall(keys.akey("z")) == {b"c": b"3"}
+        assert "NOPERM" not in (server.data_dir / "redis.log").read_text()
+        admin.close()
+    finally:
+        server.stop()
