@@ -1,4 +1,4 @@
-"""Quotas per tenant on a real deployment (issue 37): Redis, the scheduler and an API worker.
+"""Quotas per tenant on a real deployment (issue 37): Redis, the scheduler, CPU and API workers.
 
 The operator registers tenants with quotas; the scheduler publishes each tenant's queue cap
 for its submits and holds back what would take a tenant over its share of an API. One tenant
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery import ActionStatus, AdmissionError, ApiAction, TangramClient
+from tangram_celery import ActionStatus, AdmissionError, ApiAction, CodeAction, TangramClient
 from tangram_celery.common.tenants import Quotas, TenantRecord
 from tangram_celery.store import Store
 from tangram_celery.store.quota_side import limits_of
@@ -134,3 +134,26 @@ def test_a_tenant_at_its_queue_cap_is_refused_and_another_submits(
         a.close()
         b.close()
     assert len(_spans(log, "a")) == len(accepted) and len(_spans(log, "b")) == 5
+
+
+_TIMED = "import time\nt0 = time.time()\ntime.sleep(1.0)\nprint(t0, time.time())"
+
+
+def test_a_core_cap_runs_its_tenants_code_one_at_a_time(deployment: Any, admin: Store) -> None:
+    """Given a 2-core node and tenant a allowed 1 core, a's two code actions run one after the
+    other while tenant b's action runs beside the first of them."""
+    _register(
+        admin, TenantRecord(name="a", quotas=Quotas(max_queued=10, max_cores=1)), TenantRecord(name="b")
+    )
+    a, b = _client(deployment, "a"), _client(deployment, "b")
+    try:
+        ha = [a.submit(CodeAction(trajectory_id=f"t{i}", code=_TIMED)) for i in range(2)]
+        hb = b.submit(CodeAction(trajectory_id="t0", code=_TIMED))
+        results = [h.result(timeout=120) for h in [*ha, hb]]
+    finally:
+        a.close()
+        b.close()
+    assert all(r.status is ActionStatus.OK for r in results), [r.error for r in results]
+    spans = [tuple(float(x) for x in r.stdout.split()) for r in results]
+    assert _most_at_once(sorted(spans[:2])) == 1  # a: one core, one at a time
+    assert _most_at_once(sorted(spans)) == 2  # b ran beside one of a's
