@@ -31,7 +31,10 @@ K8S_VERSION = "1.33"  # a release every supported cluster is at least: fields ne
 KEDA_SCHEMA = k8s.SOURCE / "schemas" / "keda.sh_scaledobject_v1alpha1.json"
 VARIANTS = [
     {},
-    {"redis": "external", "redis_url": "rediss://:${TANGRAM_REDIS_PASSWORD}@redis.example.com:6380/0"},
+    {
+        "redis": "external",
+        "redis_url": "rediss://${TANGRAM_REDIS_USER}:${TANGRAM_REDIS_PASSWORD}@redis.example.com:6380/0",
+    },
     {"sandbox_cgroups": "off", "cpu_min": "0", "gpu_min": "0", "namespace": "rl-sandboxes"},
 ]
 
@@ -207,7 +210,7 @@ def test_secrets_are_placeholders_and_every_reference_resolves() -> None:
         assert ref[0] == secret["metadata"]["name"] and ref[1] in secret["stringData"]
     assert set(re.findall(r"configMap: \{name: ([\w-]+)\}", text)) == set(by_kind(docs, "ConfigMap"))
     cfg = parse_config(yaml.safe_load(by_kind(docs, "ConfigMap")["tangram-config"]["data"]["tangram.yaml"]))
-    assert cfg.broker.url.startswith("redis://:${TANGRAM_REDIS_PASSWORD}@tangram-redis:")
+    assert cfg.broker.url.startswith("redis://${TANGRAM_REDIS_USER}:${TANGRAM_REDIS_PASSWORD}@tangram-redis:")
 
 
 def test_the_renderer_refuses_what_it_cannot_place(tmp_path: Path) -> None:
