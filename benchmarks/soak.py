@@ -16,7 +16,11 @@ At the end, per kind (benchmarks/soak_check.py): submitted, completed, lost (no 
 or two results pushed to the client), duplicated API executions, the attempts histogram (above 1:
 run again after a kill), ACT percentiles; and the kills table.
 
-Run: .venv/bin/python benchmarks/soak.py --minutes 30 [--kill-every-s 60] [--trajectories 16]
+With `--tenants N` the trajectories are spread over N tenants made as `tangram tenant add` makes
+them (issue 37): each tenant's client has its own Redis user, and the tenants use the same
+trajectory ids, so a mix-up between them shows as a wrong output.
+
+Run: .venv/bin/python benchmarks/soak.py --minutes 30 [--kill-every-s 60] [--trajectories 16] [--tenants 3]
 Writes benchmarks/results/soak.json and soak.png. Exit status 1 if anything was lost, wrong or
 duplicated, or if a client call raised anything but Tangram's own errors (`client_errors`: a
 caller could not have handled it; the trajectory's thread ends there).
@@ -43,7 +47,10 @@ from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, Ta
 from tangram_celery.common.actions import TestCase
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import TangramError
+from tangram_celery.common.tenants import DEFAULT, Quotas, local, prefix
 from tangram_celery.deploy import Deployment, write_config
+from tangram_celery.store import Store
+from tangram_celery.tenant_cli import Admin
 
 logger = logging.getLogger("soak")
 
@@ -69,6 +76,17 @@ def config(tmp: Path) -> Any:
             "sandbox": {"backend": "auto", "idle_ttl_s": 30},
         }
     )
+
+
+def add_tenant(admin_url: str, name: str) -> str:
+    """A new tenant's client URL, as `tangram tenant add NAME` makes it."""
+    admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
+    try:
+        secrets, _ = admin.add(name, Quotas())
+    finally:
+        admin.store.close()
+    assert secrets.client_url is not None
+    return secrets.client_url
 
 
 def make_action(
@@ -111,6 +129,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--drain-s", type=float, default=180.0, help="wait for in-flight results at the end")
     ap.add_argument("--out", default="soak", help="result file name under benchmarks/results/")
+    ap.add_argument("--tenants", type=int, default=0, help="spread the trajectories over N named tenants")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="tangram-soak-"))
@@ -118,6 +137,11 @@ def main() -> int:
     dep = Deployment(cfg, write_config(cfg, tmp / "soak.yaml"), with_flower=False)
     dep.start()
     import redis as redis_lib
+
+    names = [f"soak{n}" for n in range(args.tenants)]
+    urls = [add_tenant(dep.url, name) for name in names] or [dep.url]
+    tenant_of = (lambda k: names[k % len(names)]) if names else (lambda k: DEFAULT)
+    owner: dict[str, str] = {}  # action id -> its tenant
 
     log = tmp / "executions.log"
     expected: dict[str, Expected] = {}
@@ -140,14 +164,16 @@ def main() -> int:
                 client_errors.append(f"trajectory {k}: {e!r}")
 
     def drive(k: int) -> None:
-        client = TangramClient(dep.url)
+        client = TangramClient(urls[k % len(urls)])
         trng = random.Random(rng.random())
         step = 0
         while not stop.is_set():
-            tid = f"soak-{k}-{step // 12}"  # a new trajectory every 12 steps
+            # a new trajectory every 12 steps; tenants use the same names
+            tid = f"soak-{k // len(urls)}-{step // 12}"
             action, exp = make_action(k, step, tid, trng, log)
             with lock:
                 expected[action.id] = exp
+                owner[action.id] = tenant_of(k)
                 in_flight[action.id] = exp.kind
                 by_time.append((time.monotonic() - t_start, action.id))
             try:
@@ -184,7 +210,7 @@ def main() -> int:
         try:
             pipe = r.pipeline(transaction=False)
             for i in ids:
-                pipe.hmget(f"tangram:a:{i}", "state", "worker", "attempt")
+                pipe.hmget(f"{prefix(owner[i])}a:{i}", "state", "worker", "attempt")
             rows = pipe.execute()
         finally:
             r.close()
@@ -242,7 +268,7 @@ def main() -> int:
             ids = list(results)
         pipe = r.pipeline(transaction=False)
         for i in ids:
-            pipe.llen(f"tangram:n:{i}")
+            pipe.llen(f"{prefix(owner[i])}n:{i}")
         leftover = {i: int(n) for i, n in zip(ids, pipe.execute(), strict=True) if n}
         r.close()
     finally:
@@ -250,6 +276,8 @@ def main() -> int:
         dep.stop()
 
     run_log = [json.loads(x) for x in (Path(cfg.state_dir) / "actions.jsonl").read_text().splitlines() if x]
+    for rec in run_log:  # the scheduler logs tenants' ids qualified (`<tenant>/<id>`)
+        rec["action_id"] = local(str(rec.get("action_id", "")))
     executions = [x for x in log.read_text().split("\n") if x] if log.exists() else []
     with lock:
         summary = summarize(expected, results, run_log, executions, leftover, kills)
@@ -265,6 +293,7 @@ def main() -> int:
         "minutes": args.minutes,
         "kill_every_s": args.kill_every_s,
         "trajectories": args.trajectories,
+        "tenants": args.tenants,
         "seed": args.seed,
         "sandbox_backend": cfg.sandbox.backend,
         "submit_errors": submit_errors[:20],
