@@ -120,36 +120,25 @@ class Round:
     def plan(self, queue: WaitingQueue, state: ClusterState, now_s: float) -> RoundPlan:
         """Decide one round over `queue` (FCFS) on `state`; neither is changed."""
         t0 = time.perf_counter()
-        ordered = self.order(queue, state, now_s)
-        caps: Ledger | None = None
-        if self.tenancy.active(queue.jobs()):  # capped tenants wait: hold back what goes over
-            ordered, caps = self.tenancy.admit(ordered, state, now_s)
-        elif self.tenancy.held:
-            self.tenancy.held = {}
-        allocs = one_per_sandbox(self.policy.decide(ordered, state, now_s), queue, state)
-        if caps is not None:
-            allocs = caps.keep(allocs, queue.action)
+        ordered, caps = self._capped(queue, self.order(queue, state, now_s), state, now_s)
+        allocs = _kept(caps, one_per_sandbox(self.policy.decide(ordered, state, now_s), queue, state), queue)
         out = RoundPlan(allocs, decision_s=time.perf_counter() - t0)
         if self.execution.lend_cores:
             out.lends = self.lend(allocs, queue, state, now_s)
         if allocs and self.max_batch is not None:
-            out.riders = riders(allocs, queue, self.max_batch)
-            if caps is not None:
-                out.riders = caps.keep(out.riders, queue.action)
+            out.riders = _kept(caps, riders(allocs, queue, self.max_batch), queue)
         if self.cpu_batch is not None and self.observed is not None:
             cpu = self._cpu_riders(allocs, ordered, queue, state, now_s, self.cpu_batch, self.observed)
-            if cpu and caps is not None:
-                cpu = caps.keep(cpu, queue.action)
+            cpu = _kept(caps, cpu, queue)
             if cpu:
                 out.riders += cpu
                 out.decision_s = time.perf_counter() - t0
         share = self.execution.time_share
         if share is not None and self.observed is not None and state.cpu:
-            out.sharers = time_sharers(
+            sharers = time_sharers(
                 out.started, ordered, queue, state, share, self.observed, now_s, self._hosts
             )
-            if caps is not None:
-                out.sharers = caps.keep(out.sharers, queue.action)
+            out.sharers = _kept(caps, sharers, queue)
             out.decision_s = time.perf_counter() - t0
         if self.execution.warm_gpu and state.gpu:
             out.warm = self.warm(out.started, queue, state, now_s)
@@ -160,6 +149,22 @@ class Round:
         if out.started:
             self._settle(out, queue, state, now_s)
         return out
+
+    def _capped(
+        self,
+        queue: WaitingQueue,
+        ordered: WaitingQueue | list[QueuedAction],
+        state: ClusterState,
+        now_s: float,
+    ) -> tuple[WaitingQueue | list[QueuedAction], Ledger | None]:
+        """The queue without the actions capped tenants may not start now, and the round's
+        ledger of them (`scheduler.tenancy`); `ordered` as it is while no capped tenant waits."""
+        tenancy = self.tenancy
+        if tenancy.active(queue.jobs()):
+            return tenancy.admit(ordered, state, now_s)
+        if tenancy.held:
+            tenancy.held = {}
+        return ordered, None
 
     def _cpu_riders(
         self,
@@ -268,3 +273,8 @@ class Round:
         if len(job_of) > 4 * len(state.running) + 1024:
             self._job_of = {k: v for k, v in job_of.items() if k in state.running}
         return order_queue(queue, held, self.fair.weights, now_s, self.fair.aging_s)
+
+
+def _kept(caps: Ledger | None, allocs: list[Allocation], queue: WaitingQueue) -> list[Allocation]:
+    """`allocs` without the starts that take a capped tenant over its caps (all, without caps)."""
+    return allocs if caps is None else caps.keep(allocs, queue.action)
