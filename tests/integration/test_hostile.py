@@ -20,7 +20,9 @@ from tests.fixtures.docker import SMALL_LIMITS
 
 
 def tid() -> str:
-    return "h-" + uuid.uuid4().hex[:10]
+    """A trajectory id as a worker gets it from a tenant (`<tenant>/<id>`, issue 37): the
+    attacks run with tenants on."""
+    return "hostile/h-" + uuid.uuid4().hex[:10]
 
 
 def run(box: Any, traj: str, **kw: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 
 from tangram_celery.common.actions import ActionStatus, TestCase
 from tangram_celery.sandbox import ExecRequest
-from tests.integration.test_hostile import healthy
+from tests.integration.test_hostile import healthy, tid
 
 REFERENCE = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a - b\n"
@@ -127,7 +127,7 @@ def still_works(box: Any, traj: str) -> None:
     res = run(box, traj, language="python", code=REFERENCE, test_cases=ADD_TESTS)
     assert res.status is ActionStatus.OK and all(t.passed for t in res.tests), res
     healthy(box, traj)
-    fresh = "rh-" + uuid.uuid4().hex[:10]
+    fresh = tid()
     res = run(box, fresh, language="python", code=REFERENCE, test_cases=ADD_TESTS)
     assert res.status is ActionStatus.OK and all(t.passed for t in res.tests), res
     box.close_trajectory(fresh)
@@ -145,7 +145,7 @@ def test_wrong_solution_cannot_pass_assert_tests(sandbox_backend: Any, attack: s
     process, closed or redirected descriptors, patched builtins/operator/harness code, objects
     equal to everything, a forged test protocol, ptrace, a daemon, fake output), when its
     assert_code tests run, then none passes, and the sandbox serves the next actions."""
-    traj = "rh-" + uuid.uuid4().hex[:10]
+    traj = tid()
     test_code = "assert all(map(lambda p: add(*p) == sum(p), [(2, 3), (1, 1)]))"
     tests = [TestCase(name="map", assert_code=test_code)] if attack == "stop-iteration" else ADD_TESTS
     res = run(sandbox_backend, traj, language="python", code=ASSERT_ATTACKS[attack], test_cases=tests)
@@ -226,7 +226,7 @@ def test_expected_output_is_not_in_reach_of_user_code(sandbox_backend: Any) -> N
     """Given stdin tests whose expected output is a secret token, when a solution searches its
     heap, its frames, every process's memory, environment, command line and descriptors, and the
     files it can read, then it finds nothing and fails."""
-    traj = "rh-" + uuid.uuid4().hex[:10]
+    traj = tid()
     secret = token()
     code = FIND_TOKEN + "print(find_token())\n"
     tests = [TestCase(name=f"s{i}", stdin=f"{i}\n", expected_stdout=secret) for i in range(3)]
@@ -241,7 +241,7 @@ def test_hidden_assert_code_is_not_in_reach_of_user_code(sandbox_backend: Any) -
     """Given an assert test comparing with a secret token, when the function under test searches
     for it everywhere (while the verifier and the runner hold it), then it finds nothing and the
     test fails."""
-    traj = "rh-" + uuid.uuid4().hex[:10]
+    traj = tid()
     secret = token()
     code = FIND_TOKEN + "def secret():\n    return find_token()\n"
     tests = [TestCase(name="secret", assert_code=f"assert secret() == {secret!r}")]
@@ -287,7 +287,7 @@ def test_wrong_solution_cannot_pass_a_pytest_suite(sandbox_backend: Any, attack:
     fake summary, skips or xfails from user code, forges channel messages, writes report files
     or kills everything, when `pytest` runs as the test command, then the suite is not passed,
     and the sandbox serves the next actions."""
-    traj = "rh-" + uuid.uuid4().hex[:10]
+    traj = tid()
     files = {**PYTEST_FILES, "solution.py": PYTEST_ATTACKS[attack]}
     res = run(sandbox_backend, traj, language="python", code=None, files=files, test_command="pytest -q")
     assert res.status is not ActionStatus.OK, res
