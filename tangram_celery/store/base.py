@@ -70,6 +70,7 @@ class StoreBase:
         )
         self._claim = self.r.register_script(scripts.CLAIM)
         self._complete = self.r.register_script(scripts.COMPLETE)
+        self._notify = self.r.register_script(scripts.NOTIFY)
         self._requeue = self.r.register_script(scripts.REQUEUE)
         self._give_back = self.r.register_script(scripts.GIVE_BACK)
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
@@ -153,4 +154,8 @@ class StoreBase:
         keys = [akey(action_id), nkey(action_id), EVENTS, ops.checked_notify(action_id, notify)]
         args: list[Any] = [action_id, caller_result(action_id, result_json), ev, RESULT_TTL_S]
         rep = self.retrying("complete", lambda: self._complete(keys=keys, args=args))
+        if isinstance(rep, str | bytes):  # the hash names another list now: wake it, if ours
+            other = rep.decode() if isinstance(rep, bytes) else rep
+            keys = [akey(action_id), nkey(action_id), ops.checked_notify(action_id, other)]
+            self.retrying("notify", lambda: self._notify(keys=keys, args=[args[1], RESULT_TTL_S]))
         return bool(rep)

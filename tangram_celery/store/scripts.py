@@ -101,7 +101,8 @@ return s
 """
 
 # running -> done: store the result, notify the client, tell the scheduler. Exactly once.
-# KEYS: a:<id>, n:<id>, events, the notification list (`WAKE`).
+# KEYS: a:<id>, n:<id>, events, the notification list (`WAKE`). Returns 0 if it was final
+# already, 1, or the list the hash names instead of KEYS[4] (its caller wakes it: `NOTIFY`).
 # running (by the worker presumed dead) -> dispatched (retry) or queued (re-route), next attempt.
 # KEYS: a:<id>, running. ARGV: worker, state, attempt, now, the action's id in `running` and its
 # dispatch record as of the new attempt ("" to leave it: a re-route writes one when it dispatches).
@@ -136,16 +137,33 @@ return 1
 # client's per-process list if the action names one, else the action's own list (BLPOP).
 # KEYS[4] is that list as the caller read it from the hash and checked it (its own tenant's;
 # `keys.notify_prefix`), or the action's own list: the push goes there only if the hash still
-# names it, so no caller can make a script push onto a list of its choosing.
+# names it, so no caller can make a script push onto a list of its choosing. A hash that names
+# another list since (a retry of the submit from another client: `SUBMIT`) leaves it in
+# `other`: the completion returns it for its caller to check and wake (`NOTIFY`).
 WAKE = """
 local q = redis.call('HGET', KEYS[1], 'notify')
+local other = false
 if q and q == KEYS[4] then
   redis.call('RPUSH', KEYS[4], ARGV[2])
   redis.call('EXPIRE', KEYS[4], ARGV[4])
+elseif q then
+  other = q
 else
   redis.call('RPUSH', KEYS[2], ARGV[2])
   redis.call('EXPIRE', KEYS[2], ARGV[4])
 end
+"""
+
+# The second half of a wake-up whose hash named another list than its completion was given
+# (`WAKE`'s `other`), once its caller checked that list: push the result there if the hash
+# still names it, else onto the action's own list. KEYS: a:<id>, n:<id>, the list. ARGV: the
+# result, its TTL.
+NOTIFY = """
+local target = KEYS[2]
+if redis.call('HGET', KEYS[1], 'notify') == KEYS[3] then target = KEYS[3] end
+redis.call('RPUSH', target, ARGV[1])
+redis.call('EXPIRE', target, ARGV[2])
+return 1
 """
 
 COMPLETE = (
@@ -159,7 +177,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
     + WAKE
     + """
 redis.call('XADD', KEYS[3], '*', 'id', ARGV[1], 'event', ARGV[3])
-return 1
+return other or 1
 """
 )
 
@@ -188,6 +206,10 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 """
     + WAKE
     + """
+if other then  -- its waiter polls the hash; no list is named that the caller did not check
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+end
 redis.call('XADD', KEYS[3], '*', 'control', 'cancel', 'id', ARGV[1])
 return 'cancelled'
 """

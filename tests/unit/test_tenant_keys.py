@@ -219,3 +219,27 @@ def test_the_scheduler_publishes_memory_and_clients_read_it(tmp_path: Any) -> No
     assert StoreBase.memory_use(store) == (90 << 20, 100 << 20)
     store.r.delete(MEMORY)
     assert StoreBase.memory_use(store) == (0, 0)  # a named tenant never asks INFO
+
+
+def test_a_completion_wakes_the_list_a_retried_submit_named_since_the_claim() -> None:
+    """Given an action claimed while its hash named client c1's list, when another client (c2)
+    submits it again before it completes, then its completion wakes c2 (the hash's list now,
+    checked by the worker), not c1 and not the action's own list."""
+    import tangram_celery.store.client_ops as ops
+
+    store = memory_store()
+    action = ApiAction(id="x1", api="calc", request={})
+    item = (action.id, ActionMeta.of(action, 0.0).dumps(), action.model_dump_json())
+    c1, c2 = notify_key("c1"), notify_key("c2")
+    store.r.script_load(ops.SUBMIT)
+    batch = ops.SubmitBatch([item], 0, "0", c1)
+    batch.take(store.send_all(batch.pending(), raise_on_error=False))
+    order = dispatch(store, "x1")
+    claim = store.claim("x1", 1, "w", time.time(), order=order)
+    assert isinstance(claim, Claim) and claim.notify == c1
+    batch = ops.SubmitBatch([item], 0, "0", c2)  # the retry: 'already', and the hash names c2
+    batch.take(store.send_all(batch.pending(), raise_on_error=False))
+    assert batch.replies == ["already"]
+    res = ActionResult(action_id="x1", status=ActionStatus.OK)
+    assert store.complete("x1", res.model_dump_json(), Completion(status=EventStatus.OK), claim.notify)
+    assert (store.r.llen(c1), store.r.llen(c2), store.r.llen(nkey("x1"))) == (0, 1, 0)
