@@ -115,13 +115,20 @@ class SchedulerSide(StoreBase):
         streams: dict[Any, Any] = {EVENTS: ">"}
         streams.update((k, ">") for k in self.intakes)
         resp: Any
-        if self._owed:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)
-            resp = self._owed_first(pipe).execute()[0]
-            self._owed.clear()
-        else:
-            resp = self.r.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)
+        try:
+            if self._owed:
+                pipe = self.r.pipeline(transaction=False)
+                pipe.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)
+                resp = self._owed_first(pipe).execute()[0]
+                self._owed.clear()
+            else:
+                resp = self.r.xreadgroup(GROUP, CONSUMER, streams, count=count, block=block_ms)
+        except redis.ResponseError as e:  # a stream deleted by hand (its group with it)
+            if "NOGROUP" not in str(e) and "key to exist" not in str(e):  # Redis, fakeredis
+                raise
+            log.warning("a stream lost its consumer group (%s); made again", e)
+            self.ensure_groups()
+            return [], []
         intake: list[IntakeEntry] = []
         events: list[IntakeEntry] = []
         for stream, entries in resp or []:

@@ -243,3 +243,17 @@ def test_a_completion_wakes_the_list_a_retried_submit_named_since_the_claim() ->
     res = ActionResult(action_id="x1", status=ActionStatus.OK)
     assert store.complete("x1", res.model_dump_json(), Completion(status=EventStatus.OK), claim.notify)
     assert (store.r.llen(c1), store.r.llen(c2), store.r.llen(nkey("x1"))) == (0, 1, 0)
+
+
+def test_a_tenant_intake_deleted_by_hand_is_made_again(tmp_path: Any) -> None:
+    """Given a tenant's intake deleted while the scheduler reads it, then the next read makes
+    its group again and the scheduler goes on (and a removed tenant's intake is no longer read)."""
+    h = Harness(str(tmp_path))
+    h.svc.start()
+    _tenants(h, a=Quotas())
+    h.store.r.delete(intake_key("a"))
+    assert h.store.read(10, None) == ([], [])
+    assert h.store.r.exists(intake_key("a"))
+    h.store.remove_tenant("a")
+    h.svc.sync_tenants()
+    assert intake_key("a") not in h.store.intakes
