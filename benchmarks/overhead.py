@@ -26,12 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, percentile, write_json
 from scheduler.service import SchedulerService
-from tangram_celery import ApiAction, TangramClient
+from tangram_celery import ApiAction, TangramClient, tenant_cli
 from tangram_celery.common.config import parse_config
-from tangram_celery.common.tenants import Quotas
 from tangram_celery.deploy import Deployment, write_config
-from tangram_celery.store import Store
-from tangram_celery.tenant_cli import Admin
 from tangram_celery.transport.app import TASK_NOOP, make_app
 from tangram_celery.transport.broker import EmbeddedRedis
 
@@ -47,14 +44,10 @@ def _config(tmp: Path, url: str, cap: int) -> object:
 
 
 def add_tenant(admin_url: str, name: str) -> str:
-    """A named tenant's client URL (`tangram tenant add NAME`, done through its function)."""
-    admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
-    try:
-        secrets, _ = admin.add(name, Quotas())
-    finally:
-        admin.store.close()
-    assert secrets.client_url is not None
-    return secrets.client_url
+    """A new tenant's client URL, as `tangram tenant add NAME` makes it."""
+    url = tenant_cli.add_tenant(admin_url, name).client_url
+    assert url is not None
+    return url
 
 
 def latency(tmp: Path, url: str, n: int) -> dict[str, float]:

@@ -43,14 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import RESULTS, write_json
 from benchmarks.soak_check import VICTIMS, Expected, InFlight, Kill, summarize
-from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient
+from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient, tenant_cli
 from tangram_celery.common.actions import TestCase
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import TangramError
-from tangram_celery.common.tenants import DEFAULT, Quotas, local, prefix
+from tangram_celery.common.tenants import DEFAULT, local, prefix
 from tangram_celery.deploy import Deployment, write_config
-from tangram_celery.store import Store
-from tangram_celery.tenant_cli import Admin
 
 logger = logging.getLogger("soak")
 
@@ -80,13 +78,9 @@ def config(tmp: Path) -> Any:
 
 def add_tenant(admin_url: str, name: str) -> str:
     """A new tenant's client URL, as `tangram tenant add NAME` makes it."""
-    admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
-    try:
-        secrets, _ = admin.add(name, Quotas())
-    finally:
-        admin.store.close()
-    assert secrets.client_url is not None
-    return secrets.client_url
+    url = tenant_cli.add_tenant(admin_url, name).client_url
+    assert url is not None
+    return url
 
 
 def make_action(

@@ -315,6 +315,18 @@ class Admin:
         return done
 
 
+def add_tenant(admin_url: str, name: str, quotas: Quotas | None = None) -> Secrets:
+    """`tangram tenant add NAME` from Python (benchmarks, tests, provisioning scripts): the new
+    tenant's client URL and HTTP token."""
+    from tangram_celery.store import Store
+
+    admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
+    try:
+        return admin.add(name, quotas or Quotas())[0]
+    finally:
+        admin.store.close()
+
+
 # ---- the commands --------------------------------------------------------------------------
 def _admin(args: argparse.Namespace) -> Admin:
     from tangram_celery.common.config import default_config_path, load_config

@@ -41,17 +41,11 @@ def _http(url: str, method: str, path: str, token: str, body: Any = None) -> tup
 
 def _add(admin_url: str, name: str) -> tuple[str, str]:
     """(client URL, HTTP token) of a new tenant, as `tangram tenant add` makes them."""
-    from tangram_celery.common.tenants import Quotas
-    from tangram_celery.store import Store
-    from tangram_celery.tenant_cli import Admin
+    from tangram_celery.tenant_cli import add_tenant
 
-    admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
-    try:
-        secrets, _ = admin.add(name, Quotas())
-    finally:
-        admin.store.close()
-    assert secrets.client_url and secrets.http_token
-    return secrets.client_url, secrets.http_token
+    made = add_tenant(admin_url, name)
+    assert made.client_url and made.http_token
+    return made.client_url, made.http_token
 
 
 def _refused(r: Any, *command: Any) -> str:

@@ -90,10 +90,8 @@ def test_a_single_tenant_deployment_upgrades_with_nothing_lost(tmp_path: Path) -
 
     from tangram_celery import ApiAction, TangramClient
     from tangram_celery.common.config import load_config
-    from tangram_celery.common.tenants import Quotas
     from tangram_celery.deploy import Deployment
-    from tangram_celery.store import Store
-    from tangram_celery.tenant_cli import Admin
+    from tangram_celery.tenant_cli import add_tenant
 
     data_dir = tmp_path / "state" / "redis"  # where `tangram up` keeps its embedded broker
     proc, old_url = _old_broker(data_dir)
@@ -127,9 +125,7 @@ def test_a_single_tenant_deployment_upgrades_with_nothing_lost(tmp_path: Path) -
         admin_url = dep.url
         assert admin_url.split("://", 1)[1].startswith("admin:")
         assert admin_url.split("@", 1)[0].rsplit(":", 1)[1] == old_url.split("@", 1)[0].rsplit(":", 1)[1]
-        admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
-        secrets_, _ = admin.add("default", Quotas())
-        admin.store.close()
+        secrets_ = add_tenant(admin_url, "default")
         assert secrets_.client_url
         client = TangramClient(secrets_.client_url)
         try:
