@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 
 from scheduler.estimator import DurationEstimator
+from scheduler.model import QueuedAction
 from scheduler.service.books import ActionBook
 from scheduler.service.cluster import CpuShape, to_queued
 from scheduler.service.trajectories import TrajectoryBook
@@ -51,6 +52,8 @@ class Intake:
         self.tenants: dict[str, TenantRecord] = {}  # the registered tenants (the loop's copy)
         # a caller cancelled an action before dispatch (`Faults.drop_cancelled`; set by the loop)
         self.on_cancel: Callable[[str], None] = lambda action_id: None
+        # why its tenant's caps can never hold an action (None: they can; set by the loop)
+        self.cap_refusal: Callable[[QueuedAction], str | None] = lambda qa: None
 
     def on_intake(self, intake: list[IntakeEntry]) -> None:
         """Queue the new actions of `intake` (FCFS), note close requests and cancel notices,
@@ -73,6 +76,9 @@ class Intake:
                 meta = self.own(meta, e.tenant)
                 why = self.view.refusal(meta)
                 qa = to_queued(meta, self.cfg, self.shape) if why is None else None
+                over = self.cap_refusal(qa) if qa is not None else None
+                if over is not None:  # it would wait for ever
+                    qa, why = None, f"its tenant's quotas can never hold it: {over}"
             except (KeyError, TypeError, ValueError) as exc:  # ValidationError is a ValueError
                 # Never raise out of the loop for one bad entry: recovery would read it again on
                 # every restart (a crash loop). It goes to the dead-letter stream instead.

@@ -33,7 +33,7 @@ from celery import Celery
 from kombu.exceptions import KombuError
 
 from scheduler.estimator import DurationEstimator
-from scheduler.model import ResourceKind
+from scheduler.model import QueuedAction, ResourceKind
 from scheduler.policies import Policy
 from scheduler.queue import WaitingQueue
 from scheduler.restore_cost import RestoreCosts
@@ -51,6 +51,7 @@ from scheduler.service.recovery import RecoveryPlan, recovery_plan
 from scheduler.service.sender import Sender
 from scheduler.service.trajectories import EvictionTally, TrajectoryBook
 from scheduler.service.warmer import GpuWarmer
+from scheduler.tenancy import refusal
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.metrics import SchedulerMetrics
@@ -137,6 +138,7 @@ class SchedulerService:
         )
         self.intake = Intake(cfg, self.view, books, trajectories, self.estimator, store, metrics)
         self.intake.on_cancel = faults.drop_cancelled
+        self.intake.cap_refusal = self._cap_refusal
         declared = {n.name for n in cfg.nodes.cpu} | {g.name for g in cfg.nodes.gpu}
         self.nodes = NodeBook(state, declared, self.restore_costs, gpu_footprint(cfg))
         self.shape = CpuShape.of_config(cfg)
@@ -226,16 +228,18 @@ class SchedulerService:
             for page in store.read_pending(stream):
                 self.on_intake(page)
 
+    def _cap_refusal(self, qa: QueuedAction) -> str | None:
+        """Why a named tenant's caps can never hold `qa` (`scheduler.tenancy.refusal`)."""
+        if qa.job_id not in self.intake.tenants:
+            return None
+        return refusal(qa, self.round.tenancy.caps.get(qa.job_id), self.state.api)
+
     def sync_tenants(self) -> None:
-        """Read the tenant registry: the intakes to read (`Store.watch_tenants`), each tenant's
-        limits for its submits (written when they change) and its record for intake; and
+        """Read the tenant registry: the intakes to read (`Store.watch_tenants`) and each
+        tenant's record for intake (its limits are the tenant book's: `service.tenants`); and
         publish Redis's memory use for the clients' admission (`Store.publish_memory`)."""
         records = self.store.tenants()
         self.store.watch_tenants(records)
-        for name, rec in records.items():
-            old = self.intake.tenants.get(name)
-            if old is None or old.quotas.max_queued != rec.quotas.max_queued:
-                self.store.publish_limits(name, rec.quotas)
         self.intake.tenants = records
         self.store.publish_memory()
 

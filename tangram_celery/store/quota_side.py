@@ -1,21 +1,17 @@
 """What the scheduler publishes of each tenant's quotas for its clients to check at submit
-(issue 37): `<prefix>limits` (`common.tenants.prefix`), a hash with `max_queued`, which the
-SUBMIT script reads (its KEYS[3]) and refuses a submit over (`TANGRAM_FULL`). Only the scheduler
+(issue 37): `<prefix>limits` (`keys.limits_key`), a hash with `max_queued`, which the SUBMIT
+script reads (by name: a read-only key cannot be a script's KEYS) and refuses a submit over
+(`TANGRAM_FULL`). Only the scheduler
 writes it; a tenant's Redis user may read its own (`transport.acl`). No key: no limit."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tangram_celery.common.tenants import prefix
 from tangram_celery.store.base import StoreBase
+from tangram_celery.store.keys import limits_key
 
 MAX_QUEUED = "max_queued"
-
-
-def limits_of(tenant: str) -> str:
-    """The key of `tenant`'s published limits."""
-    return prefix(tenant) + "limits"
 
 
 def publish_limits(store: StoreBase, max_queued: Mapping[str, int]) -> None:
@@ -29,9 +25,9 @@ def publish_limits(store: StoreBase, max_queued: Mapping[str, int]) -> None:
         pipe = store.r.pipeline(transaction=False)
         for tenant, cap in items:
             if cap > 0:
-                pipe.hset(limits_of(tenant), MAX_QUEUED, cap)
+                pipe.hset(limits_key(tenant), MAX_QUEUED, cap)
             else:
-                pipe.delete(limits_of(tenant))
+                pipe.delete(limits_key(tenant))
         pipe.execute()
 
     store.retrying("publish tenant limits", write)

@@ -13,7 +13,7 @@ import redis
 from pydantic import ValidationError
 
 from tangram_celery.common.records import PinRecord, SandboxReport
-from tangram_celery.common.tenants import DEFAULT, Quotas
+from tangram_celery.common.tenants import DEFAULT
 from tangram_celery.common.wire import Completion, DispatchRecord, EventStatus, PoolView
 from tangram_celery.store.base import StoreBase
 from tangram_celery.store.keys import (
@@ -35,7 +35,6 @@ from tangram_celery.store.keys import (
     IntakeEntry,
     akey,
     intake_key,
-    limits_key,
     split_ref,
 )
 
@@ -88,10 +87,6 @@ class SchedulerSide(StoreBase):
             self._group(stream)
         self.intakes = wanted
         return new
-
-    def publish_limits(self, tenant: str, quotas: Quotas) -> None:
-        """Write what `tenant`'s submits check themselves (`limits_key`: `max_queued`)."""
-        self.r.hset(limits_key(tenant), mapping={"max_queued": quotas.max_queued})
 
     def publish_memory(self, every_s: float = 1.0) -> bool:
         """Publish Redis's memory use (`MEMORY`: "<used> <maxmemory>" bytes) for clients, whose

@@ -18,7 +18,7 @@ import pytest
 from tangram_celery import ActionStatus, AdmissionError, ApiAction, CodeAction, TangramClient
 from tangram_celery.common.tenants import Quotas, TenantRecord
 from tangram_celery.store import Store
-from tangram_celery.store.quota_side import limits_of
+from tangram_celery.store.keys import limits_key as limits_of
 
 HANDLER = "tests.integration.test_tenant_quotas:span"
 

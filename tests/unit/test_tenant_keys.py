@@ -146,6 +146,7 @@ def test_a_tenant_over_its_own_max_queued_is_refused_for_itself_alone(tmp_path: 
     h = Harness(str(tmp_path))
     h.svc.start()
     clients = _tenants(h, a=Quotas(max_queued=1), b=Quotas())
+    h.svc.dispatcher.tenants.sync(h.svc.round)  # the tenant book publishes the limits
     assert h.store.r.hget(limits_key("a"), "max_queued") == "1"
     clients["a"].submit(ApiAction(id="x1", api="calc", request={}))
     with pytest.raises(AdmissionError, match="tenant's intake is full"):
@@ -257,3 +258,18 @@ def test_a_tenant_intake_deleted_by_hand_is_made_again(tmp_path: Any) -> None:
     h.store.remove_tenant("a")
     h.svc.sync_tenants()
     assert intake_key("a") not in h.store.intakes
+
+
+def test_an_action_its_tenants_caps_can_never_hold_is_refused_at_intake(tmp_path: Any) -> None:
+    """Given tenant a capped at 1 core, when it submits an action that needs 2, then the
+    scheduler refuses it with the reason (it would wait for ever), and a 1-core one queues."""
+    h = Harness(str(tmp_path))
+    h.svc.start()
+    clients = _tenants(h, a=Quotas(max_cores=1))
+    h.svc.dispatcher.tenants.sync(h.svc.round)  # the round has the caps
+    big = clients["a"].submit(CodeAction(id="big", trajectory_id="t1", code="print(1)", cpus=2))
+    clients["a"].submit(CodeAction(id="small", trajectory_id="t2", code="print(1)"))
+    h.svc.on_intake(h.store.read(100, None)[0])
+    res = big.result(timeout=5)
+    assert res.status is ActionStatus.REJECTED and "never hold it" in (res.detail or res.error or ""), res
+    assert "a/small" in h.svc.books.waiting

@@ -23,7 +23,7 @@ from tangram_celery.common.config import parse_config
 from tangram_celery.common.tenants import PRIORITY_OF_CLASS, Quotas, TenantRecord
 from tangram_celery.common.wire import ActionMeta, TaskOrder
 from tangram_celery.store import akey
-from tangram_celery.store.quota_side import limits_of
+from tangram_celery.store.keys import limits_key as limits_of
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
 from tests.unit.test_service_loop import Harness
 
