@@ -23,17 +23,11 @@ pytestmark = pytest.mark.integration
 
 def _tenant(admin_url: str, name: str) -> str:
     """A new tenant's client URL (its own Redis user)."""
-    from tangram_celery.common.tenants import Quotas
-    from tangram_celery.store import Store
-    from tangram_celery.tenant_cli import Admin
+    from tangram_celery.tenant_cli import add_tenant
 
-    admin = Admin(admin_url, Store(admin_url, retry_budget_s=5.0))
-    try:
-        secrets, _ = admin.add(name, Quotas())
-    finally:
-        admin.store.close()
-    assert secrets.client_url
-    return str(secrets.client_url)
+    url = add_tenant(admin_url, name).client_url
+    assert url
+    return url
 
 
 def _wait_read(admin_url: str, names: list[str], timeout_s: float = 10.0) -> None:
