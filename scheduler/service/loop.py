@@ -237,10 +237,14 @@ class SchedulerService:
     def sync_tenants(self) -> None:
         """Read the tenant registry: the intakes to read (`Store.watch_tenants`) and each
         tenant's record for intake (its limits are the tenant book's: `service.tenants`); and
-        publish Redis's memory use for the clients' admission (`Store.publish_memory`)."""
+        publish Redis's memory use for the clients' admission (`Store.publish_memory`); and keep
+        the clients' scripts loaded (`Store.load_client_scripts`)."""
         records = self.store.tenants()
         self.store.watch_tenants(records)
         self.intake.tenants = records
+        loaded = self.store.load_client_scripts()  # a restarted Redis: its cache is empty
+        if loaded:
+            log.info("loaded %d client script(s) into Redis's cache", len(loaded))
         self.store.publish_memory()
 
     def _restore(self, plan: RecoveryPlan) -> None:

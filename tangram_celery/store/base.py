@@ -18,7 +18,7 @@ import tangram_celery.store.scripts as scripts
 from tangram_celery.common import tenants
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.wire import Completion
-from tangram_celery.store.calls import RETRYABLE, Backoff, Call
+from tangram_celery.store.calls import RETRYABLE, Backoff, Call, not_loaded
 from tangram_celery.store.keys import EVENTS, RESULT_TTL_S, akey, nkey, redact
 
 T = TypeVar("T")
@@ -104,8 +104,15 @@ class StoreBase:
         except NoScriptError:
             if call.script is None:
                 raise
-            self.r.script_load(call.script)  # a restarted Redis: load it, send once more
+            self.load_script(call.script)  # a restarted Redis: load it, send once more
             return send(*call.args, **call.kwargs)
+
+    def load_script(self, script: str) -> None:
+        """SCRIPT LOAD `script`; ScriptNotLoaded (retried) for a user that may not (a tenant's)."""
+        try:
+            self.r.script_load(script)
+        except redis.exceptions.NoPermissionError as e:
+            raise not_loaded(script, e) from None
 
     def send_all(self, calls: Sequence[Call[Any]], raise_on_error: bool = True) -> list[Any]:
         """The raw replies to `calls`, in one round trip (errors as values unless

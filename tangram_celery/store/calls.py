@@ -22,8 +22,24 @@ from tangram_celery.store.keys import redact
 log = logging.getLogger("tangram.store")
 T = TypeVar("T")
 
+
+class ScriptNotLoaded(redis.ConnectionError):
+    """Redis's script cache lacks a script and this user may not load one (a tenant's: it runs
+    only the scripts the scheduler loaded, `SchedulerSide.load_client_scripts`, so that no
+    client can run a script of its own, such as one that never ends). The scheduler loads them
+    within a second of a Redis restart: retried like a connection that went away."""
+
+
 # What a retry may cure (a restart, a failover); the asyncio client raises the same classes.
 RETRYABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+
+
+def not_loaded(script: str, e: redis.exceptions.NoPermissionError) -> ScriptNotLoaded:
+    """The error for a script this user could not load (`e`: Redis's refusal)."""
+    head = script.strip().splitlines()[0][:60] if script.strip() else ""
+    return ScriptNotLoaded(
+        f"script not loaded yet (the scheduler loads it), and this user may not: {e} [{head}]"
+    )
 
 
 @dataclass(frozen=True)
@@ -57,8 +73,9 @@ class Backoff:
         """Seconds to wait before the next try after `error`; BrokerError when the budget would
         be spent by then."""
         delay_s = self.delay_s
+        why = "waiting for the scheduler's scripts" if isinstance(error, ScriptNotLoaded) else "unreachable"
         if time.monotonic() + delay_s > self.deadline:
-            raise BrokerError(f"{self.what}: Redis at {redact(self.url)} unreachable: {error}") from error
-        self.log.warning("%s: Redis unreachable (%s); retrying in %.2fs", self.what, error, delay_s)
+            raise BrokerError(f"{self.what}: Redis at {redact(self.url)} {why}: {error}") from error
+        self.log.warning("%s: Redis %s (%s); retrying in %.2fs", self.what, why, error, delay_s)
         self.delay_s = min(delay_s * 2, 1.0)
         return delay_s

@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 import tangram_celery.store.client_ops as ops
 from tangram_celery.common import tenants
 from tangram_celery.store.base import tenant_of_url
-from tangram_celery.store.calls import RETRYABLE, Backoff, Call
+from tangram_celery.store.calls import RETRYABLE, Backoff, Call, not_loaded
 from tangram_celery.store.scripts import SUBMIT
 
 T = TypeVar("T")
@@ -80,8 +80,15 @@ class AsyncStore:
         except NoScriptError:
             if call.script is None:
                 raise
-            await conn.script_load(call.script)  # a restarted Redis: load it, send once more
+            await self.load_script(call.script, conn)  # a restarted Redis: load it, send once more
             return await send(*call.args, **call.kwargs)
+
+    async def load_script(self, script: str, conn: aredis.Redis | None = None) -> None:
+        """SCRIPT LOAD `script`; ScriptNotLoaded (retried) for a user that may not (a tenant's)."""
+        try:
+            await (conn or self.r).script_load(script)
+        except redis.exceptions.NoPermissionError as e:
+            raise not_loaded(script, e) from None
 
     async def send_all(self, calls: Sequence[Call[Any]], raise_on_error: bool = True) -> list[Any]:
         """The raw replies to `calls`, in one round trip (errors as values unless
@@ -117,7 +124,7 @@ class AsyncStore:
         async def send() -> list[Any]:
             batch = ops.SubmitBatch(items, max_queued, ops.ttl_arg(ttl_s), notify, self.tenant)
             while not batch.take(await self.send_all(batch.pending(), raise_on_error=False)):
-                await self.r.script_load(SUBMIT)
+                await self.load_script(SUBMIT)
             return batch.replies
 
         return ops.check_submitted(items, await self.retrying("submit", send), max_queued)

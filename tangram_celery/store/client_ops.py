@@ -53,6 +53,9 @@ def _sha(script: str) -> str:
 
 SUBMIT_SHA = _sha(SUBMIT)
 CANCEL_SHA = _sha(CANCEL)
+# digest -> script: what clients run by EVALSHA; the scheduler keeps them loaded, since a
+# tenant's user may not load a script (`transport.acl.tenant_rules`)
+CLIENT_SCRIPTS = {SUBMIT_SHA: SUBMIT, CANCEL_SHA: CANCEL}
 
 
 def _text(reply: Any) -> str | None:

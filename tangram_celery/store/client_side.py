@@ -39,7 +39,7 @@ class ClientSide(StoreBase):
         def send() -> list[Any]:
             batch = ops.SubmitBatch(items, max_queued, ops.ttl_arg(ttl_s), notify="", tenant=self.tenant)
             while not batch.take(self.send_all(batch.pending(), raise_on_error=False)):
-                self.r.script_load(SUBMIT)
+                self.load_script(SUBMIT)
             return batch.replies
 
         return ops.check_submitted(items, self.retrying("submit", send), max_queued)

@@ -16,6 +16,7 @@ from tangram_celery.common.records import PinRecord, SandboxReport
 from tangram_celery.common.tenants import DEFAULT
 from tangram_celery.common.wire import Completion, DispatchRecord, EventStatus, PoolView
 from tangram_celery.store.base import StoreBase
+from tangram_celery.store.client_ops import CLIENT_SCRIPTS
 from tangram_celery.store.keys import (
     CONFIG,
     CONSUMER,
@@ -87,6 +88,16 @@ class SchedulerSide(StoreBase):
             self._group(stream)
         self.intakes = wanted
         return new
+
+    def load_client_scripts(self) -> list[str]:
+        """Load the scripts clients run (`client_ops.CLIENT_SCRIPTS`) that Redis's cache lacks
+        (a restarted Redis): tenants' users may run them but not load them. The names loaded."""
+        shas = list(CLIENT_SCRIPTS)
+        there = self.r.script_exists(*shas)
+        missing = [sha for sha, ok in zip(shas, there, strict=True) if not ok]
+        for sha in missing:
+            self.r.script_load(CLIENT_SCRIPTS[sha])
+        return missing
 
     def publish_memory(self, every_s: float = 1.0) -> bool:
         """Publish Redis's memory use (`MEMORY`: "<used> <maxmemory>" bytes) for clients, whose

@@ -80,7 +80,7 @@ _WORKER_KEYS = (
 _WORKER_READS = (keys.CONFIG, keys.RUNNING, keys.TRAJ, keys.P + "memory")
 _ANY_TENANT = "tangram:t:*:"  # every named tenant's prefix (names hold no glob character)
 
-# redis-py's connection set-up, pipelines (MULTI/EXEC) and scripts (SCRIPT EXISTS/LOAD). Not
+# redis-py's connection set-up, pipelines (MULTI/EXEC) and scripts by digest (EVALSHA). Not
 # CLIENT SETINFO: Redis 7.0 has none (redis-py ignores its refusal)
 _CLIENT_COMMANDS = [
     "+ping",
@@ -98,9 +98,10 @@ _CLIENT_COMMANDS = [
     "+discard",
     "+watch",
     "+unwatch",
+    # EVALSHA only: a tenant runs the scripts the scheduler loaded (`client_ops.CLIENT_SCRIPTS`),
+    # never EVAL or SCRIPT LOAD of its own: a script can run for ever, and Redis then answers
+    # BUSY to every client until an admin kills it
     "+evalsha",
-    "+eval",
-    "+script|load",
     "+script|exists",
 ]
 # what Tangram's client sends on its own keys (`store.client_ops`, `store.client_aio`)

@@ -108,6 +108,9 @@ def _raw_redis_probe(bee_url: str, victim_ids: list[str]) -> list[str]:
         ("EVAL", undeclared, 0),
         ("EVAL", "return redis.call('HGETALL', KEYS[1])", 1, a_key),
         ("EVAL", "return redis.call('FLUSHALL')", 0),
+        ("EVAL", "while true do end", 0),  # would make Redis answer BUSY to everyone
+        ("SCRIPT", "LOAD", "while true do end"),
+        ("FCALL", "f", 0),
     ]
     try:
         return [_refused(r, *cmd) for cmd in attempts]
@@ -205,6 +208,14 @@ def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
         assert status in (202, 404)
         status, _ = _http(http_url, "GET", "/tangram/v1/actions/h1", "not-a-token")
         assert status == 401
+
+        # Redis's script cache emptied (a restart does it): the scheduler loads the clients'
+        # scripts again, which the tenants may run but not load themselves
+        admin = redis.Redis.from_url(dep.url, decode_responses=True)
+        admin.script_flush()
+        admin.close()
+        again = bee.submit(CodeAction(trajectory_id="t9", code="print(3)")).result(timeout=60)
+        assert again.stdout == "3\n", again
 
         # the victim: everything intact
         assert h_write.result(timeout=60).status is ActionStatus.OK

@@ -96,7 +96,18 @@ def test_a_tenant_has_no_channel_and_only_client_commands() -> None:
     assert "resetchannels" in rules and not any(r.startswith("&") for r in rules)
     commands = rules[rules.index("-@all") + 1 :]
     assert commands and all(c.startswith("+") and "@" not in c for c in commands)
-    for bad in ("+config", "+flushall", "+publish", "+lpush", "+keys", "+scan", "+info"):
+    bad_ones = (
+        "+config",
+        "+flushall",
+        "+publish",
+        "+lpush",
+        "+keys",
+        "+scan",
+        "+info",
+        "+eval",
+        "+script|load",
+    )
+    for bad in bad_ones:
         assert bad not in commands
 
 
