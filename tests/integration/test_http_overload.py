@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tangram_celery.store import Store, akey
+from tangram_celery.store import INTAKE, Store, akey
 from tests.integration.http_support import run_log
 
 
@@ -50,7 +50,10 @@ def test_gate_cancels_what_cannot_start_and_refuses_a_full_intake(redis_url: str
     assert store.action_state(first.action_id) == "cancelled"
     assert store.r.hget(akey(first.action_id), "attempt") is None  # never dispatched
     assert isinstance(second, Overloaded) and second.action_id is None and "intake full" in second.reason
-    assert store.queued_count() == 0
+    # nothing enqueued: the intake holds only the cancel's notice for the scheduler (issue 37:
+    # it goes on the caller's own intake, not on the scheduler's events stream)
+    left = store.r.xrange(INTAKE)
+    assert [f.get("control") for _, f in left] == ["cancel"], left
 
 
 @pytest.mark.deploy(

@@ -135,6 +135,8 @@ def _crafted_submit(bee: Any, action: Any, *, replace: tuple[str, str] = ("", ""
 
 @pytest.mark.deploy(http={"token": "operator-s3cret"})
 def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
+    import redis
+
     from tangram_celery import CodeAction, TangramClient
     from tangram_celery.common.actions import ActionStatus, TestCase
     from tangram_celery.common.errors import ResultTimeout
@@ -162,6 +164,15 @@ def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
         assert bee.store.action_state("w1") is None
         with pytest.raises(ResultTimeout):
             bee.handle("w1").result(timeout=1)
+        # its own credential told to act as the victim: Redis refuses every key of acme's
+        posing = TangramClient(bee_url, tenant="acme")
+        try:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                posing.handle("w1").result(timeout=1)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                posing.cancel("h1")
+        finally:
+            posing.close()
         bee.close_trajectory("t1")  # bee's t1: acme's is untouched
         peek = bee.submit(
             CodeAction(id="w1", trajectory_id="t1", language="bash", code="cat secret.txt || echo absent")
@@ -183,8 +194,6 @@ def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
         x1 = bee.handle("x1").result(timeout=60)
         assert SECRET not in x1.stdout + x1.stderr, x1
         bee.handle("x2").result(timeout=60)
-        import redis
-
         admin = redis.Redis.from_url(dep.url, decode_responses=True)
         assert admin.llen("tangram:t:acme:nq:v") == 0
         admin.close()
