@@ -9,7 +9,7 @@ the oldest dropped): a week of training at a hundred actions a second would writ
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
@@ -18,6 +18,8 @@ from scheduler.model import Allocation, QueuedAction
 from scheduler.resources import ClusterState
 from tangram_celery.common.metrics import SchedulerMetrics
 from tangram_celery.common.wire import Completion
+
+LOGGED_KEPT = 65_536  # completions remembered against a second delivery
 
 
 def family(qa: QueuedAction) -> str:
@@ -35,6 +37,10 @@ class RunRecorder:
     ) -> None:
         self.metrics = metrics or SchedulerMetrics()
         self._pools_seen: set[str] = set()
+        # (action, attempt) of the last completions logged: one that reaches the scheduler twice
+        # is logged and counted once (a Redis that lost its last second of AOF on a kill may
+        # take a worker's retried completion again after the first was read)
+        self._logged: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._log: IO[str] | None = None
         self._path = log_path
         self.max_bytes, self.keep = max_bytes, keep
@@ -64,6 +70,12 @@ class RunRecorder:
             self.metrics.dispatched.labels(pool=f"{a.kind}:{a.pool}").inc()
 
     def completed(self, qa: QueuedAction | None, alloc: Allocation, ev: Completion) -> None:
+        key = (alloc.action_id, ev.attempt)
+        if key in self._logged:
+            return
+        self._logged[key] = None
+        if len(self._logged) > LOGGED_KEPT:
+            self._logged.popitem(last=False)
         kind = qa.kind if qa else ""
         status = ev.status.value
         self.metrics.completed.labels(kind=kind, status=status).inc()

@@ -398,3 +398,23 @@ def test_recovery_survives_a_running_action_that_evicted(tmp_path: Any) -> None:
     assert set(again.svc.state.running) == {"second"}
     assert again.svc.state.trajectory_node == {"t2": "n0"}
     assert again.svc.state.cpu["n0"].trajectory_memory_mb == {"t2": 600}
+
+
+def test_a_completion_delivered_twice_is_logged_and_counted_once(tmp_path: Any) -> None:
+    """Given a completion event that reaches the scheduler twice (a restarted Redis that lost
+    its last second of AOF takes the worker's retried completion again), then the run log has
+    one record of it."""
+    from scheduler.model import Allocation, CostVector, Elastic, QueuedAction, ResourceKind
+    from scheduler.service.record import RunRecorder
+    from tangram_celery.common.wire import Completion, EventStatus
+
+    rec = RunRecorder(tmp_path / "actions.jsonl")
+    action = QueuedAction("a/x1", "a/t1", CostVector(ResourceKind.CPU, Elastic((1,)), memory_mb=128), 1.0)
+    alloc = Allocation("a/x1", ResourceKind.CPU, "n0", 1, (0,))
+    ev = Completion(status=EventStatus.OK, queue_s=0.1, act_s=0.3, attempt=1)
+    rec.completed(action, alloc, ev)
+    rec.completed(action, alloc, ev)
+    rec.completed(action, alloc, ev.model_copy(update={"attempt": 2}))  # a new attempt: logged
+    rec.close()
+    lines = (tmp_path / "actions.jsonl").read_text().splitlines()
+    assert [json.loads(x)["attempt"] for x in lines] == [1, 2]
