@@ -61,7 +61,8 @@ class Dispatcher:
         self.state, self.books, self.trajectories, self.warmer = state, books, trajectories, warmer
         self.sender, self.store, self.recorder, self.clock = sender, store, recorder, clock
         self.check_invariants = check_invariants
-        self.tenants = TenantBook(store, recorder.metrics)  # quotas per tenant (issue 37)
+        # quotas per tenant (issue 37), synced with the registry by the loop (`sync_tenants`)
+        self.tenants = TenantBook(store, recorder.metrics)
         self.dispatched_total = 0
         self.progress_s = time.monotonic()  # when actions were last dispatched
 
@@ -70,7 +71,6 @@ class Dispatcher:
         nothing waiting, the round's idle steps (loans, warm placements)."""
         now = self.clock()
         waiting = self.books.waiting
-        self.tenants.maybe_sync(rnd, self.books)  # about once a second: the round's caps
         if not waiting:
             self._idle(rnd, now)
             self._check(rnd)

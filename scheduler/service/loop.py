@@ -235,13 +235,14 @@ class SchedulerService:
         return refusal(qa, self.round.tenancy.caps.get(qa.job_id), self.state.api)
 
     def sync_tenants(self) -> None:
-        """Read the tenant registry: the intakes to read (`Store.watch_tenants`) and each
-        tenant's record for intake (its limits are the tenant book's: `service.tenants`); and
+        """Read the tenant registry, once: the intakes to read (`Store.watch_tenants`), each
+        tenant's record for intake, and its caps and limits (the tenant book's); and
         publish Redis's memory use for the clients' admission (`Store.publish_memory`); and keep
         the clients' scripts loaded (`Store.load_client_scripts`)."""
         records = self.store.tenants()
         self.store.watch_tenants(records)
         self.intake.tenants = records
+        self.dispatcher.tenants.sync(self.round, self.books, records)  # caps, limits, gauges
         loaded = self.store.load_client_scripts()  # a restarted Redis: its cache is empty
         if loaded:
             log.info("loaded %d client script(s) into Redis's cache", len(loaded))

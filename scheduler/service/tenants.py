@@ -1,7 +1,7 @@
 """The tenants' quotas as the scheduler applies them (issue 37).
 
-`TenantBook` reads the registry (`Store.tenants()`, the operator's `tangram tenant` records)
-about once a second and
+`TenantBook` takes the registry (`Store.tenants()`, the operator's `tangram tenant` records)
+as the loop reads it, about once a second (`SchedulerService.sync_tenants`), and
 - gives the round each tenant's caps (`Round.tenancy`, `scheduler.tenancy`): cores, memory, GPU
   memory and API shares its running actions may hold; the round holds back what would go over;
 - publishes each tenant's `max_queued` (`store.quota_side`), which its own submits check, so a
@@ -16,7 +16,6 @@ tenant is never capped. A change of the registry reaches the round within a seco
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 
 from scheduler.round import Round
@@ -29,7 +28,6 @@ from tangram_celery.store.quota_side import publish_limits
 
 log = logging.getLogger("tangram.scheduler")
 
-SYNC_EVERY_S = 1.0
 STATES = ("queued", "running", "held")
 
 
@@ -46,26 +44,20 @@ def caps_of(quotas: Quotas) -> TenantCaps:
 class TenantBook:
     """The registered tenants and what follows from their quotas (see the module doc)."""
 
-    def __init__(self, store: Store, metrics: SchedulerMetrics, every_s: float = SYNC_EVERY_S) -> None:
-        self.store, self.metrics, self.every_s = store, metrics, every_s
+    def __init__(self, store: Store, metrics: SchedulerMetrics) -> None:
+        self.store, self.metrics = store, metrics
         self.records: dict[str, TenantRecord] = {}
         self._quotas: dict[str, Quotas] = {}  # as last given to the round
         self._published: dict[str, int] = {}  # tenant -> max_queued published (0: none)
         self._labels: set[str] = set()  # tenants the gauges carry
-        self._next_s = 0.0
 
-    def maybe_sync(self, rnd: Round, books: ActionBook) -> None:
-        """`sync` when a second has passed since the last one (the first call syncs)."""
-        now = time.monotonic()
-        if now < self._next_s:
-            return
-        self._next_s = now + self.every_s
-        self.sync(rnd, books)
-
-    def sync(self, rnd: Round, books: ActionBook | None = None) -> None:
-        """Read the registry; give the round the caps, publish the `max_queued` that changed
-        (every one at the first sync), and set the gauges."""
-        self.records = records = self.store.tenants()
+    def sync(
+        self, rnd: Round, books: ActionBook | None = None, records: dict[str, TenantRecord] | None = None
+    ) -> None:
+        """Take the registry's `records` (read here if not given: the loop hands over its own
+        read, `SchedulerService.sync_tenants`); give the round the caps, publish the
+        `max_queued` that changed (every one at the first sync), and set the gauges."""
+        self.records = records = self.store.tenants() if records is None else records
         quotas = {name: rec.quotas for name, rec in records.items() if name != DEFAULT}
         if quotas != self._quotas:
             rnd.tenancy.set_caps({name: caps_of(q) for name, q in quotas.items()})
