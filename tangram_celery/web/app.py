@@ -25,7 +25,7 @@ from tangram_celery.client.gate import Gate
 from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.common.tenants import DEFAULT
-from tangram_celery.web.auth import Access, Refusal
+from tangram_celery.web.auth import Access, Principal, Refusal
 from tangram_celery.web.phases import COMPILED, LANGUAGES
 from tangram_celery.web.sandbox_fusion import Answer, run_code_fast
 from tangram_celery.web.sandbox_models import Capabilities
@@ -189,18 +189,26 @@ class Guard:
         self.access = access
         self.max_body_bytes = max_body_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        verdict = self.access.check(
+    def _check(self, scope: Scope, headers: dict[bytes, bytes]) -> Principal | Refusal:
+        return self.access.check(
             scope["path"],
             headers.get(b"host"),
             headers.get(b"authorization"),
             scope.get("query_string", b""),
             time.monotonic(),
         )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        verdict = self._check(scope, headers)
+        if isinstance(verdict, Refusal) and verdict.status == 401 and b"authorization" in headers:
+            tenancy = _tenancy(scope)
+            if tenancy is not None:  # a tenant added since the registry was last read?
+                await tenancy.reread()
+                verdict = self._check(scope, headers)
         if isinstance(verdict, Refusal):
             await _reply(send, verdict.status, verdict.detail, dict(verdict.headers))
             return
@@ -297,6 +305,12 @@ async def _send_answer(send: Send, answer: Answer) -> None:
     raw += [(k.lower().encode(), v.encode()) for k, v in answer.headers]
     await send({"type": "http.response.start", "status": answer.status_code, "headers": raw})
     await send({"type": "http.response.body", "body": answer.body})
+
+
+def _tenancy(scope: Scope) -> Tenancy | None:
+    """The running server's tenants (None outside its app, or before its start)."""
+    state = getattr(getattr(scope.get("app"), "state", None), "tangram", None)
+    return getattr(state, "tenancy", None)
 
 
 async def _reply(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:

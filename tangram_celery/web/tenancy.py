@@ -7,13 +7,17 @@ server's Redis user (`http`) may act for every tenant; the token decides which o
 
 The registry's token digests are read every `REFRESH_S` into the access policy, so a tenant
 added, rotated or removed with `tangram tenant` counts within seconds, without a restart. A
-removed tenant's client is closed once its last request has ended.
+token that matches nothing has the registry read once more before it is refused (`reread`: a
+tenant added since the last read works at its first request), at most every `REREAD_GAP_S`, so
+a caller trying tokens cannot turn into a load on Redis. A removed tenant's client is closed
+once its last request has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from tangram_celery.client.aio import AsyncTangramClient
@@ -25,6 +29,8 @@ from tangram_celery.web.auth import Access, Principal
 
 log = logging.getLogger("tangram.web")
 REFRESH_S = 2.0
+REREAD_GAP_S = 0.5  # the shortest time between two reads for unknown tokens
+READ_TIMEOUT_S = 10.0  # a read that hangs (a half-open connection) is given up and tried again
 
 ClientFactory = Callable[[str], AsyncTangramClient]
 
@@ -46,6 +52,9 @@ class Tenancy:
         self.gates: dict[str, Gate] = {DEFAULT: default}
         self.known: set[str] = set()  # registered tenants, as last read
         self._refresher: asyncio.Task[None] | None = None
+        self._reading = asyncio.Lock()  # one read at a time
+        self._read_started = float("-inf")  # monotonic time the last read began
+        self._reread_at = float("-inf")  # ... and the last one for an unknown token
 
     def gate(self, tenant: str) -> Gate:
         """`tenant`'s gate (its client is made at its first request)."""
@@ -57,7 +66,30 @@ class Tenancy:
     async def refresh(self) -> None:
         """Read the registry once: its tokens into the access policy; the clients of tenants no
         longer in it are closed once idle."""
-        records = await self.gates[DEFAULT].client.store.run(read_tenants())
+        async with self._reading:
+            await self._read()
+
+    async def reread(self) -> None:
+        """Read the registry for a token that matched nothing, unless a read began since the
+        request came or another unknown token had it read less than `REREAD_GAP_S` before (a
+        failed read leaves the tokens as they were: the request is refused as it would have
+        been)."""
+        asked = time.monotonic()
+        async with self._reading:
+            if self._read_started >= asked or asked - self._reread_at < REREAD_GAP_S:
+                return
+            self._reread_at = asked
+            try:
+                await self._read()
+            except Exception as e:
+                log.warning("tenant registry not read for an unknown token: %s", e)
+
+    async def _read(self) -> None:
+        self._read_started = time.monotonic()
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            records = await self.gates[DEFAULT].client.store.run(read_tenants())
+        if set(records) != self.known:
+            log.info("tenants: %s", ", ".join(sorted(records)) or "none")
         self.access.set_tenants({name: rec.token_sha256 for name, rec in records.items()})
         self.known = set(records)
         for name in [n for n in self.gates if n != DEFAULT and n not in self.known]:

@@ -107,9 +107,11 @@ class Store:
 
     def __init__(self) -> None:
         self.records: dict[str, TenantRecord] = {}
+        self.reads = 0
 
     async def run(self, call: Any) -> Any:
         assert call.method == "hgetall"
+        self.reads += 1
         return dict(self.records)
 
 
@@ -227,6 +229,32 @@ def test_each_token_acts_through_its_tenants_client_and_other_ids_are_404() -> N
         assert clients["bee"].closed and "bee" not in tenancy.gates
         assert (await _call(app, "GET", f"/tangram/v1/actions/{acme_id}", "A"))[0] == 200
 
+    asyncio.run(go())
+
+
+def test_a_tenant_added_since_the_last_read_works_at_its_first_request() -> None:
+    """A token that matches nothing has the registry read again before it is refused: a new
+    tenant's works at once (not at the next periodic read); tokens that match nothing cost at
+    most one read per REREAD_GAP_S, however many are tried."""
+    pytest.importorskip("fastapi")
+    from tangram_celery.web import tenancy as tenancy_mod
+
+    app, _, store = _server()
+    body = {"code": "print(1)", "language": "python"}
+
+    async def go() -> None:
+        await app.state.tangram.tenancy.refresh()
+        store.records["acme"] = TenantRecord(name="acme", token_sha256=_hex("A"))
+        status, res = await _call(app, "POST", "/run_code", "A", body)
+        assert status == 200 and res["run_result"]["stdout"] == "acme\n", res
+        before = store.reads
+        answers = [(await _call(app, "POST", "/run_code", f"guess-{i}", body))[0] for i in range(50)]
+        assert answers == [401] * 50
+        assert store.reads - before <= 1  # the 50 guesses came well within one REREAD_GAP_S
+        assert (await _call(app, "GET", "/v1/ping", ""))[0] == 200  # no token, no read
+        assert store.reads - before <= 1
+
+    assert tenancy_mod.REREAD_GAP_S >= 0.5
     asyncio.run(go())
 
 
