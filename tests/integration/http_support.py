@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import sys
@@ -9,8 +10,33 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+
+
+def http_call(
+    url: str, method: str, path: str, headers: dict[str, str] | None = None, body: Any = None
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """One request to the server at `url`, JSON in and out: (status, body, headers lower-cased)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else {}, {k.lower(): v for k, v in r.getheaders()}
+    finally:
+        conn.close()
+
+
+def bearer_call(
+    url: str, method: str, path: str, token: str, body: Any = None, **headers: str
+) -> tuple[int, Any]:
+    """(status, body) of one request made with `token` as its bearer token."""
+    status, answer, _ = http_call(url, method, path, {"Authorization": f"Bearer {token}", **headers}, body)
+    return status, answer
 
 
 def verl_sandbox_utils() -> ModuleType:

@@ -4,36 +4,17 @@ the per-token rate limit."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import stat
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
-from tests.integration.http_support import verl_sandbox_utils
+from tests.integration.http_support import http_call, verl_sandbox_utils
 
 pytestmark = pytest.mark.integration
 
 CODE = {"code": "print(int(input()) * 2)", "language": "python", "stdin": "21\n", "run_timeout": 10}
-
-
-def _call(
-    url: str, method: str, path: str, headers: dict[str, str] | None = None, body: Any = None
-) -> tuple[int, dict[str, Any], dict[str, str]]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        hdrs = {"Content-Type": "application/json", **(headers or {})}
-        conn.request(method, path, body=data, headers=hdrs)
-        r = conn.getresponse()
-        raw = r.read()
-        return r.status, json.loads(raw) if raw else {}, {k.lower(): v for k, v in r.getheaders()}
-    finally:
-        conn.close()
 
 
 @pytest.mark.deploy(http={"auth": "token", "rate_limit_per_s": 0.02, "rate_limit_burst": 4})
@@ -48,19 +29,19 @@ def test_the_default_server_wants_its_own_token_and_refuses_rebinding(http_deplo
     token = path.read_text().strip()
     bearer = {"Authorization": f"Bearer {token}"}
     evil = {"Host": "evil.example.com", **bearer}
-    status, body, _ = _call(url, "POST", "/run_code", evil, CODE)
+    status, body, _ = http_call(url, "POST", "/run_code", evil, CODE)
     assert status == 403 and "rebinding" in body["detail"]
-    assert _call(url, "GET", "/v1/ping", {"Host": "evil.example.com:80"})[0] == 403
-    assert _call(url, "GET", "/v1/ping")[0] == 200  # ping needs no token
-    status, body, headers = _call(url, "POST", "/run_code", None, CODE)
+    assert http_call(url, "GET", "/v1/ping", {"Host": "evil.example.com:80"})[0] == 403
+    assert http_call(url, "GET", "/v1/ping")[0] == 200  # ping needs no token
+    status, body, headers = http_call(url, "POST", "/run_code", None, CODE)
     assert status == 401 and headers["www-authenticate"] == "Bearer"
-    status, body, _ = _call(url, "POST", f"/run_code?token={token}", None, CODE)
+    status, body, _ = http_call(url, "POST", f"/run_code?token={token}", None, CODE)
     assert status == 403 and "token_in_query" in body["detail"] and token not in body["detail"]
-    status, body, _ = _call(url, "POST", "/run_code", {"Host": "localhost", **bearer}, CODE)
+    status, body, _ = http_call(url, "POST", "/run_code", {"Host": "localhost", **bearer}, CODE)
     assert status == 200 and body["run_result"]["stdout"] == "42\n", body
     for _ in range(3):  # the rest of the burst of 4
-        assert _call(url, "GET", "/tangram/v1/capabilities", bearer)[0] == 200
-    status, body, headers = _call(url, "GET", "/tangram/v1/capabilities", bearer)
+        assert http_call(url, "GET", "/tangram/v1/capabilities", bearer)[0] == 200
+    status, body, headers = http_call(url, "GET", "/tangram/v1/capabilities", bearer)
     assert status == 429 and int(headers["retry-after"]) >= 1 and "rate limit" in body["detail"]
 
 
@@ -75,8 +56,8 @@ def test_a_query_token_works_where_the_operator_opts_in(http_deployment: Any) ->
     assert verl.check_correctness(base + "/run_code?token=it-s3cret-token", cases, code, timeout=5)[0] == [
         True
     ]
-    assert _call(base, "POST", "/run_code?token=wrong", None, CODE)[0] == 401
-    assert _call(base, "POST", "/run_code", None, CODE)[0] == 401
+    assert http_call(base, "POST", "/run_code?token=wrong", None, CODE)[0] == 401
+    assert http_call(base, "POST", "/run_code", None, CODE)[0] == 401
     logs = Path(http_deployment.cfg.state_dir) / "logs"
     for log in logs.glob("*.log"):
         assert "it-s3cret-token" not in log.read_text(errors="replace"), log

@@ -5,35 +5,16 @@ tenant's action id is 404 (never 403); a rotated token is 401 within the registr
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from tangram_celery.cli import main
+from tests.integration.http_support import bearer_call
 
 pytestmark = pytest.mark.integration
-
-
-def _call(url: str, method: str, path: str, token: str, body: Any = None, **headers: str) -> tuple[int, Any]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        conn.request(
-            method,
-            path,
-            body=data,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}", **headers},
-        )
-        r = conn.getresponse()
-        raw = r.read()
-        return r.status, json.loads(raw) if raw else {}
-    finally:
-        conn.close()
 
 
 def _tenant(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -57,40 +38,47 @@ def test_two_tenants_act_apart_over_http(http_deployment: Any, capsys: pytest.Ca
     admin = ["--broker-url", http_deployment.url]
     a = _tenant(capsys, "add", "acme", *admin)["http_token"]
     b = _tenant(capsys, "add", "bee", *admin)["http_token"]
-    _until("the tenants' tokens count", lambda: _call(url, "GET", "/tangram/v1/capabilities", b)[0] == 200)
-    assert _call(url, "GET", "/tangram/v1/capabilities", a)[0] == 200
+    _until(
+        "the tenants' tokens count", lambda: bearer_call(url, "GET", "/tangram/v1/capabilities", b)[0] == 200
+    )
+    assert bearer_call(url, "GET", "/tangram/v1/capabilities", a)[0] == 200
 
     # /run_code as acme, in its trajectory t1: a file there
     write = {"code": "open('f', 'w').write('acme'); print('ok')", "language": "python", "trajectory_id": "t1"}
-    status, res = _call(url, "POST", "/run_code", a, write)
+    status, res = bearer_call(url, "POST", "/run_code", a, write)
     assert status == 200 and res["run_result"]["stdout"] == "ok\n", res
     acme_id = res["tangram"]["action_id"]
 
     # the native API as bee, in ITS trajectory t1: acme's file is not there
     read = {"type": "code", "trajectory_id": "t1", "code": "import os; print(os.path.exists('f'))"}
-    status, res = _call(url, "POST", "/tangram/v1/actions", b, read)
+    status, res = bearer_call(url, "POST", "/tangram/v1/actions", b, read)
     assert status == 200 and res["stdout"] == "False\n", res
     bee_id = res["action_id"]
     assert res["trajectory_id"] == "t1"  # the caller's own ids come back
 
     # each reads its own; the other's id is 404, for reading, waiting and cancelling alike
-    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", b)[0] == 200
-    assert _call(url, "GET", f"/tangram/v1/actions/{acme_id}", a)[0] == 200
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{bee_id}", b)[0] == 200
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{acme_id}", a)[0] == 200
     for path in (f"/tangram/v1/actions/{acme_id}", f"/tangram/v1/actions/{acme_id}?wait_s=1"):
-        assert _call(url, "GET", path, b)[0] == 404
-    assert _call(url, "DELETE", f"/tangram/v1/actions/{acme_id}", b)[0] == 404
-    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", "operator-s3cret")[0] == 404
-    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", a, Host="evil.example.com")[0] == 403
-    status, _ = _call(url, "GET", f"/tangram/v1/actions/{bee_id}", "nope")
+        assert bearer_call(url, "GET", path, b)[0] == 404
+    assert bearer_call(url, "DELETE", f"/tangram/v1/actions/{acme_id}", b)[0] == 404
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{bee_id}", "operator-s3cret")[0] == 404
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{bee_id}", a, Host="evil.example.com")[0] == 403
+    status, _ = bearer_call(url, "GET", f"/tangram/v1/actions/{bee_id}", "nope")
     assert status == 401
     for tid in ("t1",):
-        assert _call(url, "POST", f"/tangram/v1/trajectories/{tid}/close", a)[0] == 202
+        assert bearer_call(url, "POST", f"/tangram/v1/trajectories/{tid}/close", a)[0] == 202
 
     # a rotated token: 401 from the next registry read; the new one acts as bee
     new_b = _tenant(capsys, "rotate", "bee", "--token-only", *admin)["http_token"]
-    _until("the old token is refused", lambda: _call(url, "GET", "/tangram/v1/capabilities", b)[0] == 401)
-    assert _call(url, "GET", f"/tangram/v1/actions/{bee_id}", new_b)[0] == 200
+    _until(
+        "the old token is refused", lambda: bearer_call(url, "GET", "/tangram/v1/capabilities", b)[0] == 401
+    )
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{bee_id}", new_b)[0] == 200
     # a removed tenant: 401 too
     capsys.readouterr()
     assert main(["tenant", "remove", "acme", "--force", *admin]) == 0
-    _until("a removed tenant is refused", lambda: _call(url, "GET", "/tangram/v1/capabilities", a)[0] == 401)
+    _until(
+        "a removed tenant is refused",
+        lambda: bearer_call(url, "GET", "/tangram/v1/capabilities", a)[0] == 401,
+    )

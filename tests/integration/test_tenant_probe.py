@@ -11,32 +11,18 @@ and files are intact.
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
+
+from tests.integration.http_support import bearer_call
 
 pytestmark = pytest.mark.integration
 
 SECRET = "acme-file-7f3a"
 HIDDEN = "HIDDEN-ASSERT-91c2"
-
-
-def _http(url: str, method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-        conn.request(method, path, body=data, headers=headers)
-        r = conn.getresponse()
-        raw = r.read()
-        return r.status, json.loads(raw) if raw else {}
-    finally:
-        conn.close()
 
 
 def _add(admin_url: str, name: str) -> tuple[str, str]:
@@ -210,12 +196,12 @@ def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
             ("GET", "/tangram/v1/actions/h1"),
             ("DELETE", "/tangram/v1/actions/h1"),
         ]:
-            status, body = _http(http_url, method, path, bee_token)
+            status, body = bearer_call(http_url, method, path, bee_token)
             assert status == 404, (method, path, status, body)
             assert HIDDEN not in json.dumps(body)
-        status, _ = _http(http_url, "POST", "/tangram/v1/trajectories/t1/close", bee_token)
+        status, _ = bearer_call(http_url, "POST", "/tangram/v1/trajectories/t1/close", bee_token)
         assert status in (202, 404)
-        status, _ = _http(http_url, "GET", "/tangram/v1/actions/h1", "not-a-token")
+        status, _ = bearer_call(http_url, "GET", "/tangram/v1/actions/h1", "not-a-token")
         assert status == 401
 
         # Redis's script cache emptied (a restart does it): the scheduler loads the clients'
@@ -234,7 +220,7 @@ def test_a_tenant_reaches_nothing_of_another(http_deployment: Any) -> None:
             timeout=60
         )
         assert after.stdout.strip() == SECRET, after
-        status, body = _http(http_url, "GET", "/tangram/v1/actions/h1", acme_token)
+        status, body = bearer_call(http_url, "GET", "/tangram/v1/actions/h1", acme_token)
         assert status == 200 and body["status"] == "ok", body
     finally:
         acme.close()
