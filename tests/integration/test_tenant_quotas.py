@@ -18,7 +18,7 @@ import pytest
 from tangram_celery import ActionStatus, AdmissionError, ApiAction, CodeAction, TangramClient
 from tangram_celery.common.tenants import Quotas, TenantRecord
 from tangram_celery.store import Store
-from tangram_celery.store.keys import limits_key as limits_of
+from tangram_celery.store.keys import limits_key
 
 HANDLER = "tests.integration.test_tenant_quotas:span"
 
@@ -68,7 +68,7 @@ def _register(admin: Store, *records: TenantRecord) -> None:
         admin.put_tenant(rec)
     capped = [rec.name for rec in records if rec.quotas.max_queued]
     deadline = time.monotonic() + 10
-    while not all(admin.r.exists(limits_of(n)) for n in capped):
+    while not all(admin.r.exists(limits_key(n)) for n in capped):
         assert time.monotonic() < deadline, "the scheduler did not publish the tenants' limits"
         time.sleep(0.05)
 

@@ -23,7 +23,7 @@ from tangram_celery.common.config import parse_config
 from tangram_celery.common.tenants import PRIORITY_OF_CLASS, Quotas, TenantRecord
 from tangram_celery.common.wire import ActionMeta, TaskOrder
 from tangram_celery.store import akey
-from tangram_celery.store.keys import limits_key as limits_of
+from tangram_celery.store.keys import limits_key
 from tangram_celery.testing import MemoryStore, memory_app, memory_store, sent_messages
 from tests.unit.test_service_loop import Harness
 
@@ -261,21 +261,21 @@ def test_the_book_publishes_max_queued_and_gives_the_round_its_caps(tmp_path: Pa
     store = memory_store()
     store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_queued=2, max_cores=1)))
     store.put_tenant(TenantRecord(name="b"))
-    store.r.hset(limits_of("b"), "max_queued", 9)  # left by an earlier run: cleaned up
+    store.r.hset(limits_key("b"), "max_queued", 9)  # left by an earlier run: cleaned up
     svc = _service(str(tmp_path), store)
     book, rnd = svc.dispatcher.tenants, svc.round
     book.sync(rnd)
-    assert store.r.hgetall(limits_of("a")) == {"max_queued": "2"} and not store.r.exists(limits_of("b"))
-    assert limits_of("a") == "tangram:t:a:limits" and rnd.tenancy.caps == {"a": TenantCaps(cores=1)}
+    assert store.r.hgetall(limits_key("a")) == {"max_queued": "2"} and not store.r.exists(limits_key("b"))
+    assert limits_key("a") == "tangram:t:a:limits" and rnd.tenancy.caps == {"a": TenantCaps(cores=1)}
     store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_cores=1)))
     book.sync(rnd)
-    assert not store.r.exists(limits_of("a")) and rnd.tenancy.caps == {"a": TenantCaps(cores=1)}
+    assert not store.r.exists(limits_key("a")) and rnd.tenancy.caps == {"a": TenantCaps(cores=1)}
     store.put_tenant(TenantRecord(name="a", quotas=Quotas(max_queued=5)))
     book.sync(rnd)
-    assert store.r.hget(limits_of("a"), "max_queued") == "5" and rnd.tenancy.caps == {}
+    assert store.r.hget(limits_key("a"), "max_queued") == "5" and rnd.tenancy.caps == {}
     store.remove_tenant("a")
     book.sync(rnd)
-    assert not store.r.exists(limits_of("a"))
+    assert not store.r.exists(limits_key("a"))
 
 
 def test_the_service_holds_a_capped_tenant_back_and_counts_it(tmp_path: Path) -> None:
