@@ -1,5 +1,6 @@
 """Two tenants on one live deployment over HTTP (issue 37): each token acts as its tenant
-through /run_code and the native API; the same trajectory name is two sandboxes; the other
+through /run_code (verl's own client too, the token in its URL) and the native API; the same
+trajectory name is two sandboxes; the other
 tenant's action id is 404 (never 403); a rotated token is 401 within the registry's refresh;
 403 stays the Host check's."""
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from tangram_celery.cli import main
-from tests.integration.http_support import bearer_call
+from tests.integration.http_support import bearer_call, verl_sandbox_utils
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ def _until(what: str, check: Any, timeout_s: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.deploy(http={"token": "operator-s3cret"})
+@pytest.mark.deploy(http={"token": "operator-s3cret", "token_in_query": True})
 def test_two_tenants_act_apart_over_http(http_deployment: Any, capsys: pytest.CaptureFixture[str]) -> None:
     url = http_deployment.http_url
     admin = ["--broker-url", http_deployment.url]
@@ -42,6 +43,15 @@ def test_two_tenants_act_apart_over_http(http_deployment: Any, capsys: pytest.Ca
         "the tenants' tokens count", lambda: bearer_call(url, "GET", "/tangram/v1/capabilities", b)[0] == 200
     )
     assert bearer_call(url, "GET", "/tangram/v1/capabilities", a)[0] == 200
+
+    # verl's own SandboxFusion client, acme's token in its URL (it sends no headers): acme's work
+    verl = verl_sandbox_utils()
+    code, cases = "print(int(input()) * 2)", {"inputs": ["3\n"], "outputs": ["6\n"]}
+    passed, meta = verl.check_correctness(f"{url}/run_code?token={a}", cases, code, timeout=5)
+    assert passed == [True], meta
+    verl_id = meta[0]["api_response"]["tangram"]["action_id"]
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{verl_id}", a)[0] == 200
+    assert bearer_call(url, "GET", f"/tangram/v1/actions/{verl_id}", b)[0] == 404
 
     # /run_code as acme, in its trajectory t1: a file there
     write = {"code": "open('f', 'w').write('acme'); print('ok')", "language": "python", "trajectory_id": "t1"}
