@@ -38,6 +38,7 @@ from pathlib import Path
 
 from tangram_celery.common import tenants
 from tangram_celery.store import keys
+from tangram_celery.transport.private_file import write_private
 
 ADMIN = "admin"
 ROLES = ("admin", "scheduler", "worker-cpu", "worker-gpu", "worker-api", "http", "flower")
@@ -238,11 +239,7 @@ def main(argv: list[str]) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
-    tmp = out + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)
+    write_private(out, text)
     return 0
 
 

@@ -34,6 +34,7 @@ from tangram_celery.common.config import TangramConfig
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.transport import acl
 from tangram_celery.transport import redis_users as users
+from tangram_celery.transport.private_file import write_private
 from tangram_celery.transport.tls import with_tls
 
 log = logging.getLogger(__name__)
@@ -330,10 +331,7 @@ def _owner_only(data_dir: Path) -> None:
 def write_url(state_dir: str | os.PathLike[str], url: str) -> Path:
     path = Path(state_dir) / URL_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(url)
-    return path
+    return write_private(path, url)
 
 
 def write_role_urls(state_dir: str | os.PathLike[str], urls: dict[str, str]) -> Path:
@@ -342,9 +340,7 @@ def write_role_urls(state_dir: str | os.PathLike[str], urls: dict[str, str]) -> 
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     for role, url in urls.items():
-        fd = os.open(folder / f"{role}.url", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(url)
+        write_private(folder / f"{role}.url", url)
     return folder
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tangram_celery.common.errors import BrokerError
 from tangram_celery.transport import acl
+from tangram_celery.transport.private_file import write_private
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +90,6 @@ def role_passwords(data_dir: Path, admin: str | None, keep: bool) -> dict[str, s
     return out
 
 
-def _private_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_users(data_dir: Path, passwords: dict[str, str], account: Account | None) -> None:
     """Write `passwords.json` and `users.acl` (role users and `default` replaced, any other
     user kept); on a data directory from before the roles, say that it is being upgraded."""
@@ -110,8 +103,8 @@ def write_users(data_dir: Path, passwords: dict[str, str], account: Account | No
             data_dir,
         )
     existing = acl_path.read_text() if acl_path.exists() else ""
-    _private_write(data_dir / PASSWORDS_FILE, json.dumps(passwords))
-    _private_write(acl_path, acl.merge_acl_file(passwords, existing))
+    write_private(data_dir / PASSWORDS_FILE, json.dumps(passwords))
+    write_private(acl_path, acl.merge_acl_file(passwords, existing))
     if account is not None:
         os.chown(acl_path, account.uid, account.gid)
 
