@@ -204,7 +204,7 @@ class Guard:
             return
         headers = dict(scope["headers"])
         verdict = self._check(scope, headers)
-        if isinstance(verdict, Refusal) and verdict.status == 401 and b"authorization" in headers:
+        if isinstance(verdict, Refusal) and verdict.unknown_token:
             tenancy = _tenancy(scope)
             if tenancy is not None:  # a tenant added since the registry was last read?
                 await tenancy.reread()

@@ -49,6 +49,7 @@ class Refusal:
     status: int
     detail: str
     headers: tuple[tuple[str, str], ...] = ()
+    unknown_token: bool = False  # a token was presented and matched none (a tenant added since?)
 
 
 def digest(token: str | bytes) -> bytes:
@@ -214,9 +215,13 @@ class Access:
             )
         if path in PUBLIC_PATHS:
             return ANYONE
-        principal = self._principal(authorization, in_query)
+        presented = _presented(authorization, in_query)
+        principal = self._principal(presented)
         if principal is None:
-            return Refusal(401, "missing or wrong bearer token", (("www-authenticate", "Bearer"),))
+            challenge = (("www-authenticate", "Bearer"),)
+            return Refusal(
+                401, "missing or wrong bearer token", challenge, unknown_token=presented is not None
+            )
         if self.rate is not None:
             wait = self.rate.wait_s(principal, now)
             if wait > 0:
@@ -225,17 +230,21 @@ class Access:
                 return Refusal(429, detail, (("retry-after", retry),))
         return principal
 
-    def _principal(self, authorization: bytes | None, in_query: bytes | None) -> Principal | None:
+    def _principal(self, presented: bytes | None) -> Principal | None:
         """The presented token's principal: the operator's token, else a tenant's. With
         `http.auth: none` a tenant's token still acts as its tenant, anything else (no token,
         or another) as the local caller, the `default` tenant."""
-        presented = in_query  # only reached (not refused) when http.token_in_query
-        if authorization is not None:
-            bearer = authorization[:7].lower() == b"bearer "
-            presented = authorization[7:].strip() if bearer else None
         found = None if presented is None else self.tenant_tokens.principal_for(presented)
         if self.tokens is None:
             return found or LOOPBACK_CALLER
         if presented is None:
             return None
         return self.tokens.principal_for(presented) or found
+
+
+def _presented(authorization: bytes | None, in_query: bytes | None) -> bytes | None:
+    """The token a request presents: the bearer header's, else the query string's (only
+    reached, not refused, when http.token_in_query); None for none or another scheme."""
+    if authorization is None:
+        return in_query
+    return authorization[7:].strip() if authorization[:7].lower() == b"bearer " else None

@@ -47,6 +47,19 @@ def test_a_tenants_token_acts_as_its_tenant_and_the_operators_as_default() -> No
     assert isinstance(access.check("/run_code", HOST, b"Basic acme-token", b"", 0.0), Refusal)
 
 
+def test_a_refusal_says_whether_a_token_was_presented() -> None:
+    """A presented token that matches nothing, in the header or (where allowed) the query
+    string, is `unknown_token` (the server reads the registry again for it); no token, or
+    another scheme, is not."""
+    access = _access(token_in_query=True)
+    for authorization, query in [(b"Bearer guess", b""), (None, b"token=guess")]:
+        refusal = access.check("/run_code", HOST, authorization, query, 0.0)
+        assert isinstance(refusal, Refusal) and refusal.status == 401 and refusal.unknown_token
+    for authorization in (None, b"Basic guess"):
+        refusal = access.check("/run_code", HOST, authorization, b"", 0.0)
+        assert isinstance(refusal, Refusal) and refusal.status == 401 and not refusal.unknown_token
+
+
 def test_a_rotated_or_removed_token_stops_at_the_next_registry_read() -> None:
     access = _access()
     access.set_tenants({"acme": _hex("old")})
