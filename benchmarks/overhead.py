@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, percentile, write_json
+from benchmarks.common import RESULTS, percentile, tenant_url, write_json
 from scheduler.service import SchedulerService
-from tangram_celery import ApiAction, TangramClient, tenant_cli
+from tangram_celery import ApiAction, TangramClient
 from tangram_celery.common.config import parse_config
 from tangram_celery.deploy import Deployment, write_config
 from tangram_celery.transport.app import TASK_NOOP, make_app
@@ -43,13 +43,6 @@ def _config(tmp: Path, url: str, cap: int) -> object:
     )
 
 
-def add_tenant(admin_url: str, name: str) -> str:
-    """A new tenant's client URL, as `tangram tenant add NAME` makes it."""
-    url = tenant_cli.add_tenant(admin_url, name).client_url
-    assert url is not None
-    return url
-
-
 def latency(tmp: Path, url: str, n: int) -> dict[str, float]:
     cfg = _config(tmp, url, 64)
     path = write_config(cfg, tmp / "lat.yaml")  # type: ignore[arg-type]
@@ -58,7 +51,7 @@ def latency(tmp: Path, url: str, n: int) -> dict[str, float]:
     try:
         app = make_app(url)
         client = TangramClient(url)
-        tenant = TangramClient(add_tenant(url, "lat"))
+        tenant = TangramClient(tenant_url(url, "lat"))
         plain: list[float] = []
         tangram: list[float] = []
         named: list[float] = []
@@ -98,7 +91,7 @@ def dispatch_rate(tmp: Path, url: str, burst: int, tenants: int = 0) -> dict[str
     import redis
 
     redis.Redis.from_url(url).flushdb()
-    urls = [add_tenant(url, f"burst{k}") for k in range(tenants)] or [url]
+    urls = [tenant_url(url, f"burst{k}") for k in range(tenants)] or [url]
     cfg = _config(tmp, url, 10**9)
     svc = SchedulerService(cfg, url)  # type: ignore[arg-type]
     svc.start()

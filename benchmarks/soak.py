@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, write_json
+from benchmarks.common import RESULTS, tenant_url, write_json
 from benchmarks.soak_check import VICTIMS, Expected, InFlight, Kill, summarize
-from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient, tenant_cli
+from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient
 from tangram_celery.common.actions import TestCase
 from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import TangramError
@@ -74,13 +74,6 @@ def config(tmp: Path) -> Any:
             "sandbox": {"backend": "auto", "idle_ttl_s": 30},
         }
     )
-
-
-def add_tenant(admin_url: str, name: str) -> str:
-    """A new tenant's client URL, as `tangram tenant add NAME` makes it."""
-    url = tenant_cli.add_tenant(admin_url, name).client_url
-    assert url is not None
-    return url
 
 
 def make_action(
@@ -133,7 +126,7 @@ def main() -> int:
     import redis as redis_lib
 
     names = [f"soak{n}" for n in range(args.tenants)]
-    urls = [add_tenant(dep.url, name) for name in names] or [dep.url]
+    urls = [tenant_url(dep.url, name) for name in names] or [dep.url]
     tenant_of = (lambda k: names[k % len(names)]) if names else (lambda k: DEFAULT)
     owner: dict[str, str] = {}  # action id -> its tenant
 
