@@ -19,6 +19,7 @@ from typing import Any
 
 from celery import Celery
 
+from tangram_celery.common import tenants
 from tangram_celery.common.wire import ActionMeta, AllocationWire, DispatchRecord, TaskOrder
 from tangram_celery.store import RUNNING, Store, akey
 from tangram_celery.transport.app import make_app
@@ -102,13 +103,14 @@ def dispatch(
     and attempt, and its record in `tangram:running`, which a worker's claim checks); returns
     the worker's order. `action_id` is qualified (`tenants.qualify`) for a named tenant's."""
     raw = store.r.hget(akey(action_id), "meta")
-    meta = ActionMeta(id=action_id, type="api", api=pool, submitted_s=0.0)  # its record expired
-    tenant, sep, _ = action_id.partition("/")
-    if raw is not None:
+    tenant = tenants.tenant_of(action_id)
+    if raw is None:  # its record expired
+        meta = ActionMeta(id=action_id, type="api", api=pool, submitted_s=0.0)
+    else:  # as the scheduler keeps it (`Intake.own`): a named tenant's ids qualified
         meta = ActionMeta.model_validate_json(raw)
-    if raw is not None and sep:
-        tid = f"{tenant}/{meta.trajectory_id}" if meta.trajectory_id else ""
-        meta = meta.model_copy(update={"id": action_id, "trajectory_id": tid, "job_id": tenant})
+        if tenant != tenants.DEFAULT:
+            tid = tenants.qualify(tenant, meta.trajectory_id)
+            meta = meta.model_copy(update={"id": action_id, "trajectory_id": tid, "job_id": tenant})
     units = max(1, len(unit_ids))
     alloc = AllocationWire(action_id=action_id, kind=kind, pool=pool, units=units, unit_ids=unit_ids)
     record = DispatchRecord(alloc=alloc, meta=meta, attempt=attempt)
