@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.fixtures import common
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "n0"
@@ -79,11 +80,7 @@ def cgroup_pids(scope: str) -> set[int]:
 
 
 def wait_until(what: str, cond: Any, timeout_s: float = GONE_WITHIN_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(0.2)
+    common.wait_until(what, cond, timeout_s)
 
 
 # -- a real `tangram up` ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import redis
 
 from tangram_celery import ActionStatus, ApiAction, CodeAction
 from tangram_celery.store import RESETS, TRAJ
-from tests.fixtures.common import unavailable
+from tests.fixtures.common import unavailable, wait_until
 
 NAMESPACE = {"backend": "namespace", "default_timeout_s": 10, "prewarm": 2}
 
@@ -48,14 +48,6 @@ def resets(deployment: Any) -> set[str]:
 
 def scheduler_log(deployment: Any) -> str:
     return (Path(deployment.state_dir) / "logs" / "scheduler.log").read_text(errors="replace")
-
-
-def wait_until(what: str, cond: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.mark.deploy(nodes={"cpu": [{"name": "n0", "cores": 2, "memory_mb": 1024}]}, sandbox=NAMESPACE)

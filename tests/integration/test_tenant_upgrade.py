@@ -14,23 +14,15 @@ import json
 import os
 import secrets
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.common import unavailable
+from tests.fixtures.common import free_port, unavailable, wait_until
 from tests.fixtures.redis import deployment_config
 
 pytestmark = pytest.mark.integration
-
-
-def _until(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.1)
 
 
 def _old_binary() -> str:
@@ -46,19 +38,11 @@ def _old_binary() -> str:
     raise AssertionError("unreachable")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _old_broker(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A broker as 0.5.0's `EmbeddedRedis` started it (its redis.conf, line for line)."""
     data_dir.mkdir(mode=0o700, parents=True)
     data_dir.parent.chmod(0o700)
-    port, password = _free_port(), secrets.token_urlsafe(24)
+    port, password = free_port(), secrets.token_urlsafe(24)
     conf = data_dir / "redis.conf"
     conf.write_text(
         "\n".join(
@@ -97,7 +81,7 @@ def test_a_single_tenant_deployment_upgrades_with_nothing_lost(tmp_path: Path) -
     proc, old_url = _old_broker(data_dir)
     try:
         r = redis.Redis.from_url(old_url, decode_responses=True)
-        _until(lambda: _pings(r), 10.0, "the old broker answers")
+        wait_until("the old broker answers", lambda: _pings(r), 10.0)
         assert r.execute_command("ACL", "WHOAMI") == "default"
         # the old deployment's state: a finished action (as 0.5.0's worker left it) and a queued one
         done = {"action_id": "old-done", "status": "ok", "stdout": "42\n"}
@@ -109,7 +93,7 @@ def test_a_single_tenant_deployment_upgrades_with_nothing_lost(tmp_path: Path) -
         old.close()
         assert r.hget(f"tangram:a:{queued.id}", "state") == "queued"
         r.execute_command("BGREWRITEAOF")
-        _until(lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, 10.0, "AOF rewritten")
+        wait_until("AOF rewritten", lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, 10.0)
         r.close()
     finally:
         proc.terminate()
