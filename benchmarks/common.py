@@ -159,12 +159,3 @@ def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds the trees used between two `tree_cpu_s` readings (processes started since
     count whole; those ended since count through the parent that reaped them)."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-
-
-def tenant_url(admin_url: str, name: str) -> str:
-    """A new tenant's client URL, as `tangram tenant add NAME` makes it (its own Redis user)."""
-    from tangram_celery.tenant_cli import add_tenant
-
-    url = add_tenant(admin_url, name).client_url
-    assert url is not None
-    return url

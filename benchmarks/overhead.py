@@ -24,11 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, percentile, tenant_url, write_json
+from benchmarks.common import RESULTS, percentile, write_json
 from scheduler.service import SchedulerService
 from tangram_celery import ApiAction, TangramClient
 from tangram_celery.common.config import parse_config
 from tangram_celery.deploy import Deployment, write_config
+from tangram_celery.testing import tenant_url
 from tangram_celery.transport.app import TASK_NOOP, make_app
 from tangram_celery.transport.broker import EmbeddedRedis
 

@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS, tenant_url, write_json
+from benchmarks.common import RESULTS, write_json
 from benchmarks.soak_check import VICTIMS, Expected, InFlight, Kill, summarize
 from tangram_celery import ActionResult, ApiAction, CodeAction, RewardAction, TangramClient
 from tangram_celery.common.actions import TestCase
@@ -49,6 +49,7 @@ from tangram_celery.common.config import parse_config
 from tangram_celery.common.errors import TangramError
 from tangram_celery.common.tenants import DEFAULT, local, prefix
 from tangram_celery.deploy import Deployment, write_config
+from tangram_celery.testing import tenant_url
 
 logger = logging.getLogger("soak")
 

@@ -117,3 +117,12 @@ def dispatch(
     store.r.hset(RUNNING, action_id, record.model_dump_json(exclude_none=True))
     store.r.hset(akey(action_id), mapping={"state": "dispatched", "attempt": str(attempt)})
     return TaskOrder(**dict(alloc), attempt=attempt)
+
+
+def tenant_url(admin_url: str, name: str) -> str:
+    """A new tenant's client URL, as `tangram tenant add NAME` makes it (its own Redis user)."""
+    from tangram_celery.tenant_cli import add_tenant
+
+    url = add_tenant(admin_url, name).client_url
+    assert url is not None
+    return url

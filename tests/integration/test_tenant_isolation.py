@@ -17,17 +17,9 @@ from typing import Any
 import pytest
 
 from tangram_celery.common.actions import ActionStatus, CodeAction
+from tangram_celery.testing import tenant_url
 
 pytestmark = pytest.mark.integration
-
-
-def _tenant(admin_url: str, name: str) -> str:
-    """A new tenant's client URL (its own Redis user)."""
-    from tangram_celery.tenant_cli import add_tenant
-
-    url = add_tenant(admin_url, name).client_url
-    assert url
-    return url
 
 
 def _wait_read(admin_url: str, names: list[str], timeout_s: float = 10.0) -> None:
@@ -57,7 +49,7 @@ def test_two_tenants_with_the_same_ids_keep_their_own_work(deployment: Any) -> N
     only a wrote is absent in b's "t1"."""
     from tangram_celery import TangramClient
 
-    urls = {n: _tenant(deployment.url, n) for n in ("a", "b")}
+    urls = {n: tenant_url(deployment.url, n) for n in ("a", "b")}
     _wait_read(deployment.url, list(urls))
     a, b = TangramClient(urls["a"]), TangramClient(urls["b"])
     try:
@@ -88,7 +80,7 @@ def test_a_tenant_cannot_cancel_or_close_another_tenants_work(deployment: Any) -
     b's action runs, and b's trajectory keeps its file."""
     from tangram_celery import TangramClient
 
-    urls = {n: _tenant(deployment.url, n) for n in ("a", "b")}
+    urls = {n: tenant_url(deployment.url, n) for n in ("a", "b")}
     _wait_read(deployment.url, list(urls))
     a, b = TangramClient(urls["a"]), TangramClient(urls["b"])
     try:
@@ -117,7 +109,7 @@ def test_a_notify_list_of_another_tenant_named_in_a_hash_is_ignored(deployment: 
     from tangram_celery.client.aio import AsyncTangramClient
     from tangram_celery.store.keys import akey
 
-    urls = {n: _tenant(deployment.url, n) for n in ("a", "b")}
+    urls = {n: tenant_url(deployment.url, n) for n in ("a", "b")}
     _wait_read(deployment.url, list(urls))
 
     async def go() -> tuple[str, int]:
