@@ -36,6 +36,7 @@ COMPILED_LANGUAGES = frozenset({"c", "cpp", "go", "java", "rust"})  # these have
 # (`wire.ActionMeta`) both use them.
 _ID = r"[A-Za-z0-9_.:-]{1,128}"
 ID_PATTERN = f"^{_ID}$"  # action, trajectory and test case ids
+SEP = "/"  # between processes a named tenant's ids are `<tenant>/<id>` (`common.tenants`)
 TRAJECTORY_PATTERN = f"^({_ID})?$"  # a trajectory id between processes: "" for none
 JOB_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # reward models and APIs
@@ -364,10 +365,10 @@ def stored_action(payload: Mapping[str, Any]) -> CodeAction | RewardAction | Api
     Its ids may be qualified by a tenant (`<tenant>/<id>`, `store.worker_side.own_ids`): they
     are checked as the caller's own and kept qualified."""
     ids = {k: payload[k] for k in ("id", "trajectory_id", "fork_to") if payload.get(k)}
-    if not any("/" in str(v) for v in ids.values()):
+    if not any(SEP in str(v) for v in ids.values()):
         return _ACTION.validate_python(payload, context=STORED)
     local = {
-        k: [str(t).rpartition("/")[2] for t in v] if k == "fork_to" else str(v).rpartition("/")[2]
+        k: [str(t).rpartition(SEP)[2] for t in v] if k == "fork_to" else str(v).rpartition(SEP)[2]
         for k, v in ids.items()
     }
     return _ACTION.validate_python({**payload, **local}, context=STORED).model_copy(update=ids)

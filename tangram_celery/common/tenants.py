@@ -22,15 +22,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tangram_celery.common.actions import _ID
+from tangram_celery.common.actions import _ID, SEP
 
 DEFAULT = "default"
-SEP = "/"
 _TENANT = r"[a-z][a-z0-9-]{0,30}"
 TENANT_PATTERN = f"^{_TENANT}$"
 # an id between processes: a caller's id, qualified by its tenant unless that is `default`
-QUALIFIED_PATTERN = f"^(?:{_TENANT}/)?{_ID}$"
-QUALIFIED_TRAJECTORY_PATTERN = f"^(?:(?:{_TENANT}/)?{_ID})?$"  # "" for none
+QUALIFIED_PATTERN = f"^(?:{_TENANT}{SEP})?{_ID}$"
+QUALIFIED_TRAJECTORY_PATTERN = f"^(?:(?:{_TENANT}{SEP})?{_ID})?$"  # "" for none
 _TENANT_RE = re.compile(TENANT_PATTERN)
 REDIS_USER_PREFIX = "tenant-"  # a tenant's Redis user: tenant-<name>
 REGISTRY = "tangram:tenants"  # name -> TenantRecord JSON (the operator's; tenants cannot read it)
